@@ -1,0 +1,285 @@
+"""The config contract: one YAML file, every key overridable from the environment.
+
+``load_settings`` is the only entry point. It reads the YAML file, expands
+``${VAR}`` references, lets ``HOARD_...`` environment variables (nested with
+``__``) override any key, validates everything strictly (unknown keys are an
+error) and checks cross-references (a mount naming an unknown origin).
+Sizes are strings such as ``8MiB``; durations ``30s``/``5m``/``1h``/``forever``.
+
+A bad config raises ``ConfigError`` whose message is one line per problem,
+each naming the key, so ``cli.py`` can print it and exit 2 without a traceback.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+)
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+
+class ConfigError(Exception):
+    """A config problem; ``str()`` is one line per problem, each naming its key."""
+
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "k": 1024, "kib": 1024, "kb": 1000,
+    "m": 1024**2, "mib": 1024**2, "mb": 1000**2,
+    "g": 1024**3, "gib": 1024**3, "gb": 1000**3,
+    "t": 1024**4, "tib": 1024**4, "tb": 1000**4,
+}
+_DURATION_UNITS = {"": 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_QUANTITY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(value: object) -> int:
+    """``"8MiB"`` → 8388608. Accepts ints, binary (KiB…TiB) and SI (KB…TB) units."""
+    if isinstance(value, bool):
+        raise ValueError(f"invalid size {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"invalid size {value!r}: must not be negative")
+        return value
+    match = _QUANTITY.match(str(value))
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _SIZE_UNITS:
+        raise ValueError(f"invalid size {value!r} (expected e.g. 512MiB, 8GiB, 1TiB)")
+    return int(float(match.group(1)) * _SIZE_UNITS[unit])
+
+
+def parse_duration(value: object) -> float:
+    """``"5m"`` → 300.0 seconds; ``"forever"`` → ``math.inf``."""
+    if isinstance(value, bool):
+        raise ValueError(f"invalid duration {value!r}")
+    if isinstance(value, int | float):
+        if value < 0:
+            raise ValueError(f"invalid duration {value!r}: must not be negative")
+        return float(value)
+    text = str(value).strip().lower()
+    if text in ("forever", "inf", "never"):
+        return math.inf
+    match = _QUANTITY.match(text)
+    unit = match.group(2) if match else None
+    if match is None or unit not in _DURATION_UNITS:
+        raise ValueError(f"invalid duration {value!r} (expected e.g. 30s, 5m, 1h, forever)")
+    return float(match.group(1)) * _DURATION_UNITS[unit]
+
+
+Size = Annotated[int, BeforeValidator(parse_size)]
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "hoard"
+
+
+class CacheConfig(_Strict):
+    dir: Path = Field(default_factory=_default_cache_dir)
+    size: Size = parse_size("10GiB")
+    memory: Size = parse_size("512MiB")
+    block_size: Size = parse_size("8MiB")
+
+    @field_validator("block_size")
+    @classmethod
+    def _block_size_sane(cls, value: int) -> int:
+        if not 64 * 1024 <= value <= 1024**3:
+            raise ValueError("block_size must be between 64KiB and 1GiB")
+        return value
+
+
+class Credential(_Strict):
+    access_key: str = Field(min_length=1)
+    secret_key: SecretStr
+    buckets: list[str] | None = None
+    readonly: bool = False
+
+
+class S3OriginConfig(_Strict):
+    type: Literal["s3"]
+    endpoint: str | None = None
+    region: str = "us-east-1"
+    access_key: str | None = None
+    secret_key: SecretStr | None = None
+    addressing_style: Literal["auto", "path", "virtual"] = "auto"
+    max_attempts: int = Field(default=5, ge=1, le=20)
+    max_connections: int = Field(default=64, ge=1)
+    connect_timeout: Duration = 10.0
+    read_timeout: Duration = 60.0
+
+
+class PosixOriginConfig(_Strict):
+    type: Literal["posix"]
+    path: Path
+
+
+OriginConfig = Annotated[S3OriginConfig | PosixOriginConfig, Field(discriminator="type")]
+
+
+class MountConfig(_Strict):
+    bucket: str = Field(min_length=3, max_length=63)
+    origin: str
+    origin_bucket: str | None = None
+    prefix: str = ""
+    metadata_ttl: Duration = 60.0
+    negative_ttl: Duration = 10.0
+    readonly: bool = False
+
+
+class ClusterConfig(_Strict):
+    self: str = ""
+    peers: list[str] = Field(default_factory=list)
+    dns: str = ""
+    replicas: int = Field(default=1, ge=1)
+    secret: SecretStr | None = None
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="HOARD_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    listen: str = "127.0.0.1:9000"
+    workers: int = Field(default=1, ge=1, le=256)
+    cache: CacheConfig = Field(default_factory=CacheConfig)
+    credentials: list[Credential] = Field(default_factory=list)
+    allow_anonymous: bool = False
+    origins: dict[str, OriginConfig] = Field(default_factory=dict)
+    default_origin: str | None = None
+    mounts: list[MountConfig] = Field(default_factory=list)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    # Host names under which "bucket.<domain>" means virtual-hosted-style addressing.
+    virtual_host_domains: list[str] = Field(default_factory=lambda: ["localhost"])
+    shutdown_timeout: Duration = 30.0
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("listen")
+    @classmethod
+    def _listen_has_port(cls, value: str) -> str:
+        split_listen(value)
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The YAML file arrives as init kwargs; the environment must win over it.
+        return (env_settings, init_settings)
+
+
+def split_listen(listen: str) -> tuple[str, int]:
+    """``"0.0.0.0:9000"`` / ``"[::1]:9000"`` → (host, port)."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"invalid listen address {listen!r} (expected host:port)")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _expand(value: Any, path: str, environ: dict[str, str]) -> Any:
+    """Replace ``${VAR}`` / ``${VAR:-default}`` in every string of the YAML tree."""
+    if isinstance(value, dict):
+        return {k: _expand(v, f"{path}.{k}" if path else str(k), environ) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand(v, f"{path}.{i}", environ) for i, v in enumerate(value)]
+    if not isinstance(value, str):
+        return value
+
+    def substitute(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(2)
+        if name in environ:
+            return environ[name]
+        if default is not None:
+            return default
+        raise ConfigError(f"{path}: environment variable {name} is not set")
+
+    return _VAR.sub(substitute, value)
+
+
+def read_yaml(path: Path, environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """Read a config file into a plain dict with ``${VAR}`` references expanded."""
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        first_line = str(exc).splitlines()[0] if str(exc) else "invalid YAML"
+        raise ConfigError(f"{path}: invalid YAML: {first_line}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys")
+    return _expand(raw, "", dict(os.environ if environ is None else environ))
+
+
+def _describe(error: dict[str, Any]) -> str:
+    # Discriminated unions add the tag to the location ("origins.aws.s3.endpoint"); drop it.
+    loc = [str(p) for p in error["loc"] if p not in ("s3", "posix") or p == error["loc"][0]]
+    key = ".".join(loc) or "(top level)"
+    if error["type"] == "extra_forbidden":
+        return f"{key}: unknown key"
+    if error["type"] == "missing":
+        return f"{key}: required key is missing"
+    message = str(error["msg"]).removeprefix("Value error, ")
+    return f"{key}: {message}"
+
+
+def _check_references(settings: Settings) -> list[str]:
+    known = sorted(settings.origins)
+    problems = []
+    if settings.default_origin is not None and settings.default_origin not in settings.origins:
+        problems.append(f"default_origin: unknown origin {settings.default_origin!r} (known: {known})")
+    seen: set[str] = set()
+    for index, mount in enumerate(settings.mounts):
+        if mount.origin not in settings.origins:
+            problems.append(f"mounts.{index}.origin: unknown origin {mount.origin!r} (known: {known})")
+        if mount.bucket in seen:
+            problems.append(f"mounts.{index}.bucket: bucket {mount.bucket!r} is mounted twice")
+        seen.add(mount.bucket)
+    access_keys = [c.access_key for c in settings.credentials]
+    if len(set(access_keys)) != len(access_keys):
+        problems.append("credentials: an access_key appears twice")
+    return problems
+
+
+def build_settings(data: dict[str, Any]) -> Settings:
+    """Validate a config mapping (environment overrides applied); raise ``ConfigError``."""
+    try:
+        settings = Settings(**data)
+    except ValidationError as exc:
+        raise ConfigError("\n".join(_describe(e) for e in exc.errors())) from None
+    problems = _check_references(settings)
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return settings
+
+
+def load_settings(path: Path | None, defaults: dict[str, Any] | None = None) -> Settings:
+    """Load the YAML file at ``path`` (or only ``defaults`` without one) plus the environment."""
+    data = dict(defaults or {})
+    if path is not None:
+        data.update(read_yaml(path))
+    return build_settings(data)

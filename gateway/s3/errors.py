@@ -1,0 +1,123 @@
+"""The S3 error table, and the one translation from domain errors to S3 errors.
+
+Each code carries its HTTP status and default message, as in the S3 API
+reference ("Error responses"). ``S3Error`` is what the front raises;
+``from_domain`` maps ``gateway.errors`` onto it so nothing below ``s3/``
+needs to know S3's spelling.
+"""
+
+from __future__ import annotations
+
+from email.utils import format_datetime
+from enum import Enum
+
+from gateway import errors
+
+
+class Code(Enum):
+    """S3 error codes: (HTTP status, default message). The wire code is the name."""
+
+    AccessDenied = (403, "Access Denied")
+    AuthorizationHeaderMalformed = (400, "The authorization header is malformed.")
+    AuthorizationQueryParametersError = (400, "Error parsing the X-Amz-Credential parameter.")
+    BadDigest = (400, "The Content-MD5 you specified did not match what we received.")
+    BucketAlreadyExists = (409, "The requested bucket name is not available.")
+    EntityTooLarge = (400, "Your proposed upload exceeds the maximum allowed object size.")
+    IncompleteBody = (400, "You did not provide the number of bytes specified by the Content-Length HTTP header.")
+    InternalError = (500, "We encountered an internal error. Please try again.")
+    InvalidAccessKeyId = (403, "The AWS Access Key Id you provided does not exist in our records.")
+    InvalidArgument = (400, "Invalid Argument")
+    InvalidBucketName = (400, "The specified bucket is not valid.")
+    InvalidDigest = (400, "The Content-MD5 you specified is not valid.")
+    InvalidObjectName = (400, "Object name contains characters this origin cannot store.")
+    InvalidPart = (400, "One or more of the specified parts could not be found.")
+    InvalidRange = (416, "The requested range is not satisfiable")
+    InvalidRequest = (400, "Invalid Request")
+    MalformedXML = (400, "The XML you provided was not well-formed or did not validate against our published schema.")
+    MethodNotAllowed = (405, "The specified method is not allowed against this resource.")
+    MissingContentLength = (411, "You must provide the Content-Length HTTP header.")
+    NoSuchBucket = (404, "The specified bucket does not exist")
+    NoSuchKey = (404, "The specified key does not exist.")
+    NoSuchUpload = (404, "The specified upload does not exist.")
+    NotImplemented = (501, "A header you provided implies functionality that is not implemented.")
+    NotModified = (304, "Not Modified")
+    PreconditionFailed = (412, "At least one of the pre-conditions you specified did not hold")
+    RequestTimeTooSkewed = (403, "The difference between the request time and the server's time is too large.")
+    ServiceUnavailable = (503, "Please reduce your request rate.")
+    SignatureDoesNotMatch = (403, "The request signature we calculated does not match the signature you provided. Check your key and signing method.")
+    SlowDown = (503, "Please reduce your request rate.")
+    XAmzContentSHA256Mismatch = (400, "The provided 'x-amz-content-sha256' header does not match what was computed.")
+
+    @property
+    def status(self) -> int:
+        return self.value[0]
+
+    @property
+    def default_message(self) -> str:
+        return self.value[1]
+
+
+class S3Error(Exception):
+    """An error answered to the client as S3 XML (or a bare status for HEAD).
+
+    ``fields`` are extra elements S3 adds for some codes (``BucketName``,
+    ``Key``, ``Condition``, ``ActualObjectSize``...), rendered in order.
+    ``headers`` go onto the response (a 304 keeps ETag and Last-Modified).
+    """
+
+    def __init__(
+        self,
+        code: Code,
+        message: str | None = None,
+        *,
+        fields: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message or code.default_message)
+        self.code = code
+        self.message = message or code.default_message
+        self.fields = fields or {}
+        self.headers = headers or {}
+
+    @property
+    def status(self) -> int:
+        return self.code.status
+
+
+def from_domain(exc: errors.HoardError) -> S3Error:
+    """Translate a domain error into the S3 error a client expects."""
+    match exc:
+        case errors.NoSuchBucket():
+            return S3Error(Code.NoSuchBucket, fields={"BucketName": exc.bucket})
+        case errors.NoSuchKey():
+            return S3Error(Code.NoSuchKey, fields={"Key": exc.key})
+        case errors.InvalidObjectName():
+            return S3Error(Code.InvalidObjectName, str(exc) or None)
+        case errors.AccessDenied():
+            return S3Error(Code.AccessDenied, str(exc) or None)
+        case errors.PreconditionFailed():
+            return S3Error(Code.PreconditionFailed, fields={"Condition": exc.condition})
+        case errors.NotModified():
+            return S3Error(Code.NotModified, headers=_not_modified_headers(exc))
+        case errors.RangeNotSatisfiable():
+            return S3Error(
+                Code.InvalidRange,
+                fields={"RangeRequested": "", "ActualObjectSize": str(exc.size)},
+                headers={"Content-Range": f"bytes */{exc.size}"},
+            )
+        case errors.OriginThrottled():
+            return S3Error(Code.SlowDown, str(exc) or None)
+        case errors.OriginUnavailable() | errors.OriginChanged():
+            return S3Error(Code.ServiceUnavailable, str(exc) or "The origin is unavailable.")
+        case errors.NotImplementedByOrigin():
+            return S3Error(Code.NotImplemented, str(exc) or None)
+        case _:
+            return S3Error(Code.InternalError)
+
+
+def _not_modified_headers(exc: errors.NotModified) -> dict[str, str]:
+    headers = {"ETag": exc.etag}
+    last_modified = exc.last_modified
+    if hasattr(last_modified, "astimezone"):
+        headers["Last-Modified"] = format_datetime(last_modified, usegmt=True)  # type: ignore[arg-type]
+    return headers
