@@ -1,0 +1,191 @@
+"""Command line and wiring: the only place that builds Hoard's objects.
+
+``hoard serve`` with no config serves ``--data-dir`` (default ``./data``) as a
+posix origin on 127.0.0.1:9000 and generates a credential pair on first start,
+kept in the cache directory so it survives restarts. A bad config prints one
+line per problem and exits 2, with no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import secrets
+import sys
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from gateway.config import (
+    ConfigError,
+    Credential,
+    PosixOriginConfig,
+    S3OriginConfig,
+    Settings,
+    load_settings,
+    split_listen,
+)
+from gateway.metrics import Metrics
+from gateway.namespace import Namespace
+from gateway.origins.base import Origin
+from gateway.origins.posix import PosixOrigin
+from gateway.origins.s3 import S3Origin
+from gateway.reader import Reader
+from gateway.s3.auth import Authenticator
+from gateway.s3.front import S3Front
+from gateway.server import build_app
+
+EXIT_CONFIG = 2
+log = logging.getLogger("hoard")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hoard", description="S3 caching gateway for ML training")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run the gateway")
+    serve.add_argument("--config", type=Path, help="YAML config file (default: embedded)")
+    serve.add_argument("--host", help="address to listen on (overrides listen)")
+    serve.add_argument("--port", type=int, help="port to listen on (overrides listen)")
+    serve.add_argument(
+        "--data-dir", type=Path, default=Path("data"),
+        help="with no --config: the directory served as buckets (default ./data)",
+    )  # fmt: skip
+    serve.add_argument("--workers", type=int, help="worker processes (overrides workers)")
+    return parser
+
+
+def embedded_defaults(data_dir: Path) -> dict[str, Any]:
+    """The zero-config gateway: one local directory as the origin, loopback only."""
+    return {
+        "listen": "127.0.0.1:9000",
+        "origins": {"local": {"type": "posix", "path": str(data_dir)}},
+        "default_origin": "local",
+    }
+
+
+def _overrides(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
+    updates: dict[str, Any] = {}
+    if args.host or args.port:
+        host, port = split_listen(settings.listen)
+        host = args.host or host
+        updates["listen"] = (
+            f"[{host}]:{args.port or port}" if ":" in host else f"{host}:{args.port or port}"
+        )
+    if args.workers:
+        updates["workers"] = args.workers
+    return updates
+
+
+def load(args: argparse.Namespace) -> Settings:
+    if args.config is None:
+        args.data_dir.mkdir(parents=True, exist_ok=True)
+        settings = load_settings(None, embedded_defaults(args.data_dir.resolve()))
+    else:
+        settings = load_settings(args.config)
+    return settings.model_copy(update=_overrides(args, settings))
+
+
+def generated_credential(cache_dir: Path) -> Credential:
+    """The credential pair kept in the cache dir, created on first start."""
+    path = cache_dir / "credentials.json"
+    if path.exists():
+        return Credential(**json.loads(path.read_text()))
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    pair = {"access_key": "hoard-" + secrets.token_hex(6), "secret_key": secrets.token_urlsafe(30)}
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        json.dump(pair, handle)
+    return Credential(**pair)
+
+
+def build_origins(settings: Settings) -> dict[str, Origin]:
+    origins: dict[str, Origin] = {}
+    for name, cfg in settings.origins.items():
+        if isinstance(cfg, S3OriginConfig):
+            origins[name] = S3Origin(name, cfg)
+        elif isinstance(cfg, PosixOriginConfig):
+            origins[name] = PosixOrigin(name, cfg.path)
+    return origins
+
+
+def build(settings: Settings) -> web.Application:
+    """Wire every object of one gateway process from its settings."""
+    namespace = Namespace.from_settings(settings, build_origins(settings))
+    reader = Reader(namespace)
+    front = S3Front(
+        reader,
+        Authenticator(settings.credentials, settings.allow_anonymous),
+        settings.virtual_host_domains,
+    )
+    app = build_app(front, Metrics(), settings.virtual_host_domains)
+
+    async def close_origins(app: web.Application) -> None:
+        await asyncio.gather(*(origin.close() for origin in namespace.origins()))
+
+    app.on_cleanup.append(close_origins)
+    return app
+
+
+def _banner(settings: Settings, credential: Credential | None) -> str:
+    host, port = split_listen(settings.listen)
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    endpoint = f"http://{'[' + shown + ']' if ':' in shown else shown}:{port}"
+    lines = [f"Hoard is serving S3 on {endpoint}"]
+    if settings.default_origin:
+        lines.append(f"  buckets pass through to origin '{settings.default_origin}'")
+    lines.append("Use it with:")
+    lines.append(f"  export AWS_ENDPOINT_URL={endpoint}")
+    if credential is not None:
+        lines.append(f"  export AWS_ACCESS_KEY_ID={credential.access_key}")
+        lines.append(f"  export AWS_SECRET_ACCESS_KEY={credential.secret_key.get_secret_value()}")
+    lines.append("  export AWS_DEFAULT_REGION=us-east-1")
+    return "\n".join(lines)
+
+
+def _event_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:  # uvloop is optional on platforms without it
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+def serve(settings: Settings) -> None:
+    credential = None
+    if not settings.credentials and not settings.allow_anonymous:
+        credential = generated_credential(settings.cache.dir)
+        settings = settings.model_copy(update={"credentials": [credential]})
+    app = build(settings)
+    host, port = split_listen(settings.listen)
+
+    async def announce(app: web.Application) -> None:
+        print(_banner(settings, credential), flush=True)
+
+    app.on_startup.append(announce)
+    web.run_app(
+        app, host=host, port=port, shutdown_timeout=settings.shutdown_timeout,
+        access_log=None, print=None, loop=_event_loop(),
+    )  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        settings = load(args)
+    except ConfigError as exc:
+        for line in str(exc).splitlines():
+            print(f"hoard: config error: {line}", file=sys.stderr)
+        return EXIT_CONFIG
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    serve(settings)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""One bucket namespace over several origins.
+
+A *mount* maps a gateway bucket (what clients see) onto an origin, a bucket of
+that origin and a key prefix inside it, with a policy (metadata TTLs,
+read-only). With a ``default_origin``, a bucket that is not mounted passes
+through by its own name, so a user who only changes ``AWS_ENDPOINT_URL`` sees
+their usual buckets.
+
+Keys are translated here and only here: ``origin_key`` adds the mount prefix,
+``client_key`` strips it. Nothing below knows a gateway bucket name; nothing
+above knows an origin prefix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from gateway import errors
+from gateway.config import PosixOriginConfig, Settings
+from gateway.origins.base import BucketInfo, Origin
+
+
+@dataclass(frozen=True, slots=True)
+class Mount:
+    """Where one gateway bucket lives, and the rules it is served under."""
+
+    bucket: str
+    origin: Origin
+    origin_bucket: str
+    prefix: str = ""
+    metadata_ttl: float = 60.0
+    negative_ttl: float = 10.0
+    readonly: bool = False
+    mounted: bool = True  # False for a bucket passed through by default_origin
+
+    def origin_key(self, key: str) -> str:
+        return self.prefix + key
+
+    def client_key(self, origin_key: str) -> str:
+        return origin_key[len(self.prefix) :]
+
+
+class Namespace:
+    """Resolves gateway bucket names to mounts."""
+
+    def __init__(self, mounts: list[Mount], default_origin: Origin | None = None) -> None:
+        self._mounts = {mount.bucket: mount for mount in mounts}
+        self._default_origin = default_origin
+        self._started = datetime.now(UTC).replace(microsecond=0)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, origins: dict[str, Origin]) -> Namespace:
+        mounts = []
+        for cfg in settings.mounts:
+            is_posix = isinstance(settings.origins[cfg.origin], PosixOriginConfig)
+            # A posix mount without origin_bucket addresses the origin's root directory.
+            origin_bucket = cfg.origin_bucket or ("" if is_posix else cfg.bucket)
+            mounts.append(
+                Mount(
+                    bucket=cfg.bucket,
+                    origin=origins[cfg.origin],
+                    origin_bucket=origin_bucket,
+                    prefix=cfg.prefix,
+                    metadata_ttl=cfg.metadata_ttl,
+                    negative_ttl=cfg.negative_ttl,
+                    readonly=cfg.readonly,
+                )
+            )
+        default = origins[settings.default_origin] if settings.default_origin else None
+        return cls(mounts, default)
+
+    def resolve(self, bucket: str) -> Mount:
+        """The mount serving ``bucket``; ``NoSuchBucket`` if there is none."""
+        mount = self._mounts.get(bucket)
+        if mount is not None:
+            return mount
+        if self._default_origin is None or not bucket:
+            raise errors.NoSuchBucket(bucket)
+        return Mount(
+            bucket=bucket, origin=self._default_origin, origin_bucket=bucket, mounted=False
+        )
+
+    def mounts(self) -> list[Mount]:
+        return list(self._mounts.values())
+
+    def origins(self) -> list[Origin]:
+        """Every distinct origin, each once (for start-up and shutdown)."""
+        seen: dict[int, Origin] = {}
+        for origin in [m.origin for m in self._mounts.values()] + [self._default_origin]:
+            if origin is not None:
+                seen.setdefault(id(origin), origin)
+        return list(seen.values())
+
+    async def list_buckets(self) -> list[BucketInfo]:
+        """Mounted buckets plus, with a default origin, the origin's own buckets."""
+        passthrough: list[BucketInfo] = []
+        if self._default_origin is not None:
+            passthrough = await self._default_origin.list_buckets()
+        created = await self._mount_creation_dates()
+        listed = {b.name: b for b in passthrough if b.name not in self._mounts}
+        for name in self._mounts:
+            listed[name] = BucketInfo(name, created.get(name, self._started))
+        return sorted(listed.values(), key=lambda b: b.name)
+
+    async def _mount_creation_dates(self) -> dict[str, datetime]:
+        """A mount shows its origin bucket's creation date when the origin knows it."""
+        by_origin: dict[int, list[Mount]] = {}
+        for mount in self._mounts.values():
+            by_origin.setdefault(id(mount.origin), []).append(mount)
+
+        async def dates_of(mounts: list[Mount]) -> dict[str, datetime]:
+            try:
+                buckets = {b.name: b.created for b in await mounts[0].origin.list_buckets()}
+            except errors.HoardError:
+                return {}
+            return {
+                m.bucket: buckets[m.origin_bucket] for m in mounts if m.origin_bucket in buckets
+            }
+
+        found: dict[str, datetime] = {}
+        for dates in await asyncio.gather(*(dates_of(ms) for ms in by_origin.values())):
+            found.update(dates)
+        return found

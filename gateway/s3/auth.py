@@ -1,0 +1,53 @@
+"""Who is calling: SigV4 verification plus the anonymous-access policy.
+
+A request with a signature must carry a valid one, even where anonymous
+access is allowed (S3 does the same: a bad signature is never downgraded to
+anonymous). An unsigned request is anonymous, refused unless
+``allow_anonymous`` is set.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gateway.config import Credential
+from gateway.s3.errors import Code, S3Error
+from gateway.s3.sigv4 import AuthContext, RequestView, SigV4Verifier, is_signed
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """The caller: an access key with its verified signature context, or anonymous."""
+
+    access_key: str | None
+    context: AuthContext | None = None
+
+    @property
+    def anonymous(self) -> bool:
+        return self.access_key is None
+
+
+ANONYMOUS = Principal(None)
+
+
+class Authenticator:
+    def __init__(
+        self,
+        credentials: list[Credential],
+        allow_anonymous: bool,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        secrets = {c.access_key: c.secret_key.get_secret_value() for c in credentials}
+        self._verifier = SigV4Verifier(secrets, clock=clock)
+        self._allow_anonymous = allow_anonymous
+
+    def authenticate(self, request: RequestView) -> Principal:
+        """The verified caller; ``S3Error`` for a bad signature or a refused anonymous call."""
+        if is_signed(request):
+            context = self._verifier.verify(request)
+            return Principal(context.access_key, context)
+        if self._allow_anonymous:
+            return ANONYMOUS
+        raise S3Error(Code.AccessDenied)

@@ -1,0 +1,25 @@
+"""ListBuckets, HeadBucket and GetBucketLocation."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from gateway.s3 import xml
+from gateway.s3.call import Call
+
+XML_TYPE = "application/xml"
+
+
+async def list_buckets(call: Call) -> web.StreamResponse:
+    buckets = await call.reader.list_buckets()
+    return web.Response(body=xml.list_buckets(buckets), content_type=XML_TYPE)
+
+
+async def head_bucket(call: Call) -> web.StreamResponse:
+    region = await call.reader.bucket_region(call.bucket)
+    return web.Response(headers={"x-amz-bucket-region": region})
+
+
+async def get_bucket_location(call: Call) -> web.StreamResponse:
+    region = await call.reader.bucket_region(call.bucket)
+    return web.Response(body=xml.location(region), content_type=XML_TYPE)

@@ -1,0 +1,30 @@
+"""What an S3 operation handler receives: the request, its route and caller."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from gateway.reader import Reader
+from gateway.s3.auth import Principal
+from gateway.s3.routing import Route
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    request: web.Request
+    route: Route
+    query: dict[str, str]
+    principal: Principal
+    reader: Reader
+    request_id: str
+
+    @property
+    def bucket(self) -> str:
+        return self.route.bucket
+
+    @property
+    def key(self) -> str:
+        assert self.route.key is not None, "object operations always carry a key"
+        return self.route.key

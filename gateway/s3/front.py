@@ -1,0 +1,89 @@
+"""The S3 front door: route, authenticate, dispatch, and turn errors into S3 XML.
+
+One handler per operation lives in ``buckets.py``, ``listing.py`` and
+``objects.py``; this module only decides which one runs and how a failure
+looks on the wire. Every response carries ``x-amz-request-id`` (added by the
+server's prepare hook from ``request["request_id"]``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from urllib.parse import parse_qsl
+
+from aiohttp import web
+
+from gateway import errors
+from gateway.reader import Reader
+from gateway.s3 import buckets, listing, objects, xml
+from gateway.s3.auth import Authenticator
+from gateway.s3.call import Call
+from gateway.s3.errors import Code, S3Error, from_domain
+from gateway.s3.routing import Route, route
+from gateway.s3.sigv4 import RequestView
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Call], Awaitable[web.StreamResponse]]
+
+HANDLERS: dict[str, Handler] = {
+    "ListBuckets": buckets.list_buckets,
+    "HeadBucket": buckets.head_bucket,
+    "GetBucketLocation": buckets.get_bucket_location,
+    "ListObjectsV2": listing.list_objects_v2,
+    "ListObjects": listing.list_objects_v1,
+    "HeadObject": objects.head_object,
+    "GetObject": objects.get_object,
+}
+
+
+def request_view(request: web.Request) -> RequestView:
+    raw_path, _, raw_query = request.raw_path.partition("?")
+    return RequestView(request.method, raw_path, raw_query, request.headers)
+
+
+class S3Front:
+    def __init__(self, reader: Reader, auth: Authenticator, domains: list[str]) -> None:
+        self._reader = reader
+        self._auth = auth
+        self._domains = domains
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        request_id: str = request["request_id"]
+        try:
+            return await self._dispatch(request, request_id)
+        except S3Error as exc:
+            return self._error(request, exc)
+        except errors.HoardError as exc:
+            return self._error(request, from_domain(exc))
+
+    async def _dispatch(self, request: web.Request, request_id: str) -> web.StreamResponse:
+        view = request_view(request)
+        query = dict(parse_qsl(view.raw_query, keep_blank_values=True))
+        found: Route = route(request.method, request.host, view.raw_path, query, self._domains)
+        request["operation"] = found.operation.split(":")[0]
+        request["bucket"] = found.bucket
+        principal = self._auth.authenticate(view)
+        handler = HANDLERS.get(found.operation)
+        if handler is None:
+            raise S3Error(Code.NotImplemented, f"{found.operation} is not implemented by Hoard.")
+        return await handler(Call(request, found, query, principal, self._reader, request_id))
+
+    def _error(self, request: web.Request, exc: S3Error) -> web.StreamResponse:
+        request["error_code"] = exc.code.name
+        if exc.code is Code.NotModified:
+            return web.Response(status=304, headers=exc.headers)
+        if exc.status >= 500:
+            log.warning("%s %s: %s", request.method, request.path, exc.message)
+        fields = dict(exc.fields)
+        fields.setdefault("Resource", request.path)
+        if exc.code is Code.InvalidRange:
+            fields["RangeRequested"] = request.headers.get("Range", "")
+        if request.method == "HEAD":
+            # A HEAD answer has no body, so the code travels in a header only.
+            return web.Response(status=exc.status, headers=exc.headers)
+        body = xml.error(exc.code.name, exc.message, request["request_id"], fields)
+        return web.Response(
+            status=exc.status, body=body, headers=exc.headers, content_type="application/xml"
+        )

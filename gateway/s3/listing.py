@@ -1,0 +1,104 @@
+"""ListObjectsV2 and ListObjects (v1).
+
+Continuation tokens are Hoard's own: the marker to continue after, encoded
+opaquely. That makes every page reproducible from the marker alone, whether
+the origin or a cached listing answers it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+
+from aiohttp import web
+
+from gateway.s3 import xml
+from gateway.s3.buckets import XML_TYPE
+from gateway.s3.call import Call
+from gateway.s3.errors import Code, S3Error
+
+MAX_KEYS_LIMIT = 1000
+
+
+def encode_token(marker: str) -> str:
+    return base64.urlsafe_b64encode(marker.encode()).decode()
+
+
+def decode_token(token: str) -> str:
+    try:
+        return base64.urlsafe_b64decode(token.encode("ascii")).decode()
+    except (binascii.Error, UnicodeError, ValueError):
+        raise S3Error(
+            Code.InvalidArgument, "The continuation token provided is incorrect"
+        ) from None
+
+
+def _max_keys(call: Call) -> int:
+    raw = call.query.get("max-keys", str(MAX_KEYS_LIMIT))
+    try:
+        value = int(raw)
+    except ValueError:
+        raise S3Error(
+            Code.InvalidArgument, "Provided max-keys not an integer or within integer range"
+        ) from None
+    if value < 0:
+        raise S3Error(
+            Code.InvalidArgument, "Argument maxKeys must be an integer between 0 and 2147483647"
+        )
+    return value
+
+
+def _encode_keys(call: Call) -> bool:
+    encoding = call.query.get("encoding-type")
+    if encoding is None:
+        return False
+    if encoding.lower() != "url":
+        raise S3Error(Code.InvalidArgument, "Invalid Encoding Method specified in Request")
+    return True
+
+
+async def list_objects_v2(call: Call) -> web.StreamResponse:
+    max_keys = _max_keys(call)
+    prefix = call.query.get("prefix", "")
+    delimiter = call.query.get("delimiter", "")
+    start_after = call.query.get("start-after", "")
+    token = call.query.get("continuation-token")
+    if token is not None and not token:
+        raise S3Error(Code.InvalidArgument, "The continuation token provided is incorrect")
+    marker = decode_token(token) if token is not None else start_after
+    page = await call.reader.list_objects(
+        call.bucket, prefix, delimiter, marker, min(max_keys, MAX_KEYS_LIMIT)
+    )
+    next_token = encode_token(page.next_marker) if page.is_truncated and page.next_marker else None
+    body = xml.list_objects_v2(
+        call.bucket,
+        page,
+        prefix=prefix,
+        delimiter=delimiter,
+        max_keys=max_keys,
+        start_after=start_after,
+        continuation_token=token,
+        next_token=next_token,
+        encode=_encode_keys(call),
+    )
+    return web.Response(body=body, content_type=XML_TYPE)
+
+
+async def list_objects_v1(call: Call) -> web.StreamResponse:
+    max_keys = _max_keys(call)
+    prefix = call.query.get("prefix", "")
+    delimiter = call.query.get("delimiter", "")
+    marker = call.query.get("marker", "")
+    page = await call.reader.list_objects(
+        call.bucket, prefix, delimiter, marker, min(max_keys, MAX_KEYS_LIMIT)
+    )
+    body = xml.list_objects_v1(
+        call.bucket,
+        page,
+        prefix=prefix,
+        delimiter=delimiter,
+        max_keys=max_keys,
+        marker=marker,
+        encode=_encode_keys(call),
+    )
+    return web.Response(body=body, content_type=XML_TYPE)

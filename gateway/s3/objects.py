@@ -1,0 +1,120 @@
+"""GetObject and HeadObject.
+
+What is answered is decided here (status, headers, conditionals, ranges,
+``response-*`` overrides); how the bytes are obtained is one call into
+``Reader.open_object``. Bytes are written as they arrive; a client that goes
+away mid-body closes the read, which releases the origin stream.
+"""
+
+from __future__ import annotations
+
+import logging
+from email.utils import format_datetime
+
+from aiohttp import web
+
+from gateway.origins.base import ObjectInfo
+from gateway.reader import ObjectRead
+from gateway.s3.call import Call
+from gateway.s3.conditionals import Conditions
+from gateway.s3.errors import Code, S3Error
+from gateway.s3.ranges import parse_range
+
+log = logging.getLogger(__name__)
+
+# Query parameters that override response headers on GetObject/HeadObject.
+_OVERRIDES = {
+    "response-content-type": "Content-Type",
+    "response-content-language": "Content-Language",
+    "response-expires": "Expires",
+    "response-cache-control": "Cache-Control",
+    "response-content-disposition": "Content-Disposition",
+    "response-content-encoding": "Content-Encoding",
+}
+
+
+def object_headers(info: ObjectInfo) -> dict[str, str]:
+    """The headers S3 sends for an object on GET and HEAD (not the length/range)."""
+    headers = {
+        "ETag": info.etag,
+        "Last-Modified": format_datetime(info.last_modified, usegmt=True),
+        "Content-Type": info.content_type,
+        "Accept-Ranges": "bytes",
+    }
+    headers.update(info.headers)
+    headers.update({f"x-amz-meta-{name}": value for name, value in info.metadata.items()})
+    if info.storage_class != "STANDARD":
+        headers["x-amz-storage-class"] = info.storage_class
+    if info.version_id:
+        headers["x-amz-version-id"] = info.version_id
+    return headers
+
+
+def _overrides(call: Call) -> dict[str, str]:
+    found = {
+        header: call.query[param] for param, header in _OVERRIDES.items() if param in call.query
+    }
+    if found and call.principal.anonymous:
+        raise S3Error(
+            Code.InvalidRequest,
+            "Request specific response headers cannot be used for anonymous GET requests.",
+        )
+    return found
+
+
+def _range_headers(read_start: int, read_end: int, size: int) -> dict[str, str]:
+    return {"Content-Range": f"bytes {read_start}-{read_end}/{size}"}
+
+
+async def head_object(call: Call) -> web.StreamResponse:
+    overrides = _overrides(call)
+    conditions = Conditions.from_headers(call.request.headers)
+    info = await call.reader.head_object(call.bucket, call.key)
+    conditions.check(info)
+    headers = object_headers(info)
+    status, length = 200, info.size
+    spec = parse_range(call.request.headers.get("Range"))
+    if spec is not None:
+        start, end = spec.resolve(info.size)
+        headers.update(_range_headers(start, end, info.size))
+        status, length = 206, end - start + 1
+    headers.update(overrides)
+    response = web.StreamResponse(status=status, headers=headers)
+    response.content_length = length
+    return response
+
+
+async def get_object(call: Call) -> web.StreamResponse:
+    overrides = _overrides(call)
+    conditions = Conditions.from_headers(call.request.headers)
+    spec = parse_range(call.request.headers.get("Range"))
+    read = await call.reader.open_object(
+        call.bucket, call.key, spec, conditions.check if conditions else None
+    )
+    try:
+        headers = object_headers(read.info)
+        if read.partial:
+            headers.update(_range_headers(read.start, read.end, read.info.size))
+        headers.update(overrides)
+        response = web.StreamResponse(status=206 if read.partial else 200, headers=headers)
+        response.content_length = read.length
+        await response.prepare(call.request)
+        await _stream(call, response, read)
+    finally:
+        await read.aclose()
+    return response
+
+
+async def _stream(call: Call, response: web.StreamResponse, read: ObjectRead) -> None:
+    try:
+        async for chunk in read.chunks():
+            await response.write(chunk)
+        await response.write_eof()
+    except ConnectionResetError:
+        log.debug("client went away mid-body", extra={"request_id": call.request_id})
+    except Exception:
+        # Headers are gone already; dropping the connection is the only honest
+        # signal left, so the client sees a short body rather than a wrong one.
+        log.exception("read failed mid-body", extra={"request_id": call.request_id})
+        if call.request.transport is not None:
+            call.request.transport.abort()

@@ -1,0 +1,110 @@
+"""The aiohttp application: one catch-all route, the admin endpoints, lifecycle.
+
+S3 addressing (path- or virtual-hosted-style, sub-resources in the query)
+does not fit a URL router, so every request lands in ``dispatch``, which
+sends ``/_hoard/...`` and an unsigned ``GET /metrics`` to the admin handlers
+and everything else to the S3 front. ``_hoard`` can never be a bucket (S3
+bucket names have no underscore); ``metrics`` can, so only an unsigned GET of
+exactly ``/metrics`` with no query is the scrape endpoint, and a signed
+request for it still lists the bucket.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from gateway.metrics import Metrics
+from gateway.s3.front import S3Front
+from gateway.s3.routing import split_host
+
+log = logging.getLogger("hoard")
+access_log = logging.getLogger("hoard.access")
+
+STATE = web.AppKey("state", dict)
+
+
+def new_request_id() -> str:
+    return os.urandom(8).hex().upper()
+
+
+@web.middleware
+async def _observe(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Request id, metrics and one access-log line for every request."""
+    request["request_id"] = new_request_id()
+    started = time.perf_counter()
+    response = await handler(request)
+    elapsed = time.perf_counter() - started
+    operation = request.get("operation", "Admin")
+    metrics: Metrics = request.app[STATE]["metrics"]
+    metrics.requests.labels(operation, str(response.status)).inc()
+    metrics.request_duration.labels(operation).observe(elapsed)
+    sent = response.body_length if response.prepared else 0
+    metrics.response_bytes.labels(operation).inc(sent)
+    access_log.info(
+        "%s %s %s %s %d %.4f %s",
+        request["request_id"], request.method, request.path, operation,
+        response.status, elapsed, request.get("error_code", "-"),
+    )  # fmt: skip
+    return response
+
+
+async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    request_id = request.get("request_id")
+    if request_id:
+        response.headers["x-amz-request-id"] = request_id
+        response.headers["x-amz-id-2"] = request_id
+    response.headers["Server"] = "Hoard"
+
+
+def build_app(front: S3Front, metrics: Metrics, domains: list[str]) -> web.Application:
+    """The gateway application. Everything it needs is passed in, built by ``cli.py``."""
+    app = web.Application(middlewares=[_observe], client_max_size=1024**2)
+    app[STATE] = {"metrics": metrics, "ready": False}
+
+    async def dispatch(request: web.Request) -> web.StreamResponse:
+        path = request.raw_path.split("?", 1)[0]
+        if path.startswith("/_hoard/"):
+            return await _admin(request, path)
+        if _is_scrape(request, path, domains):
+            return web.Response(
+                body=metrics.render(), headers={"Content-Type": metrics.content_type}
+            )
+        return await front.handle(request)
+
+    async def mark_ready(app: web.Application) -> None:
+        app[STATE]["ready"] = True
+
+    async def mark_not_ready(app: web.Application) -> None:
+        app[STATE]["ready"] = False
+
+    app.router.add_route("*", "/{tail:.*}", dispatch)
+    app.on_response_prepare.append(_add_request_id)
+    app.on_startup.append(mark_ready)
+    app.on_shutdown.append(mark_not_ready)
+    return app
+
+
+def _is_scrape(request: web.Request, path: str, domains: list[str]) -> bool:
+    return (
+        path == "/metrics"
+        and request.method == "GET"
+        and not request.query_string
+        and "Authorization" not in request.headers
+        and split_host(request.host, domains) is None
+    )
+
+
+async def _admin(request: web.Request, path: str) -> web.StreamResponse:
+    if path == "/_hoard/health":
+        return web.json_response({"status": "ok"})
+    if path == "/_hoard/ready":
+        ready = request.app[STATE]["ready"]
+        return web.json_response({"ready": ready}, status=200 if ready else 503)
+    return web.json_response({"error": "not found"}, status=404)
