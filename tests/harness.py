@@ -1,0 +1,104 @@
+"""Run real Hoard processes on loopback ports for tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import boto3
+import requests
+import yaml
+from botocore.config import Config
+
+ACCESS_KEY = "test-access"
+SECRET_KEY = "test-secret-key"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class HoardProcess:
+    """One ``python -m gateway serve`` process with a config written to ``workdir``."""
+
+    def __init__(self, workdir: Path, config: dict[str, Any], env: dict[str, str] | None = None):
+        self.workdir = workdir
+        self.port = free_port()
+        self.config = {
+            "listen": f"127.0.0.1:{self.port}",
+            "cache": {"dir": str(workdir / "cache")},
+            "credentials": [{"access_key": ACCESS_KEY, "secret_key": SECRET_KEY}],
+            "shutdown_timeout": "5s",
+            **config,
+        }
+        self.env = env or {}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = workdir / f"hoard-{self.port}.log"
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> HoardProcess:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        config_path = self.workdir / f"hoard-{self.port}.yaml"
+        config_path.write_text(yaml.safe_dump(self.config))
+        env = {**os.environ, **self.env, "PYTHONPATH": str(REPO)}
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "gateway", "serve", "--config", str(config_path)],
+                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.workdir,
+            )  # fmt: skip
+        self.wait_ready(timeout)
+        return self
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"hoard exited early:\n{self.log()}")
+            try:
+                if requests.get(f"{self.endpoint}/_hoard/ready", timeout=1).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"hoard not ready after {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    def client(self, **config: Any):
+        return s3_client(self.endpoint, **config)
+
+
+def s3_client(endpoint: str, access_key: str = ACCESS_KEY, secret_key: str = SECRET_KEY,
+              addressing_style: str = "path", **config: Any):
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=access_key,
+        aws_secret_access_key=secret_key,
+        config=Config(s3={"addressing_style": addressing_style},
+                      retries={"max_attempts": 1, "mode": "standard"}, **config),
+    )
