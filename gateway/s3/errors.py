@@ -8,6 +8,7 @@ needs to know S3's spelling.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from email.utils import format_datetime
 from enum import Enum
 
@@ -23,7 +24,10 @@ class Code(Enum):
     BadDigest = (400, "The Content-MD5 you specified did not match what we received.")
     BucketAlreadyExists = (409, "The requested bucket name is not available.")
     EntityTooLarge = (400, "Your proposed upload exceeds the maximum allowed object size.")
-    IncompleteBody = (400, "You did not provide the number of bytes specified by the Content-Length HTTP header.")
+    IncompleteBody = (
+        400,
+        "You did not provide the number of bytes specified by the Content-Length HTTP header.",
+    )
     InternalError = (500, "We encountered an internal error. Please try again.")
     InvalidAccessKeyId = (403, "The AWS Access Key Id you provided does not exist in our records.")
     InvalidArgument = (400, "Invalid Argument")
@@ -33,7 +37,10 @@ class Code(Enum):
     InvalidPart = (400, "One or more of the specified parts could not be found.")
     InvalidRange = (416, "The requested range is not satisfiable")
     InvalidRequest = (400, "Invalid Request")
-    MalformedXML = (400, "The XML you provided was not well-formed or did not validate against our published schema.")
+    MalformedXML = (
+        400,
+        "The XML you provided was not well-formed or did not validate against our published schema.",
+    )
     MethodNotAllowed = (405, "The specified method is not allowed against this resource.")
     MissingContentLength = (411, "You must provide the Content-Length HTTP header.")
     NoSuchBucket = (404, "The specified bucket does not exist")
@@ -42,11 +49,20 @@ class Code(Enum):
     NotImplemented = (501, "A header you provided implies functionality that is not implemented.")
     NotModified = (304, "Not Modified")
     PreconditionFailed = (412, "At least one of the pre-conditions you specified did not hold")
-    RequestTimeTooSkewed = (403, "The difference between the request time and the server's time is too large.")
+    RequestTimeTooSkewed = (
+        403,
+        "The difference between the request time and the server's time is too large.",
+    )
     ServiceUnavailable = (503, "Please reduce your request rate.")
-    SignatureDoesNotMatch = (403, "The request signature we calculated does not match the signature you provided. Check your key and signing method.")
+    SignatureDoesNotMatch = (
+        403,
+        "The request signature we calculated does not match the signature you provided. Check your key and signing method.",
+    )
     SlowDown = (503, "Please reduce your request rate.")
-    XAmzContentSHA256Mismatch = (400, "The provided 'x-amz-content-sha256' header does not match what was computed.")
+    XAmzContentSHA256Mismatch = (
+        400,
+        "The provided 'x-amz-content-sha256' header does not match what was computed.",
+    )
 
     @property
     def status(self) -> int:
@@ -117,7 +133,6 @@ def from_domain(exc: errors.HoardError) -> S3Error:
 
 def _not_modified_headers(exc: errors.NotModified) -> dict[str, str]:
     headers = {"ETag": exc.etag}
-    last_modified = exc.last_modified
-    if hasattr(last_modified, "astimezone"):
-        headers["Last-Modified"] = format_datetime(last_modified, usegmt=True)  # type: ignore[arg-type]
+    if isinstance(exc.last_modified, datetime):
+        headers["Last-Modified"] = format_datetime(exc.last_modified.astimezone(UTC), usegmt=True)
     return headers

@@ -57,6 +57,10 @@ class S3Front:
             return self._error(request, exc)
         except errors.HoardError as exc:
             return self._error(request, from_domain(exc))
+        except Exception:
+            # A bug must still answer S3 XML with the request id, so it can be traced.
+            log.exception("unhandled error, request %s", request_id)
+            return self._error(request, S3Error(Code.InternalError))
 
     async def _dispatch(self, request: web.Request, request_id: str) -> web.StreamResponse:
         view = request_view(request)

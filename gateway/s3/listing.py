@@ -26,7 +26,7 @@ def encode_token(marker: str) -> str:
 
 def decode_token(token: str) -> str:
     try:
-        return base64.urlsafe_b64decode(token.encode("ascii")).decode()
+        return base64.b64decode(token.encode("ascii"), altchars=b"-_", validate=True).decode()
     except (binascii.Error, UnicodeError, ValueError):
         raise S3Error(
             Code.InvalidArgument, "The continuation token provided is incorrect"

@@ -9,12 +9,12 @@ away mid-body closes the read, which releases the origin stream.
 from __future__ import annotations
 
 import logging
-from email.utils import format_datetime
 
 from aiohttp import web
 
 from gateway.origins.base import ObjectInfo
 from gateway.reader import ObjectRead
+from gateway.s3 import xml
 from gateway.s3.call import Call
 from gateway.s3.conditionals import Conditions
 from gateway.s3.errors import Code, S3Error
@@ -37,7 +37,7 @@ def object_headers(info: ObjectInfo) -> dict[str, str]:
     """The headers S3 sends for an object on GET and HEAD (not the length/range)."""
     headers = {
         "ETag": info.etag,
-        "Last-Modified": format_datetime(info.last_modified, usegmt=True),
+        "Last-Modified": xml.http_date(info.last_modified),
         "Content-Type": info.content_type,
         "Accept-Ranges": "bytes",
     }

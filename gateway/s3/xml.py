@@ -8,7 +8,9 @@ does, so keys with characters XML 1.0 cannot carry survive the trip.
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
+from email.utils import format_datetime
 from urllib.parse import quote
 from xml.sax.saxutils import escape
 
@@ -25,8 +27,18 @@ def iso8601(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
+# Characters XML 1.0 cannot carry (control bytes, lone surrogates from undecodable
+# input). Error fields echo client input, so they must never break the document.
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def http_date(moment: datetime) -> str:
+    """RFC 9110 IMF-fixdate, as in Last-Modified: ``Sat, 21 Nov 2026 17:42:39 GMT``."""
+    return format_datetime(moment.astimezone(UTC), usegmt=True)
+
+
 def _text(value: str) -> str:
-    return escape(value)
+    return escape(_NOT_XML.sub("\ufffd", value))
 
 
 def _element(name: str, value: str) -> str:

@@ -1,0 +1,214 @@
+"""The ``hoard`` command: embedded default, config errors, streaming, shutdown."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import boto3
+import pytest
+import requests
+
+from tests.harness import REPO, HoardProcess, free_port
+
+GiB = 1024**3
+
+
+def run_hoard(
+    args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 20
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", *args], cwd=cwd, capture_output=True, text=True,
+        timeout=timeout, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "expected"),
+    [
+        ("cache:\n  size: lots\n", "cache.size: invalid size 'lots'"),
+        ("bogus: 1\n", "bogus: unknown key"),
+        ("cache:\n  bogus: 1\n", "cache.bogus: unknown key"),
+        (
+            "origins:\n  a: {type: posix, path: /tmp}\nmounts:\n  - {bucket: abc, origin: nope}\n",
+            "mounts.0.origin: unknown origin 'nope'",
+        ),
+        ("default_origin: missing\n", "default_origin: unknown origin 'missing'"),
+        ("mounts:\n  - {bucket: abc}\n", "mounts.0.origin: required key is missing"),
+        (
+            "credentials:\n  - {access_key: a, secret_key: '${HOARD_TEST_UNSET_VAR}'}\n",
+            "credentials.0.secret_key: environment variable HOARD_TEST_UNSET_VAR is not set",
+        ),
+        ("listen: nowhere\n", "listen: invalid listen address"),
+        ("cache: [1, 2\n", "invalid YAML"),
+    ],
+)
+def test_bad_config_exits_2_with_one_line(tmp_path, yaml_text, expected):
+    config = tmp_path / "bad.yaml"
+    config.write_text(yaml_text)
+    result = run_hoard(["serve", "--config", str(config)], tmp_path)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hoard: config error: ")
+    assert expected in lines[0]
+
+
+def test_environment_overrides_config(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("cache:\n  size: 1GiB\n")
+    bad = run_hoard(["serve", "--config", str(config)], tmp_path, env={"HOARD_CACHE__SIZE": "huge"})
+    assert bad.returncode == 2 and "cache.size: invalid size 'huge'" in bad.stderr
+
+
+def test_missing_config_file(tmp_path):
+    result = run_hoard(["serve", "--config", str(tmp_path / "absent.yaml")], tmp_path)
+    assert result.returncode == 2 and "cannot read config file" in result.stderr
+
+
+def _start_default(tmp_path: Path, port: int) -> tuple[subprocess.Popen[str], dict[str, str]]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": str(tmp_path)}
+    env.pop("XDG_CACHE_HOME", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "serve", "--port", str(port)],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+    )  # fmt: skip
+    exports: dict[str, str] = {}
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and "AWS_DEFAULT_REGION" not in exports:
+        line = proc.stdout.readline()
+        match = re.match(r"\s*export (\w+)=(\S+)", line)
+        if match:
+            exports[match.group(1)] = match.group(2)
+    return proc, exports
+
+
+def test_embedded_default_serves_data_dir_with_generated_credentials(tmp_path):
+    port = free_port()
+    (tmp_path / "data" / "datasets").mkdir(parents=True)
+    (tmp_path / "data" / "datasets" / "a.txt").write_bytes(b"hello")
+    proc, exports = _start_default(tmp_path, port)
+    try:
+        assert exports["AWS_ENDPOINT_URL"] == f"http://127.0.0.1:{port}"
+        assert exports["AWS_ACCESS_KEY_ID"].startswith("hoard-")
+        _wait_ready(port)
+        client = boto3.client(
+            "s3", endpoint_url=exports["AWS_ENDPOINT_URL"], region_name="us-east-1",
+            aws_access_key_id=exports["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=exports["AWS_SECRET_ACCESS_KEY"],
+        )  # fmt: skip
+        assert [b["Name"] for b in client.list_buckets()["Buckets"]] == ["datasets"]
+        assert client.get_object(Bucket="datasets", Key="a.txt")["Body"].read() == b"hello"
+        cli = subprocess.run(
+            ["aws", "s3", "ls", "s3://datasets/", "--endpoint-url", exports["AWS_ENDPOINT_URL"]],
+            capture_output=True, text=True, timeout=60,
+            env={**os.environ, **exports, "HOME": str(tmp_path)},
+        )  # fmt: skip
+        assert cli.returncode == 0, cli.stderr
+        assert "a.txt" in cli.stdout
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+    credentials_file = tmp_path / ".cache" / "hoard" / "credentials.json"
+    assert oct(credentials_file.stat().st_mode & 0o777) == "0o600"
+    again, exports_again = _start_default(tmp_path, free_port())
+    again.send_signal(signal.SIGTERM)
+    again.wait(20)
+    assert exports_again["AWS_SECRET_ACCESS_KEY"] == exports["AWS_SECRET_ACCESS_KEY"]
+
+
+def _wait_ready(port: int) -> None:
+    for _ in range(200):
+        try:
+            if requests.get(f"http://127.0.0.1:{port}/_hoard/ready", timeout=1).ok:
+                return
+        except requests.RequestException:
+            time.sleep(0.05)
+    raise AssertionError("not ready")
+
+
+@pytest.fixture
+def big_file_hoard(tmp_path):
+    """A Hoard over a directory holding a sparse 2 GiB file."""
+    bucket = tmp_path / "data" / "big"
+    bucket.mkdir(parents=True)
+    with open(bucket / "2g.bin", "wb") as handle:
+        handle.truncate(2 * GiB)
+    node = HoardProcess(tmp_path, {
+        "origins": {"disk": {"type": "posix", "path": str(tmp_path / "data")}},
+        "default_origin": "disk", "allow_anonymous": True,
+    }).start()  # fmt: skip
+    yield node
+    node.stop()
+
+
+def _peak_rss_mib(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) / 1024
+
+
+def test_streaming_2gib_keeps_memory_flat(big_file_hoard):
+    node = big_file_hoard
+    received = 0
+    with requests.get(f"{node.endpoint}/big/2g.bin", stream=True, timeout=120) as answer:
+        assert answer.status_code == 200
+        assert int(answer.headers["Content-Length"]) == 2 * GiB
+        for chunk in answer.iter_content(4 * 1024 * 1024):
+            received += len(chunk)
+    assert received == 2 * GiB
+    peak = _peak_rss_mib(node.proc.pid)
+    print(f"peak RSS streaming 2 GiB: {peak:.0f} MiB")
+    assert peak < 200
+
+
+def _open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_client_disconnect_closes_the_origin_stream(big_file_hoard):
+    node = big_file_hoard
+    pid = node.proc.pid
+    requests.get(f"{node.endpoint}/_hoard/health", timeout=5)
+    baseline = _open_fds(pid)
+    sock = socket.create_connection(("127.0.0.1", node.port))
+    sock.sendall(b"GET /big/2g.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+    received = 0
+    while received < 4 * 1024 * 1024:
+        received += len(sock.recv(1024 * 1024))
+    assert _open_fds(pid) > baseline  # the socket and the file are open now
+    sock.close()
+    deadline = time.monotonic() + 10
+    while _open_fds(pid) > baseline and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _open_fds(pid) <= baseline
+    # …and the gateway still serves.
+    assert requests.get(f"{node.endpoint}/_hoard/health", timeout=5).ok
+
+
+def test_sigterm_lets_in_flight_requests_finish(big_file_hoard):
+    node = big_file_hoard
+    want = 300 * 1024 * 1024
+    received = 0
+    with requests.get(
+        f"{node.endpoint}/big/2g.bin",
+        headers={"Range": f"bytes=0-{want - 1}"},
+        stream=True,
+        timeout=60,
+    ) as answer:
+        chunks = answer.iter_content(1024 * 1024)
+        received += len(next(chunks))
+        node.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        with pytest.raises(requests.ConnectionError):
+            requests.get(f"{node.endpoint}/_hoard/health", timeout=2)
+        for chunk in chunks:
+            received += len(chunk)
+    assert received == want
+    assert node.proc.wait(15) == 0
