@@ -118,7 +118,9 @@ def build(settings: Settings) -> web.Application:
     reader = Reader(namespace)
     front = S3Front(
         reader,
-        Authenticator(settings.credentials, settings.allow_anonymous),
+        Authenticator(
+            settings.credentials, settings.allow_anonymous, domains=settings.virtual_host_domains
+        ),
         settings.virtual_host_domains,
     )
     app = build_app(front, Metrics(), settings.virtual_host_domains)

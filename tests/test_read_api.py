@@ -459,3 +459,13 @@ def test_last_modified_is_http_date(hoard):
         format_datetime(parsed.replace(tzinfo=dt.UTC), usegmt=True)
         == answer.headers["Last-Modified"]
     )
+
+
+def test_sigv2_clients_and_default_presigned_urls(hoard, s3):
+    url = s3.generate_presigned_url("get_object", Params={"Bucket": BUCKET, "Key": "small.txt"})
+    assert "AWSAccessKeyId=" in url  # boto3's default presigning in us-east-1 is SigV2
+    assert requests.get(url, timeout=10).content == SMALL
+    assert requests.get(url.replace("Signature=", "Signature=A"), timeout=10).status_code == 403
+    v2 = hoard.client(signature_version="s3")
+    assert v2.get_object(Bucket=BUCKET, Key="with space.txt")["Body"].read() == b"with space.txt"
+    assert v2.list_objects_v2(Bucket=BUCKET, Prefix="unicodé/")["KeyCount"] == 1

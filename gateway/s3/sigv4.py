@@ -97,8 +97,7 @@ def is_signed(req: RequestView) -> bool:
     if req.headers.get("Authorization", "").strip():
         return True
     names = _query_params(req.raw_query)
-    # SigV2 query auth counts as signed so that verify() refuses it instead of the
-    # request slipping through as anonymous.
+    # SigV2 query auth counts as signed, never as anonymous: auth.py hands it to sigv2.py.
     return (
         any(n in names for n in _PRESIGN_PARAMS) or {"awsaccesskeyid", "signature"} <= names.keys()
     )
@@ -202,7 +201,7 @@ def _claim(req: RequestView) -> _Claim:
     elif any(n in params for n in _PRESIGN_PARAMS):
         claim = _presigned_claim(req, params)
     elif query_auth:
-        raise S3Error(Code.InvalidRequest, _UNSUPPORTED)  # SigV2 presigned URL
+        raise S3Error(Code.InvalidRequest, _UNSUPPORTED)  # SigV2 URL: sigv2.py's, not ours
     else:
         raise S3Error(Code.AccessDenied)
     _check_headers_signed(req, claim.signed_headers)
@@ -212,7 +211,7 @@ def _claim(req: RequestView) -> _Claim:
 def _header_claim(req: RequestView, authorization: str) -> _Claim:
     scheme, _, rest = authorization.partition(" ")  # the header was stripped already
     if scheme != ALGORITHM:
-        if scheme == "AWS" or scheme.startswith("AWS4-"):  # SigV2, SigV4a and the like
+        if scheme == "AWS" or scheme.startswith("AWS4-"):  # SigV2 (sigv2.py's), SigV4a...
             raise S3Error(Code.InvalidRequest, _UNSUPPORTED)
         fields = {"ArgumentName": "Authorization", "ArgumentValue": authorization}
         raise S3Error(Code.InvalidArgument, "Unsupported Authorization Type", fields=fields)
