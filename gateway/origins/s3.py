@@ -1,0 +1,356 @@
+"""An origin for any S3-compatible store, through aiobotocore.
+
+This module only translates: each Origin call is one S3 request, each answer
+a value from ``base.py``, each failure a ``gateway.errors`` exception made in
+``_translated`` -- the one place that knows how botocore spells "not found",
+"refused" or "unreachable". No botocore or aiohttp exception leaves it.
+
+Retries are botocore's "standard" mode: backoff with jitter on 5xx, SlowDown,
+throttling and connection errors, ``max_attempts`` tries in all. What still
+fails is ``OriginThrottled`` (the origin asked us to slow down) or
+``OriginUnavailable`` (no usable answer). Checksums are "when_required" only:
+a ranged GET cannot be checked against a whole-object checksum, and the
+cache checks its own blocks.
+
+A GET hands back its body unread. ``chunks()`` takes at most ``CHUNK_SIZE``
+bytes per step from aiohttp's buffer, so memory is bounded by the chunk, not
+the object. aiohttp returns the connection to its pool by itself at the end
+of the body; ``aclose()`` before that closes the socket instead, because a
+connection with unread body bytes cannot carry another request.
+
+Not guaranteed:
+- A failure mid-body is not retried here: it surfaces from ``chunks()`` as
+  ``OriginUnavailable``, and the reader retries from the byte where it stopped.
+- A 404 from HEAD has no body, so a missing bucket reads as ``NoSuchKey`` on
+  ``head_object``; GET and LIST tell the two apart.
+- An origin that ignores Range and answers 200 is reported as it is
+  (``start=0, end=size-1``); the caller sees it delivers more than it asked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack, contextmanager
+from typing import Any
+
+import aiohttp
+from aiobotocore.session import get_session
+from botocore.config import Config as BotoConfig
+from botocore.exceptions import BotoCoreError, ClientError
+
+from gateway import errors
+from gateway.config import S3OriginConfig
+from gateway.origins.base import BucketInfo, ListEntry, ListPage, ObjectInfo
+
+CHUNK_SIZE = 1024 * 1024  # largest piece chunks() yields
+_LIST_LIMIT = 1000  # S3 never returns more keys per ListObjectsV2 page
+
+# Stored representation headers S3 echoes on GET/HEAD, by canonical name.
+_REPRESENTATION_HEADERS = (
+    "Cache-Control Content-Disposition Content-Encoding Content-Language Expires"
+)
+_THROTTLE_CODES = frozenset(
+    {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequests"}
+)
+_CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+)$")
+_UNSATISFIED_RANGE = re.compile(r"^bytes \*/(\d+)$")
+
+
+@contextmanager
+def _translated(bucket: str, key: str | None = None) -> Iterator[None]:
+    """Turn whatever botocore/aiohttp raise into a ``gateway.errors`` exception.
+
+    ``key`` is None for bucket operations: a 404 there means the bucket.
+    """
+    try:
+        yield
+    except ClientError as err:
+        raise _from_client_error(err, bucket, key) from err
+    except (BotoCoreError, aiohttp.ClientError, TimeoutError) as err:
+        # Connection refused/reset/closed, timeouts, short bodies: no usable answer.
+        raise errors.OriginUnavailable(f"origin request failed: {err}") from err
+
+
+def _from_client_error(err: ClientError, bucket: str, key: str | None) -> errors.HoardError:
+    error = err.response.get("Error", {})
+    code = str(error.get("Code", ""))
+    status = int(err.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+    message = error.get("Message") or code or f"HTTP {status}"
+    if code == "NoSuchBucket" or (status == 404 and key is None):
+        return errors.NoSuchBucket(bucket)
+    if status == 404 or code == "NoSuchKey":
+        return errors.NoSuchKey(key or "")
+    if status == 403 or code == "AccessDenied":
+        return errors.AccessDenied(message)
+    if status == 412 or code == "PreconditionFailed":
+        return errors.OriginChanged(f"{bucket}/{key} changed at the origin")
+    if status == 416 or code == "InvalidRange":
+        size = _actual_size(err.response)
+        if size is not None:
+            return errors.RangeNotSatisfiable(size)
+    if code in _THROTTLE_CODES or status in (429, 503):
+        return errors.OriginThrottled(f"origin throttled after retries: {message}")
+    return errors.OriginUnavailable(f"origin answered {status} {code}: {message}")
+
+
+def _actual_size(response: dict[str, Any]) -> int | None:
+    """The object size a 416 reveals: S3's ActualObjectSize or ``Content-Range: bytes */N``."""
+    actual = response.get("Error", {}).get("ActualObjectSize")
+    if actual is not None and str(actual).isdigit():
+        return int(actual)
+    headers = response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+    match = _UNSATISFIED_RANGE.match(headers.get("content-range", ""))
+    return int(match.group(1)) if match else None
+
+
+def _object_info(key: str, response: dict[str, Any], size: int) -> ObjectInfo:
+    raw = response.get("ResponseMetadata", {}).get("HTTPHeaders", {})  # lower-cased names
+    return ObjectInfo(
+        key=key,
+        size=size,
+        etag=response.get("ETag", ""),
+        last_modified=response["LastModified"],
+        content_type=response.get("ContentType") or "binary/octet-stream",
+        metadata=dict(response.get("Metadata", {})),
+        # Raw header text, not botocore's parsed values (it turns Expires into a datetime).
+        headers={
+            name: raw[name.lower()]
+            for name in _REPRESENTATION_HEADERS.split()
+            if name.lower() in raw
+        },
+        storage_class=response.get("StorageClass") or "STANDARD",
+        version_id=response.get("VersionId"),
+    )
+
+
+def _delivered_range(response: dict[str, Any]) -> tuple[int, int, int]:
+    """(full size, start, end) of a GET answer; a 206 carries the size in Content-Range."""
+    content_range = response.get("ContentRange")
+    if content_range is None:
+        size = int(response.get("ContentLength", 0))
+        return size, 0, size - 1
+    match = _CONTENT_RANGE.match(content_range)
+    if match is None:
+        raise errors.OriginUnavailable(f"origin sent an unusable Content-Range: {content_range!r}")
+    start, end, size = (int(part) for part in match.groups())
+    return size, start, end
+
+
+class S3ObjectStream:
+    """An open GET. The body stays on its connection until read or closed."""
+
+    def __init__(self, info: ObjectInfo, start: int, end: int, body: Any, bucket: str) -> None:
+        self.info = info
+        self.start = start
+        self.end = end
+        self._body = body  # aiobotocore AioStreamingBody over an aiohttp ClientResponse
+        self._bucket = bucket
+        self._closed = False
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        # The stream is its own iterator, not an async generator: an abandoned
+        # async generator is finalised later by a task the loop creates, which
+        # is exactly the leftover task an early aclose() must not leave behind.
+        return self
+
+    def __aiter__(self) -> S3ObjectStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        with _translated(self._bucket, self.info.key):
+            # aiohttp's read(n) returns what is buffered, at most n bytes; b"" at
+            # the end, after aiobotocore checked the length against Content-Length.
+            chunk = await self._body.read(CHUNK_SIZE)
+        if not chunk:
+            raise StopAsyncIteration
+        return chunk
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        # ClientResponse.close(): after the end of the body aiohttp has already
+        # released the connection to the pool and this is a no-op; before it,
+        # the socket is closed rather than pooled with unread bytes on it.
+        await self._body.aclose()
+
+    async def __aenter__(self) -> S3ObjectStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class S3Origin:
+    """An S3-compatible store. The client is built on first use, inside the running loop."""
+
+    def __init__(self, name: str, config: S3OriginConfig) -> None:
+        self.name = name
+        self._config = config
+        self._lock = asyncio.Lock()
+        self._stack: AsyncExitStack | None = None
+        self._client: Any = None
+
+    async def _s3(self) -> Any:
+        if self._client is None:
+            async with self._lock:
+                # Re-check: another caller may have built it while we waited.
+                if self._client is None:
+                    stack = AsyncExitStack()
+                    creator = get_session().create_client("s3", **self._client_args())
+                    self._client = await stack.enter_async_context(creator)
+                    self._stack = stack
+        return self._client
+
+    def _client_args(self) -> dict[str, Any]:
+        cfg = self._config
+        args: dict[str, Any] = {
+            "region_name": cfg.region,
+            "endpoint_url": cfg.endpoint or None,
+            "config": BotoConfig(
+                region_name=cfg.region,
+                signature_version="s3v4",
+                # botocore's "max_attempts" counts retries only; "total_" counts all tries.
+                retries={"mode": "standard", "total_max_attempts": cfg.max_attempts},
+                max_pool_connections=cfg.max_connections,
+                connect_timeout=_timeout(cfg.connect_timeout),
+                read_timeout=_timeout(cfg.read_timeout),
+                s3={"addressing_style": cfg.addressing_style},
+                request_checksum_calculation="when_required",
+                response_checksum_validation="when_required",
+            ),
+        }
+        # Without explicit keys botocore walks the standard chain (env, profile, role).
+        if cfg.access_key is not None:
+            args["aws_access_key_id"] = cfg.access_key
+            secret = cfg.secret_key
+            args["aws_secret_access_key"] = secret.get_secret_value() if secret else None
+        return args
+
+    async def close(self) -> None:
+        async with self._lock:
+            stack, self._stack, self._client = self._stack, None, None
+        if stack is not None:
+            await stack.aclose()
+
+    async def list_buckets(self) -> list[BucketInfo]:
+        client = await self._s3()
+        buckets: list[BucketInfo] = []
+        params: dict[str, Any] = {}
+        while True:
+            with _translated(""):
+                response = await client.list_buckets(**params)
+            buckets += [BucketInfo(b["Name"], b["CreationDate"]) for b in response["Buckets"]]
+            token = response.get("ContinuationToken")
+            if not token:
+                return buckets
+            params["ContinuationToken"] = token
+
+    async def head_bucket(self, bucket: str) -> None:
+        client = await self._s3()
+        with _translated(bucket):
+            await client.head_bucket(Bucket=bucket)
+
+    async def bucket_region(self, bucket: str) -> str:
+        client = await self._s3()
+        with _translated(bucket):
+            response = await client.get_bucket_location(Bucket=bucket)
+        # Legacy spellings: no constraint means us-east-1, "EU" is eu-west-1.
+        location = response.get("LocationConstraint") or "us-east-1"
+        return "eu-west-1" if location == "EU" else location
+
+    async def head_object(self, bucket: str, key: str) -> ObjectInfo:
+        client = await self._s3()
+        with _translated(bucket, key):
+            response = await client.head_object(Bucket=bucket, Key=key)
+        return _object_info(key, response, int(response.get("ContentLength", 0)))
+
+    async def get_object(
+        self,
+        bucket: str,
+        key: str,
+        byte_range: tuple[int, int] | None = None,
+        if_match: str | None = None,
+    ) -> S3ObjectStream:
+        client = await self._s3()
+        params: dict[str, Any] = {"Bucket": bucket, "Key": key}
+        if byte_range is not None:
+            params["Range"] = f"bytes={byte_range[0]}-{byte_range[1]}"
+        if if_match is not None:
+            params["IfMatch"] = if_match
+        with _translated(bucket, key):
+            response = await client.get_object(**params)
+        body = response["Body"]
+        try:
+            size, start, end = _delivered_range(response)
+            info = _object_info(key, response, size)
+        except Exception:
+            await body.aclose()  # never handed out, so nobody else would close it
+            raise
+        return S3ObjectStream(info, start, end, body, bucket)
+
+    async def list_objects(
+        self,
+        bucket: str,
+        prefix: str = "",
+        delimiter: str = "",
+        start_after: str = "",
+        max_keys: int = 1000,
+    ) -> ListPage:
+        client = await self._s3()
+        max_keys = max(0, min(max_keys, _LIST_LIMIT))
+        # One spare: the common prefix equal to start_after is dropped below.
+        params: dict[str, Any] = {
+            "Bucket": bucket,
+            "Prefix": prefix,
+            "MaxKeys": min(max_keys + 1, _LIST_LIMIT),
+        }
+        if delimiter:
+            params["Delimiter"] = delimiter
+        if start_after:
+            params["StartAfter"] = start_after
+        # botocore asks for EncodingType=url and decodes keys and prefixes itself.
+        with _translated(bucket):
+            response = await client.list_objects_v2(**params)
+        entries = [_list_entry(item) for item in response.get("Contents", [])]
+        # A page that ended on a common prefix continues from it; S3 repeats
+        # that prefix (the keys under it sort after it), so skip it here.
+        prefixes = [
+            item["Prefix"]
+            for item in response.get("CommonPrefixes", [])
+            if item["Prefix"] != start_after
+        ]
+        return _page(entries, prefixes, max_keys, bool(response.get("IsTruncated")))
+
+
+def _list_entry(item: dict[str, Any]) -> ListEntry:
+    return ListEntry(
+        key=item["Key"],
+        size=int(item.get("Size", 0)),
+        etag=item.get("ETag", ""),
+        last_modified=item["LastModified"],
+        storage_class=item.get("StorageClass") or "STANDARD",
+    )
+
+
+def _page(entries: list[ListEntry], prefixes: list[str], max_keys: int, more: bool) -> ListPage:
+    """Keep the first ``max_keys`` keys and prefixes in S3's (code point) order."""
+    named = [(entry.key, entry) for entry in entries] + [(p, None) for p in prefixes]
+    merged = sorted(named, key=lambda pair: pair[0])
+    kept = merged[:max_keys]
+    # Without a last name there is nothing to continue from, so never claim more.
+    truncated = bool(kept) and (more or len(merged) > len(kept))
+    return ListPage(
+        entries=[entry for _, entry in kept if entry is not None],
+        common_prefixes=[name for name, entry in kept if entry is None],
+        is_truncated=truncated,
+        next_marker=kept[-1][0] if kept else None,
+    )
+
+
+def _timeout(seconds: float) -> float | None:
+    """``forever`` in the config is ``inf``; aiohttp spells "no timeout" as None."""
+    return None if math.isinf(seconds) else seconds
