@@ -36,11 +36,20 @@ class ConfigError(Exception):
 
 
 _SIZE_UNITS = {
-    "": 1, "b": 1,
-    "k": 1024, "kib": 1024, "kb": 1000,
-    "m": 1024**2, "mib": 1024**2, "mb": 1000**2,
-    "g": 1024**3, "gib": 1024**3, "gb": 1000**3,
-    "t": 1024**4, "tib": 1024**4, "tb": 1000**4,
+    "": 1,
+    "b": 1,
+    "k": 1024,
+    "kib": 1024,
+    "kb": 1000,
+    "m": 1024**2,
+    "mib": 1024**2,
+    "mb": 1000**2,
+    "g": 1024**3,
+    "gib": 1024**3,
+    "gb": 1000**3,
+    "t": 1024**4,
+    "tib": 1024**4,
+    "tb": 1000**4,
 }
 _DURATION_UNITS = {"": 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _QUANTITY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
@@ -251,11 +260,15 @@ def _check_references(settings: Settings) -> list[str]:
     known = sorted(settings.origins)
     problems = []
     if settings.default_origin is not None and settings.default_origin not in settings.origins:
-        problems.append(f"default_origin: unknown origin {settings.default_origin!r} (known: {known})")
+        problems.append(
+            f"default_origin: unknown origin {settings.default_origin!r} (known: {known})"
+        )
     seen: set[str] = set()
     for index, mount in enumerate(settings.mounts):
         if mount.origin not in settings.origins:
-            problems.append(f"mounts.{index}.origin: unknown origin {mount.origin!r} (known: {known})")
+            problems.append(
+                f"mounts.{index}.origin: unknown origin {mount.origin!r} (known: {known})"
+            )
         if mount.bucket in seen:
             problems.append(f"mounts.{index}.bucket: bucket {mount.bucket!r} is mounted twice")
         seen.add(mount.bucket)

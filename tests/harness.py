@@ -91,14 +91,22 @@ class HoardProcess:
         return s3_client(self.endpoint, **config)
 
 
-def s3_client(endpoint: str, access_key: str = ACCESS_KEY, secret_key: str = SECRET_KEY,
-              addressing_style: str = "path", **config: Any):
+def s3_client(
+    endpoint: str,
+    access_key: str = ACCESS_KEY,
+    secret_key: str = SECRET_KEY,
+    addressing_style: str = "path",
+    **config: Any,
+):
     return boto3.client(
         "s3",
         endpoint_url=endpoint,
         region_name="us-east-1",
         aws_access_key_id=access_key,
         aws_secret_access_key=secret_key,
-        config=Config(s3={"addressing_style": addressing_style},
-                      retries={"max_attempts": 1, "mode": "standard"}, **config),
+        config=Config(
+            s3={"addressing_style": addressing_style},
+            retries={"max_attempts": 1, "mode": "standard"},
+            **config,
+        ),
     )

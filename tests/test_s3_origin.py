@@ -174,6 +174,8 @@ async def test_missing_bucket(origin: S3Origin) -> None:
     assert caught.value.bucket == missing
     with pytest.raises(NoSuchBucket):
         await origin.list_objects(missing)
+    with pytest.raises(NoSuchBucket):
+        await origin.head_object(missing, "k")
 
 
 async def test_aclose_mid_stream_leaves_no_tasks_and_origin_keeps_working(

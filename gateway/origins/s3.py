@@ -21,8 +21,8 @@ connection with unread body bytes cannot carry another request.
 Not guaranteed:
 - A failure mid-body is not retried here: it surfaces from ``chunks()`` as
   ``OriginUnavailable``, and the reader retries from the byte where it stopped.
-- A 404 from HEAD has no body, so a missing bucket reads as ``NoSuchKey`` on
-  ``head_object``; GET and LIST tell the two apart.
+- A 404 from HEAD has no body, so ``head_object`` tells a missing bucket from a
+  missing key with one extra HeadBucket, on misses only.
 - An origin that ignores Range and answers 200 is reported as it is
   (``start=0, end=size-1``); the caller sees it delivers more than it asked.
 """
@@ -264,8 +264,14 @@ class S3Origin:
 
     async def head_object(self, bucket: str, key: str) -> ObjectInfo:
         client = await self._s3()
-        with _translated(bucket, key):
-            response = await client.head_object(Bucket=bucket, Key=key)
+        try:
+            with _translated(bucket, key):
+                response = await client.head_object(Bucket=bucket, Key=key)
+        except errors.NoSuchKey:
+            # A HEAD 404 has no body to say which is missing; only the bucket check can
+            # tell (misses only, and the metadata cache keeps them negative).
+            await self.head_bucket(bucket)
+            raise
         return _object_info(key, response, int(response.get("ContentLength", 0)))
 
     async def get_object(
