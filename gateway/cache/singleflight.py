@@ -1,0 +1,156 @@
+"""Coalescing of concurrent work on the same key, for values and for byte streams.
+
+``Group`` is groupcache's singleflight for asyncio: the first caller for a key
+starts the work as a task owned by the group, later callers wait on the same
+task. Waiters are shielded: a waiter that is cancelled (its client went away)
+does not cancel the work the others are waiting for.
+
+``Flight`` is the streaming variant for block fills: the bytes of a block are
+appended as they arrive from the origin and every waiter reads from its own
+offset as soon as bytes are there, instead of waiting for the whole block.
+That is what lets 64 cold readers of one shard all start receiving after the
+first origin round trip, with one origin request.
+
+Not guaranteed: coalescing is per process and per event loop (workers of a
+node coordinate through the disk tier's fill locks, not here); a ``Flight``
+holds its block in memory until it finishes, so the number of concurrent
+flights must be bounded by the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class Group(Generic[K, V]):
+    """One in-flight call per key; every concurrent caller gets its result."""
+
+    def __init__(self) -> None:
+        self._calls: dict[K, asyncio.Task[V]] = {}
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    async def do(self, key: K, work: Callable[[], Awaitable[V]]) -> V:
+        """Run ``work`` for ``key`` unless it is already running; wait for its result."""
+        task = self._calls.get(key)
+        if task is None:
+            task = asyncio.ensure_future(work())
+            self._calls[key] = task
+            task.add_done_callback(lambda done: self._forget(key, done))
+        return await asyncio.shield(task)
+
+    def _forget(self, key: K, task: asyncio.Task[V]) -> None:
+        if self._calls.get(key) is task:
+            del self._calls[key]
+        if not task.cancelled():
+            task.exception()  # mark retrieved: waiters may all have gone away
+
+
+class Flight:
+    """The bytes of one block as they arrive; readers follow at their own pace."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+        self.buffer = bytearray()
+        self.waiters = 0
+        self._changed = asyncio.Event()
+        self._done = False
+        self._error: BaseException | None = None
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def append(self, data: bytes) -> None:
+        self.buffer += data
+        self._wake()
+
+    def finish(self) -> None:
+        if len(self.buffer) != self.length:
+            self.fail(ValueError(f"fill ended at {len(self.buffer)} of {self.length} bytes"))
+            return
+        self._done = True
+        self._wake()
+
+    def fail(self, error: BaseException) -> None:
+        self._error = error
+        self._done = True
+        self._wake()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def read(self, offset: int = 0, length: int | None = None) -> AsyncIterator[bytes]:
+        """Yield ``buffer[offset:offset+length]`` in pieces as they arrive; raise a failed fill."""
+        end = self.length if length is None else offset + length
+        position = offset
+        self.waiters += 1
+        try:
+            while position < end:
+                available = min(len(self.buffer), end)
+                if available > position:
+                    piece = bytes(self.buffer[position:available])
+                    position = available
+                    yield piece
+                    continue
+                if self._error is not None:
+                    raise self._error
+                if self._done:
+                    raise ValueError("fill finished short of the requested range")
+                await self._changed.wait()
+        finally:
+            self.waiters -= 1
+
+
+class FlightGroup(Generic[K]):
+    """Starts at most one fill per key; the fill runs as a task owned by the group."""
+
+    def __init__(self) -> None:
+        self._flights: dict[K, Flight] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.started = 0  # fills started (one origin fetch each)
+        self.joined = 0  # readers that joined a fill already running (coalesced)
+
+    def get(self, key: K) -> Flight | None:
+        return self._flights.get(key)
+
+    def join_or_start(
+        self, key: K, length: int, fill: Callable[[Flight], Awaitable[None]]
+    ) -> tuple[Flight, bool]:
+        """The flight for ``key`` and whether this call started it."""
+        flight = self._flights.get(key)
+        if flight is not None:
+            self.joined += 1
+            return flight, False
+        flight = Flight(length)
+        self._flights[key] = flight
+        self.started += 1
+        task = asyncio.ensure_future(self._run(key, flight, fill))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return flight, True
+
+    async def _run(self, key: K, flight: Flight, fill: Callable[[Flight], Awaitable[None]]) -> None:
+        try:
+            await fill(flight)
+            if not flight.done:
+                flight.finish()
+        except BaseException as exc:  # the fill's failure belongs to its waiters
+            flight.fail(exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+        finally:
+            if self._flights.get(key) is flight:
+                del self._flights[key]
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

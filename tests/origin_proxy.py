@@ -1,0 +1,120 @@
+"""A counting, fault-injecting reverse proxy in front of the moto origin.
+
+Caching is proved by what reaches the origin, so every request through here is
+counted by S3 operation (GetObject, HeadObject, ListObjects, other) and by
+bytes. ``mode`` makes the origin misbehave: ``"down"`` refuses with 503,
+``"slow"`` trickles bodies. It runs its own event loop in a thread on a
+loopback port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import Counter
+
+import aiohttp
+from aiohttp import web
+
+from tests.harness import free_port
+
+_HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
+               "proxy-authorization", "proxy-authenticate", "host", "content-length"}  # fmt: skip
+_SLOW_DOWN = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+              b"<Message>Please reduce your request rate.</Message></Error>")  # fmt: skip
+
+
+def operation(method: str, path: str, query: dict[str, str]) -> str:
+    parts = path.strip("/").split("/", 1)
+    if method == "GET" and len(parts) == 1:
+        return "ListObjects" if "location" not in query else "GetBucketLocation"
+    if method == "GET":
+        return "GetObject"
+    if method == "HEAD":
+        return "HeadObject" if len(parts) > 1 else "HeadBucket"
+    return method
+
+
+class OriginProxy:
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.port = free_port()
+        self.counts: Counter[str] = Counter()
+        self.ranges: list[tuple[str, str]] = []  # (path, Range header) of each GetObject
+        self.bytes = 0
+        self.mode = "ok"
+        self.slow_delay = 0.05
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._runner: web.AppRunner | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> OriginProxy:
+        self._thread.start()
+        self._ready.wait(10)
+        return self
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    def reset(self) -> None:
+        with self._lock:
+            self.counts.clear()
+            self.ranges.clear()
+            self.bytes = 0
+
+    def gets(self, key_suffix: str = "") -> int:
+        return sum(1 for path, _ in self.ranges if path.endswith(key_suffix))
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_until_complete(self._startup())
+        self._ready.set()
+        self._loop.run_forever()
+
+    async def _startup(self) -> None:
+        self._session = aiohttp.ClientSession(auto_decompress=False)
+        app = web.Application(client_max_size=1024**3)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+    async def _shutdown(self) -> None:
+        await self._session.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        op = operation(request.method, request.path, dict(request.query))
+        with self._lock:
+            self.counts[op] += 1
+            if op == "GetObject":
+                self.ranges.append((request.path, request.headers.get("Range", "")))
+        if self.mode == "down":
+            return web.Response(status=503, body=_SLOW_DOWN, content_type="application/xml")
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
+        body = await request.read()
+        async with self._session.request(
+            request.method, self.upstream + request.raw_path, headers=headers, data=body or None
+        ) as upstream:
+            out = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP}
+            response = web.StreamResponse(status=upstream.status, headers=out)
+            if request.method != "HEAD" and upstream.content_length is not None:
+                response.content_length = upstream.content_length
+            await response.prepare(request)
+            async for chunk in upstream.content.iter_chunked(64 * 1024):
+                with self._lock:
+                    self.bytes += len(chunk)
+                if self.mode == "slow":
+                    await asyncio.sleep(self.slow_delay)
+                await response.write(chunk)
+            await response.write_eof()
+            return response
