@@ -1,0 +1,414 @@
+"""The metadata cache: HEAD answers and listings, so LIST/HEAD storms stop here.
+
+A thousand data-loader workers start at once and each HEADs and LISTs the same
+prefixes; the origin should see one request. This module keeps what the origin
+said, for how long, and makes concurrent askers share one origin call.
+
+What is cached
+  * ``head``: an object's :class:`ObjectInfo` per (scope, key), or a *negative*
+    entry when the origin said NoSuchKey. ``put_head`` stores what a GET taught.
+  * ``listing``: on a miss, the *whole* listing of the prefix, walked flat (no
+    delimiter) in origin pages of 1000 and kept as one sorted list. Why whole:
+    workers page differently (delimiter or not, page sizes, resuming after any
+    marker), so caching pages by their parameters would still send most of them
+    to the origin; with the whole list every page is a local :func:`paginate`,
+    identical to the origin's. A whole listing also answers longer prefixes
+    under it (looked up at ``/`` boundaries). A prefix with more than
+    ``whole_listing_limit`` keys is recognised after ``limit / 1000 + 1`` pages,
+    remembered as *too big* for a TTL, and its pages are cached one by one,
+    keyed by all four parameters.
+  ``scope`` names the store (say (origin, bucket)); keys and prefixes are in the
+  terms of the ``fetch`` callables passed with them.
+
+Time
+  An entry is fresh for ``Policy.ttl`` after it was stored (``math.inf``: an
+  immutable dataset never revalidates). Past that it is *stale*:
+    * stale-while-revalidate: up to ``stale_while_revalidate`` past expiry it is
+      served at once (``"stale"``) while exactly one background refresh runs;
+      callers after it lands see the new value. A failed refresh is logged and
+      leaves the stale entry in place. A covering listing is refreshed whole.
+    * stale-if-error: when a foreground fetch fails with ``OriginUnavailable``
+      (``OriginThrottled`` included), an entry up to ``stale_if_error`` past
+      expiry is served (``"stale_error"``); with none, the error is raised.
+  Negative entries live ``negative_ttl`` and are never served stale: a key that
+  appears at the origin should be seen promptly, and a "no" is cheap to re-ask.
+
+Coalescing
+  Every origin call runs in one task per cache key (a *flight*) that stores its
+  own result, so it lands even if every caller gave up; callers await it through
+  ``asyncio.shield`` so one cancelled caller does not cancel the others' fetch.
+  Refreshes are flights too, so a refresh and a miss never both run for a key.
+  The first caller's ``fetch`` and ``policy`` serve the whole flight. Tasks are
+  held in a set (the loop keeps only weak references); their errors are always
+  retrieved.
+
+Writes through Hoard call ``invalidate_key``: the key's entry and every listing
+whose prefix contains it are dropped, and flights for them are *detached*: they
+still answer their waiters but no longer store, so a fetch that began before
+the write cannot put the old answer back. Invalidation scans the tables, which
+is fine for the rare writes of a training workload.
+
+Memory: at most ``max_heads`` heads and ``max_listing_keys`` keys over all
+cached listings (an empty page or a too-big marker weighs one), least recently
+used evicted first.
+
+NOT guaranteed: writes that bypass Hoard show up only after the TTL (never, with
+``forever``). The cache is per process, not shared between workers or nodes.
+Not thread-safe: use it from one event loop only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Hashable, Iterator
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Generic, TypeGuard, TypeVar
+
+from gateway.errors import NoSuchKey, OriginUnavailable
+from gateway.origins.base import ListEntry, ListPage, ObjectInfo
+from gateway.origins.listing import paginate
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+FetchPage = Callable[[str, str, str, int], Awaitable[ListPage]]
+Load = Callable[[], Awaitable[Any]]
+ORIGIN_PAGE = 1000  # keys per origin page while walking a whole listing: S3's maximum
+# Lookup outcome -> stats() counter; a negative hit is a hit ("evicted" is no lookup).
+_COUNTER = dict(
+    hit="hits", negative="hits", miss="misses", stale="stale", stale_error="stale_error"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup(Generic[T]):
+    value: T
+    state: str  # "hit" | "miss" | "stale" (served while revalidating) | "stale_error"
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    ttl: float = 60.0  # math.inf allowed
+    negative_ttl: float = 10.0
+    stale_while_revalidate: float = math.inf  # past expiry: serve stale while one refresh runs
+    stale_if_error: float = math.inf  # past expiry: serve stale when the origin errors
+
+
+@dataclass(slots=True)
+class _Entry:
+    value: Any  # ObjectInfo | list[ListEntry] | ListPage; None: negative head or too-big prefix
+    fresh_until: float
+    weight: int = 1
+
+
+class _Lru:
+    """Entries by key, least recently used first, evicted beyond ``limit`` total weight."""
+
+    def __init__(self, limit: int) -> None:
+        self.entries: OrderedDict[tuple[Any, ...], _Entry] = OrderedDict()
+        self.limit = limit
+        self.weight = 0  # sum of entry weights
+        self.empty = 0  # entries whose value is None
+
+    def get(self, k: tuple[Any, ...]) -> _Entry | None:
+        entry = self.entries.get(k)
+        if entry is not None:
+            self.entries.move_to_end(k)
+        return entry
+
+    def put(self, k: tuple[Any, ...], entry: _Entry) -> int:
+        """Store ``entry``; returns how many old entries were evicted for it."""
+        self.pop(k)
+        self.entries[k] = entry
+        self.weight += entry.weight
+        self.empty += entry.value is None
+        evicted = 0
+        while self.weight > self.limit:
+            self.pop(next(iter(self.entries)))
+            evicted += 1
+        return evicted
+
+    def pop(self, k: tuple[Any, ...]) -> None:
+        entry = self.entries.pop(k, None)
+        if entry is not None:
+            self.weight -= entry.weight
+            self.empty -= entry.value is None
+
+    def drop_where(self, matches: Callable[[tuple[Any, ...]], bool]) -> None:
+        for k in [k for k in self.entries if matches(k)]:
+            self.pop(k)
+
+
+class MetadataCache:
+    """HEAD and LIST answers per scope, with TTLs, SWR/SIE and coalesced misses."""
+
+    def __init__(
+        self,
+        *,
+        max_heads: int = 100_000,
+        max_listing_keys: int = 1_000_000,
+        whole_listing_limit: int = 100_000,
+        clock: Callable[[], float] = time.monotonic,
+        on_event: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self._whole_limit = whole_listing_limit
+        self._clock = clock
+        self._on_event = on_event
+        # Keyed (scope, key) for heads; (scope, prefix) for whole listings and
+        # too-big markers, (scope, prefix, delimiter, start_after, max_keys) for pages.
+        self._tables = {"head": _Lru(max_heads), "list": _Lru(max_listing_keys)}
+        self._flights: dict[tuple[str, tuple[Any, ...]], asyncio.Task[Any]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()  # strong references to running flights
+        self._counts = dict.fromkeys(("hits", "misses", "stale", "stale_error"), 0)
+
+    async def head(
+        self, scope: Hashable, key: str, policy: Policy, fetch: Callable[[], Awaitable[ObjectInfo]]
+    ) -> Lookup[ObjectInfo]:
+        """The metadata of ``key``, from the cache or one coalesced ``fetch()``.
+
+        :raises NoSuchKey: the origin said so, now or within ``negative_ttl``.
+        :raises HoardError: the fetch's error when no stale entry may be served.
+        """
+        k = (scope, key)
+        entry = self._tables["head"].get(k)
+        if entry is not None and entry.value is None and self._clock() < entry.fresh_until:
+            self._count("head", "negative")
+            raise NoSuchKey(key)
+        return await self._lookup("head", k, partial(self._load_head, k, policy, fetch), policy)
+
+    def put_head(self, scope: Hashable, key: str, info: ObjectInfo, policy: Policy) -> None:
+        """Remember ``info`` (a GET response carried it) as fresh for ``policy.ttl``."""
+        self._flights.pop(("head", (scope, key)), None)  # a HEAD under way may be older: detach
+        self._store("head", (scope, key), info, policy.ttl)
+
+    async def listing(
+        self,
+        scope: Hashable,
+        prefix: str,
+        delimiter: str,
+        start_after: str,
+        max_keys: int,
+        policy: Policy,
+        fetch_page: FetchPage,
+    ) -> Lookup[ListPage]:
+        """One page, as the origin would list it; ``fetch_page(prefix, delimiter,
+        start_after, max_keys)`` asks the origin.
+
+        :raises HoardError: the fetch's error when no stale listing may be served.
+        """
+        # The nearest cached whole listing covering the prefix, else the prefix's own
+        # (a fresh too-big marker there answers None, as does a walk that finds it so).
+        k = self._find_whole(scope, prefix) or (scope, prefix)
+        whole = await self._lookup(
+            "list", k, partial(self._load_whole, k, policy, fetch_page), policy
+        )
+        if whole.value is not None:
+            page = paginate(whole.value, prefix, delimiter, start_after, max_keys)
+            return Lookup(page, whole.state)
+        k = (scope, prefix, delimiter, start_after, max_keys)
+        return await self._lookup(
+            "page", k, partial(self._load_page, k, policy, fetch_page), policy
+        )
+
+    def invalidate_key(self, scope: Hashable, key: str) -> None:
+        """Drop ``key``'s head entry and every listing that could contain it."""
+        self._drop_where(
+            lambda k: k == (scope, key),
+            lambda k: k[0] == scope and key.startswith(k[1]),
+        )
+
+    def invalidate_prefix(self, scope: Hashable, prefix: str) -> None:
+        """Drop every head under ``prefix`` and every listing overlapping it."""
+        self._drop_where(
+            lambda k: k[0] == scope and k[1].startswith(prefix),
+            lambda k: k[0] == scope and (k[1].startswith(prefix) or prefix.startswith(k[1])),
+        )
+
+    def clear(self) -> None:
+        """Forget every entry; running flights finish but no longer store."""
+        self._drop_where(lambda k: True, lambda k: True)
+
+    def stats(self) -> dict[str, int]:
+        """Entries held (``heads``: positive ones; ``listings``: whole or page) and
+        lookups by outcome (a negative hit is a hit)."""
+        heads, lists = self._tables["head"], self._tables["list"]
+        return {
+            "heads": len(heads.entries) - heads.empty,
+            "negative": heads.empty,
+            "listings": len(lists.entries) - lists.empty,
+            "listing_keys": lists.weight,
+            **self._counts,
+        }
+
+    async def aclose(self) -> None:
+        """Cancel running fetches and refreshes (server shutdown)."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # --- loading: one flight per key, storing its own result ---------------------
+
+    async def _load_head(
+        self, k: tuple[Hashable, str], policy: Policy, fetch: Callable[[], Awaitable[ObjectInfo]]
+    ) -> ObjectInfo:
+        try:
+            info = await fetch()
+        except NoSuchKey:
+            if self._owns(("head", k)):
+                self._store("head", k, None, policy.negative_ttl)
+            raise
+        if self._owns(("head", k)):
+            self._store("head", k, info, policy.ttl)
+        return info
+
+    async def _load_whole(
+        self, k: tuple[Hashable, str], policy: Policy, fetch_page: FetchPage
+    ) -> list[ListEntry] | None:
+        # Flat pages in order; trusted sorted, as paginate() trusts them.
+        entries: list[ListEntry] = []
+        marker = ""
+        while len(entries) <= self._whole_limit:
+            page = await fetch_page(k[1], "", marker, ORIGIN_PAGE)
+            entries.extend(page.entries)
+            if not page.is_truncated or not page.next_marker:
+                if self._owns(("list", k)):
+                    self._store("list", k, entries, policy.ttl, weight=len(entries))
+                return entries
+            marker = page.next_marker
+        # Over the limit: stop reading (the prefix may hold millions of keys) and
+        # remember for a TTL that it is too big, so misses go straight to pages.
+        if self._owns(("list", k)):
+            self._store("list", k, None, policy.ttl)
+        return None
+
+    async def _load_page(
+        self, k: tuple[Any, ...], policy: Policy, fetch_page: FetchPage
+    ) -> ListPage:
+        page = await fetch_page(*k[1:])
+        if self._owns(("page", k)):
+            weight = len(page.entries) + len(page.common_prefixes)
+            self._store("list", k, page, policy.ttl, weight=weight)
+        return page
+
+    def _store(
+        self, table: str, k: tuple[Any, ...], value: Any, ttl: float, weight: int = 1
+    ) -> None:
+        # Weight at least 1: an empty listing or a marker still costs memory.
+        evicted = self._tables[table].put(k, _Entry(value, self._clock() + ttl, max(1, weight)))
+        for _ in range(evicted):
+            self._count(table, "evicted")
+
+    def _find_whole(self, scope: Hashable, prefix: str) -> tuple[Hashable, str] | None:
+        for candidate in _covering(prefix):
+            entry = self._tables["list"].entries.get((scope, candidate))
+            if entry is not None and entry.value is not None:
+                return scope, candidate
+        return None
+
+    # --- time and flights --------------------------------------------------------
+
+    async def _lookup(
+        self, tag: str, k: tuple[Any, ...], load: Load, policy: Policy
+    ) -> Lookup[Any]:
+        """Serve the entry at ``k`` if fresh (``hit``) or revalidating (``stale``,
+        starting one refresh), else join or start the flight for it (``miss``),
+        falling back on an origin failure to a stale entry still young enough."""
+        kind = "head" if tag == "head" else "list"
+        table = self._tables[kind]
+        entry = table.get(k)
+        now = self._clock()
+        if entry is not None and now < entry.fresh_until:
+            return self._served(kind, entry.value, "hit")
+        if _usable(entry, now, policy.stale_while_revalidate):
+            if (tag, k) not in self._flights:  # exactly one refresh; nobody awaits it
+                self._flight((tag, k), load).add_done_callback(
+                    partial(_log_refresh_failure, (tag, k))
+                )
+            return self._served(kind, entry.value, "stale")
+        try:
+            return self._served(kind, await asyncio.shield(self._flight((tag, k), load)), "miss")
+        except OriginUnavailable:
+            entry = table.get(k)  # again: invalidation may have dropped it meanwhile
+            if _usable(entry, self._clock(), policy.stale_if_error):
+                return self._served(kind, entry.value, "stale_error")
+            self._count(kind, "miss")
+            raise
+        except Exception:
+            self._count(kind, "miss")
+            raise
+
+    def _flight(self, fk: tuple[str, Any], load: Load) -> asyncio.Task[Any]:
+        task = self._flights.get(fk)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._fly(fk, load))
+            self._flights[fk] = task
+            self._tasks.add(task)
+            task.add_done_callback(self._landed)
+        return task
+
+    async def _fly(self, fk: tuple[str, Any], load: Load) -> Any:
+        try:
+            return await load()
+        finally:
+            if self._owns(fk):
+                del self._flights[fk]
+
+    def _owns(self, fk: tuple[str, Any]) -> bool:
+        """Whether the running flight is still the one for ``fk`` (not detached)."""
+        return self._flights.get(fk) is asyncio.current_task()
+
+    def _landed(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: a flight all of whose callers left must not warn
+
+    def _drop_where(
+        self, head: Callable[[tuple[Any, ...]], bool], lists: Callable[[tuple[Any, ...]], bool]
+    ) -> None:
+        self._tables["head"].drop_where(head)
+        self._tables["list"].drop_where(lists)
+        # Detach, don't cancel: waiters still get an answer, but a fetch that
+        # began before the write must not store what it read.
+        for fk in [fk for fk in self._flights if (head if fk[0] == "head" else lists)(fk[1])]:
+            del self._flights[fk]
+
+    def _count(self, kind: str, state: str) -> None:
+        if state in _COUNTER:
+            self._counts[_COUNTER[state]] += 1
+        if self._on_event is not None:
+            self._on_event(kind, state)
+
+    def _served(self, kind: str, value: T, state: str) -> Lookup[T]:
+        # None is a too-big verdict, not an answer: the page lookup after it counts.
+        if value is not None:
+            self._count(kind, state)
+        return Lookup(value, state)
+
+
+def _usable(entry: _Entry | None, now: float, grace: float) -> TypeGuard[_Entry]:
+    """Whether ``entry`` holds a value that may be served ``grace`` seconds past expiry."""
+    return entry is not None and entry.value is not None and now < entry.fresh_until + grace
+
+
+def _log_refresh_failure(fk: tuple[str, Any], task: asyncio.Task[Any]) -> None:
+    exc = None if task.cancelled() else task.exception()
+    if exc is not None and not isinstance(exc, NoSuchKey):  # NoSuchKey: stored as negative
+        log.warning("metadata refresh of %s %r failed, stale entry kept: %r", *fk, exc)
+
+
+def _covering(prefix: str) -> Iterator[str]:
+    """``prefix``, then its ancestors at ``/`` boundaries, longest first, then ``""``."""
+    yield prefix
+    end = len(prefix)
+    while (i := prefix.rfind("/", 0, end)) >= 0:
+        if i + 1 < len(prefix):
+            yield prefix[: i + 1]
+        end = i
+    if prefix:
+        yield ""
