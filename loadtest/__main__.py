@@ -1,0 +1,65 @@
+"""``python -m loadtest run --scale quick|full [--targets a,b] [--workloads x,y]``."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+
+from loadtest.datasets import SCALES
+from loadtest.run import WORKLOADS, Options, run
+from loadtest.targets import ALL
+
+DEFAULT_TARGETS = "direct,nginx,nginx-3,hoard,hoard-cluster,static"
+
+
+def _names(text: str, known: tuple[str, ...], what: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown {what}: {', '.join(unknown)} (known: {', '.join(known)})"
+        )
+    return names
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m loadtest", description="Hoard benchmarks")
+    commands = p.add_subparsers(dest="command", required=True)
+    r = commands.add_parser("run", help="run the benchmark and write loadtest/results/")
+    r.add_argument("--scale", choices=sorted(SCALES), default="quick")
+    r.add_argument("--targets", default=DEFAULT_TARGETS,
+                   type=lambda t: _names(t, ALL, "target"), help=f"comma list of {', '.join(ALL)}")  # fmt: skip
+    r.add_argument("--workloads", default=",".join(WORKLOADS),
+                   type=lambda w: _names(w, tuple(WORKLOADS), "workload"),
+                   help=f"comma list of {', '.join(WORKLOADS)}")  # fmt: skip
+    r.add_argument("--origin", choices=("auto", "netns", "loopback"), default="auto",
+                   help="where moto runs: a network namespace (auto falls back to loopback)")  # fmt: skip
+    r.add_argument("--rtt-ms", type=float, default=20.0, help="origin round trip (10 ms each way)")
+    r.add_argument("--rate-mbit", type=float, default=1000.0, help="origin bandwidth cap")
+    r.add_argument(
+        "--no-pin", action="store_true", help="do not pin server and generators to cores"
+    )
+    r.add_argument("--seed", type=int, default=1)
+    r.add_argument("--out", type=Path, default=Options.out)
+    r.add_argument("--keep", action="store_true", help="keep the working directory (logs)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so the namespace and every process are cleaned up.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    paths = run(
+        Options(
+            scale=args.scale, targets=args.targets, workloads=args.workloads, origin=args.origin,
+            rtt_ms=args.rtt_ms, rate_mbit=args.rate_mbit, pin=not args.no_pin, seed=args.seed,
+            out=args.out, keep=args.keep,
+        )
+    )  # fmt: skip
+    return 0 if paths else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

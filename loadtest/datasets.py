@@ -1,0 +1,159 @@
+"""Seeded datasets, written once per run to local disk (for ``static``) and the origin.
+
+``images``: many small objects (64-256 KiB) under ~100 prefixes, as an image
+dataset of one file per sample. ``shards``: a few large objects (64-256 MiB),
+as tar/webdataset or parquet shards. Contents and sizes derive from one seed,
+so two runs read the same bytes. ``Scale`` holds every size knob of a run.
+"""
+
+from __future__ import annotations
+
+import random
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import boto3
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
+
+KiB, MiB = 1024, 1024**2
+BUCKET = "hoard-loadtest"
+IMAGES = "images/"
+SHARDS = "shards/"
+ORIGIN_KEY, ORIGIN_SECRET = "origin-access", "origin-secret"
+
+
+@dataclass(frozen=True)
+class Scale:
+    name: str
+    prefixes: int  # image prefixes
+    per_prefix: int  # images per prefix
+    image_min: int
+    image_max: int
+    shard_sizes: tuple[int, ...]  # the first is the largest (stream), the last two are equal (herd)
+    range_size: int  # ranged-GET size of the shards workload
+    readers: int  # K reader processes
+    threads: int  # threads per reader
+    epochs: int
+    herd_clients: int
+    wrk_seconds: float
+    train_batch: int
+    train_compute: float  # seconds of emulated accelerator time per batch
+    train_images: int  # images per reader per train epoch
+    phase_timeout: float  # seconds any one (target, workload) may take
+
+    def describe(self) -> dict[str, object]:
+        return asdict(self)
+
+
+SCALES = {
+    "quick": Scale(
+        name="quick", prefixes=4, per_prefix=6, image_min=64 * KiB, image_max=256 * KiB,
+        shard_sizes=(4 * MiB, 2 * MiB, 2 * MiB), range_size=1 * MiB, readers=2, threads=4,
+        epochs=3, herd_clients=64, wrk_seconds=1.0, train_batch=4, train_compute=0.005,
+        train_images=12, phase_timeout=60,
+    ),
+    "full": Scale(
+        name="full", prefixes=100, per_prefix=30, image_min=64 * KiB, image_max=256 * KiB,
+        shard_sizes=(256 * MiB, 128 * MiB, 64 * MiB, 64 * MiB), range_size=8 * MiB, readers=2,
+        threads=8, epochs=3, herd_clients=64, wrk_seconds=10.0, train_batch=32,
+        train_compute=0.1, train_images=640, phase_timeout=600,
+    ),
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Obj:
+    key: str
+    size: int
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """What was written: every key and size, and where the local copy lives."""
+
+    bucket: str
+    images: tuple[Obj, ...]
+    shards: tuple[Obj, ...]
+    local_root: Path  # local_root / bucket / key is the file
+
+    @property
+    def stream_object(self) -> Obj:
+        return self.shards[0]
+
+    @property
+    def herd_object(self) -> Obj:
+        return self.shards[-1]
+
+    @property
+    def alone_object(self) -> Obj:
+        """Same size as ``herd_object``, read by one client as the herd's baseline."""
+        return self.shards[-2]
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "bucket": self.bucket,
+            "images": len(self.images),
+            "images_bytes": sum(o.size for o in self.images),
+            "shards": [o.size for o in self.shards],
+            "shards_bytes": sum(o.size for o in self.shards),
+        }
+
+
+def plan(scale: Scale, seed: int) -> Dataset:
+    """Keys and sizes only (no bytes yet): deterministic in ``seed``."""
+    rng = random.Random(seed)
+    images = tuple(
+        Obj(f"{IMAGES}p{p:03d}/img{i:05d}.jpg", rng.randint(scale.image_min, scale.image_max))
+        for p in range(scale.prefixes)
+        for i in range(scale.per_prefix)
+    )
+    shards = tuple(
+        Obj(f"{SHARDS}shard-{n:03d}.tar", size) for n, size in enumerate(scale.shard_sizes)
+    )
+    return Dataset(BUCKET, images, shards, Path())
+
+
+def write_local(dataset: Dataset, root: Path, seed: int) -> Dataset:
+    """Write every object under ``root/bucket/``; returns the dataset with ``local_root`` set."""
+    for obj in (*dataset.images, *dataset.shards):
+        path = root / dataset.bucket / obj.key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists() and path.stat().st_size == obj.size:
+            continue
+        with open(path, "wb") as handle:
+            rng = random.Random(f"{seed}:{obj.key}")
+            left = obj.size
+            while left > 0:  # bounded: size / 8 MiB iterations
+                step = min(left, 8 * MiB)
+                handle.write(rng.randbytes(step))
+                left -= step
+    return Dataset(dataset.bucket, dataset.images, dataset.shards, root)
+
+
+def origin_client(endpoint: str, pool: int = 16):
+    return boto3.client(
+        "s3", endpoint_url=endpoint, region_name="us-east-1",
+        aws_access_key_id=ORIGIN_KEY, aws_secret_access_key=ORIGIN_SECRET,
+        config=Config(s3={"addressing_style": "path"}, max_pool_connections=pool,
+                      retries={"max_attempts": 3, "mode": "standard"}),
+    )  # fmt: skip
+
+
+def seed_origin(dataset: Dataset, moto_url: str) -> None:
+    """Upload the local copy to the origin (moto directly, not through the counting proxy)."""
+    client = origin_client(moto_url)
+    client.create_bucket(Bucket=dataset.bucket)
+
+    def put(obj: Obj) -> None:
+        client.upload_file(
+            str(dataset.local_root / dataset.bucket / obj.key), dataset.bucket, obj.key,
+            Config=TransferConfig(multipart_threshold=64 * MiB, multipart_chunksize=64 * MiB,
+                                  max_concurrency=4),
+        )  # fmt: skip
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(put, dataset.images))
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(put, dataset.shards))

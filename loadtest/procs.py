@@ -1,0 +1,139 @@
+"""Processes: ports, readiness, stopping, CPU pinning and peak memory of a process tree.
+
+Everything here is bounded in time: every wait has a deadline, every stop ends
+in SIGKILL. Nothing here kills by name; only the processes the harness started.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes] | None = None) -> None:
+    """Poll ``url`` until it answers 2xx; raise if ``proc`` exits or time runs out."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as response:
+                if 200 <= response.status < 300:
+                    return
+        except urllib.error.HTTPError as exc:
+            last = exc.code
+        except OSError as exc:
+            last = exc
+        time.sleep(0.05)
+    raise RuntimeError(f"{url} not ready after {timeout:.0f}s (last: {last})")
+
+
+def stop_process(proc: subprocess.Popen[bytes] | None, timeout: float = 10.0) -> None:
+    """SIGTERM, wait up to ``timeout``, then SIGKILL. Safe on an exited process."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+def children(pid: int) -> list[int]:
+    """All descendants of ``pid`` (from /proc; processes that vanish meanwhile are skipped)."""
+    parent_of: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                # The command name may contain spaces; the fields after ")" are fixed.
+                ppid = int(handle.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        parent_of[int(entry)] = ppid
+    found: list[int] = []
+    frontier = [pid]
+    while frontier:
+        current = frontier.pop()
+        kids = [child for child, ppid in parent_of.items() if ppid == current]
+        found.extend(kids)
+        frontier.extend(kids)
+    return found
+
+
+def peak_rss(roots: list[int]) -> int | None:
+    """Sum of VmHWM (peak resident set) over ``roots`` and their descendants, in bytes."""
+    total = 0
+    seen = False
+    for pid in {p for root in roots for p in [root, *children(root)]}:
+        try:
+            with open(f"/proc/{pid}/status") as handle:
+                for line in handle:
+                    if line.startswith("VmHWM:"):
+                        total += int(line.split()[1]) * 1024
+                        seen = True
+        except OSError:
+            continue
+    return total if seen else None
+
+
+@dataclass(frozen=True)
+class Pinning:
+    """Which CPUs the server under test and the load generators may use.
+
+    On two cores: the server on CPU 0, the generators on CPU 1, so a greedy
+    generator cannot starve the server it measures. The origin (moto and the
+    counting proxy) is not pinned. ``enabled=False`` leaves everything to the
+    scheduler.
+    """
+
+    enabled: bool
+    server: frozenset[int] = field(default_factory=frozenset)
+    generator: frozenset[int] = field(default_factory=frozenset)
+
+    @classmethod
+    def detect(cls, want: bool) -> Pinning:
+        cpus = sorted(os.sched_getaffinity(0))
+        if not want or len(cpus) < 2 or shutil.which("taskset") is None:
+            return cls(enabled=False)
+        half = max(1, len(cpus) // 2)
+        return cls(True, frozenset(cpus[:half]), frozenset(cpus[half:]))
+
+    def server_prefix(self) -> list[str]:
+        """A command prefix that pins the server (empty when pinning is off)."""
+        if not self.enabled:
+            return []
+        return ["taskset", "-c", ",".join(map(str, sorted(self.server)))]
+
+    def generator_prefix(self) -> list[str]:
+        if not self.enabled:
+            return []
+        return ["taskset", "-c", ",".join(map(str, sorted(self.generator)))]
+
+    def server_cpus(self) -> int:
+        return len(self.server) if self.enabled else (os.cpu_count() or 1)
+
+    def describe(self) -> str:
+        if not self.enabled:
+            return "off (scheduler decides)"
+        return (
+            f"server on CPU {','.join(map(str, sorted(self.server)))}, "
+            f"load generators on CPU {','.join(map(str, sorted(self.generator)))} "
+            "(taskset / sched_setaffinity); origin unpinned"
+        )

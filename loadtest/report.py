@@ -1,0 +1,234 @@
+"""Result rows and what is made of them: JSON, a Markdown table, ratios, plots.
+
+Absolute numbers on a shared 2-core machine mean little; the ratios between
+targets measured in the same run are the result. ``ratios()`` compares Hoard
+with each peer phase by phase, and ``goals()`` checks the targets of the
+load-test issue against this run's numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+MB = 1e6
+MiB = 1024**2
+PEERS = ("nginx", "static", "direct")
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile; 0.0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+@dataclass
+class Row:
+    target: str
+    workload: str
+    phase: str
+    generator: str = "boto3"
+    wall_s: float = 0.0
+    objects: int = 0
+    bytes: int = 0
+    errors: int = 0
+    p50_ms: float = 0.0
+    p99_ms: float = 0.0
+    origin: dict[str, int] = field(default_factory=dict)
+    rss_bytes: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    note: str = ""
+
+    @property
+    def objects_per_s(self) -> float:
+        return self.objects / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes / MB / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def measured(self) -> bool:
+        return self.wall_s > 0 and self.objects > 0
+
+    def as_json(self) -> dict[str, Any]:
+        return {**asdict(self), "objects_per_s": self.objects_per_s, "mb_per_s": self.mb_per_s}
+
+
+def _metric(row: Row) -> tuple[str, float]:
+    """The throughput figure that matters for this phase: objects/s or MB/s."""
+    small = row.workload in ("epochs", "train") or row.phase.startswith(("list", "small"))
+    return ("obj/s", row.objects_per_s) if small else ("MB/s", row.mb_per_s)
+
+
+def _find(rows: list[Row], target: str, workload: str, phase: str) -> Row | None:
+    for row in rows:
+        if (row.target, row.workload, row.phase) == (target, workload, phase) and row.measured:
+            return row
+    return None
+
+
+def ratios(rows: list[Row], subject: str = "hoard") -> list[dict[str, Any]]:
+    """Per (workload, phase) of ``subject``: throughput of subject / each peer."""
+    out = []
+    for row in rows:
+        if row.target != subject or not row.measured:
+            continue
+        unit, mine = _metric(row)
+        entry: dict[str, Any] = {"workload": row.workload, "phase": row.phase, "unit": unit}
+        for peer in PEERS:
+            other = _find(rows, peer, row.workload, row.phase)
+            value = _metric(other)[1] if other else 0.0
+            entry[f"{subject}/{peer}"] = mine / value if value > 0 else None
+        out.append(entry)
+    return out
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    if value is None:
+        return "—"
+    return f"{value:,.{digits}f}"
+
+
+def goals(rows: list[Row], meta: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(goal, measured, verdict) for each target of the load-test issue."""
+    out: list[tuple[str, str, str]] = []
+
+    def check(goal: str, value: float | None, ok: bool | None, shown: str) -> None:
+        verdict = "no data" if value is None or ok is None else ("met" if ok else "MISSED")
+        out.append((goal, shown if value is not None else "—", verdict))
+
+    later = [r for r in rows if r.workload == "epochs" and r.phase != "epoch 1" and r.measured]
+    for peer, want in (("nginx", 1.2), ("static", 0.8)):
+        pairs = [(r, _find(rows, peer, "epochs", r.phase)) for r in later if r.target == "hoard"]
+        values = [r.objects_per_s / p.objects_per_s for r, p in pairs if p and p.objects_per_s]
+        low = min(values) if values else None
+        check(f"epochs 2+ images obj/s: hoard ≥ {want}x {peer}", low,
+              None if low is None else low >= want, f"{_fmt(low)}x (worst epoch)")  # fmt: skip
+    dataset = meta.get("dataset", {}).get("images_bytes") or 0
+    for target in ("hoard-cluster", "nginx-3", "hoard", "nginx"):
+        total = sum(
+            r.origin.get("bytes", 0) for r in rows if r.target == target and r.workload == "epochs"
+        )
+        if any(r.target == target and r.workload == "epochs" for r in rows) and dataset:
+            want = 1.05 if target.startswith("hoard") else None
+            share = total / dataset
+            check(f"origin bytes over 3 epochs, {target}" + (f" ≤ {want}x dataset" if want else ""),
+                  share, share <= want if want else True, f"{share:.2f}x dataset")  # fmt: skip
+    block = 8 * MiB
+    crowd = next(
+        (
+            r
+            for r in rows
+            if r.target == "hoard" and r.workload == "herd" and r.phase.startswith("get x")
+        ),
+        None,
+    )
+    if crowd:
+        blocks = math.ceil(meta.get("dataset", {}).get("shards", [0])[-1] / block)
+        check(f"herd GET: hoard origin GETs = block count ({blocks})", crowd.origin.get("GET"),
+              crowd.origin.get("GET") == blocks, str(crowd.origin.get("GET")))  # fmt: skip
+        ratio = crowd.extra.get("slowest_vs_alone")
+        check("herd GET: slowest client ≤ 1.3x one client alone", ratio,
+              ratio is not None and ratio <= 1.3, f"{_fmt(ratio)}x")  # fmt: skip
+    lister = next(
+        (
+            r
+            for r in rows
+            if r.target == "hoard" and r.workload == "herd" and r.phase.startswith("list")
+        ),
+        None,
+    )
+    if lister:
+        lists = lister.origin.get("LIST")
+        check("herd LIST: hoard origin LISTs = 1", lists, lists == 1, str(lists))
+    hoard_stream = _find(rows, "hoard", "stream", "cold")
+    direct_stream = _find(rows, "direct", "stream", "cold")
+    if hoard_stream and direct_stream and direct_stream.mb_per_s:
+        ratio = hoard_stream.mb_per_s / direct_stream.mb_per_s
+        check("stream cold: hoard ≥ 2x direct", ratio, ratio >= 2, f"{ratio:.2f}x")
+    trained = _find(rows, "hoard", "train", "epoch 2")
+    if trained:
+        share = trained.extra.get("data_wait_share")
+        check("train epoch 2: hoard data-wait share ≤ 5%", share,
+              share is not None and share <= 0.05, f"{(share or 0) * 100:.1f}%")  # fmt: skip
+    return out
+
+
+def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
+    lines = [f"# Hoard load test {meta['run_id']}", ""]
+    for key in ("scale", "started", "gateway", "origin", "pinning", "dataset", "generators"):
+        if key in meta:
+            lines.append(f"- **{key}**: {_inline(meta[key])}")
+    for name, reason in meta.get("unavailable", {}).items():
+        lines.append(f"- **{name}**: {reason}")
+    lines += ["", "## Results", "",
+              "| target | workload | phase | gen | wall s | obj/s | MB/s | p50 ms | p99 ms "
+              "| origin GET/HEAD/LIST | origin MB | server peak RSS MiB | errors | notes |",
+              "|" + "---|" * 14]  # fmt: skip
+    for r in rows:
+        o = r.origin
+        rss = f"{r.rss_bytes / MiB:.0f}" if r.rss_bytes else "—"
+        notes = "; ".join(x for x in (r.note, _extras(r.extra)) if x)
+        lines.append(
+            f"| {r.target} | {r.workload} | {r.phase} | {r.generator} | {r.wall_s:.2f} "
+            f"| {r.objects_per_s:,.0f} | {r.mb_per_s:,.1f} | {r.p50_ms:.1f} | {r.p99_ms:.1f} "
+            f"| {o.get('GET', 0)}/{o.get('HEAD', 0)}/{o.get('LIST', 0)} "
+            f"| {o.get('bytes', 0) / MB:,.1f} | {rss} | {r.errors} | {notes} |"
+        )
+    table = ratios(rows)
+    if table:
+        lines += ["", "## Ratios (same run; throughput, higher is better for Hoard)", "",
+                  "| workload | phase | unit | hoard/nginx | hoard/static | hoard/direct |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
+        for e in table:
+            lines.append(
+                f"| {e['workload']} | {e['phase']} | {e['unit']} | {_fmt(e['hoard/nginx'])} "
+                f"| {_fmt(e['hoard/static'])} | {_fmt(e['hoard/direct'])} |"
+            )
+    checks = goals(rows, meta)
+    if checks:
+        lines += ["", "## Targets of the load-test issue", "", "| goal | measured | verdict |",
+                  "|---|---|---|"]  # fmt: skip
+        lines += [f"| {goal} | {shown} | {verdict} |" for goal, shown, verdict in checks]
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _inline(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items())
+    return str(value)
+
+
+def _extras(extra: dict[str, Any]) -> str:
+    shown = []
+    for key, value in extra.items():
+        if isinstance(value, float):
+            shown.append(f"{key}={value:.3g}")
+        elif isinstance(value, int | str):
+            shown.append(f"{key}={value}")
+    return ", ".join(shown)
+
+
+def write(rows: list[Row], meta: dict[str, Any], out: Path) -> dict[str, Path]:
+    """Write ``<run_id>.json``, ``.md`` and the plots (if matplotlib is there)."""
+    out.mkdir(parents=True, exist_ok=True)
+    base = out / meta["run_id"]
+    paths = {"json": base.with_suffix(".json"), "md": base.with_suffix(".md")}
+    doc = {"run": meta, "rows": [r.as_json() for r in rows], "ratios": ratios(rows),
+           "goals": [dict(zip(("goal", "measured", "verdict"), g, strict=True)) for g in goals(rows, meta)]}  # fmt: skip
+    paths["json"].write_text(json.dumps(doc, indent=1, default=str))
+    paths["md"].write_text(markdown(rows, meta))
+    try:
+        from loadtest import plots
+    except ImportError as exc:  # matplotlib is not a gateway dependency
+        print(f"no plots: {exc} (pip install matplotlib)")
+        return paths
+    paths.update(plots.draw(rows, base))
+    return paths

@@ -1,0 +1,162 @@
+"""One benchmark run: origin up, dataset seeded, every target x workload, report written.
+
+Each target is started cold for each workload and stopped after it, so no
+workload sees another's cache. A target or workload that fails is reported as
+an error row and the run goes on; Ctrl-C stops the run, still writes what was
+measured, and cleans up (namespace, processes, working directory).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loadtest import report, workloads, wrkload
+from loadtest.datasets import SCALES, plan, seed_origin, write_local
+from loadtest.origin import Origin
+from loadtest.procs import Pinning
+from loadtest.report import MB, Row
+from loadtest.targets import REPO, Context, Target, make
+from loadtest.workloads import Bench, Session
+
+WORKLOADS: dict[str, Callable[[Session], list[Row]]] = {
+    "epochs": workloads.epochs,
+    "shards": workloads.shards,
+    "herd": workloads.herd,
+    "stream": workloads.stream,
+    "train": workloads.train,
+    "capacity": wrkload.capacity,
+}
+
+
+@dataclass
+class Options:
+    scale: str = "quick"
+    targets: tuple[str, ...] = ("direct", "nginx", "hoard", "static")
+    workloads: tuple[str, ...] = tuple(WORKLOADS)
+    origin: str = "auto"  # auto | netns | loopback
+    rtt_ms: float = 20.0
+    rate_mbit: float = 1000.0
+    pin: bool = True
+    seed: int = 1
+    out: Path = REPO / "loadtest" / "results"
+    keep: bool = False
+
+
+def gateway_version() -> str:
+    def git(*args: str) -> str:
+        done = subprocess.run(
+            ["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=10
+        )
+        return done.stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    dirty = git("status", "--porcelain", "--", "gateway")
+    return commit + (" + uncommitted changes in gateway/" if dirty else "")
+
+
+def one(bench: Bench, target: Target, workload: str) -> list[Row]:
+    """Start ``target`` cold, run ``workload`` on it, stop it; errors become a row."""
+    try:
+        target.start()
+        rows = WORKLOADS[workload](Session(bench, target, workload))
+        for row in rows:
+            row.note = "; ".join(x for x in (row.note, *target.notes) if x)
+        return rows
+    except Exception as exc:
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        (bench.workdir / f"error-{target.name}-{workload}.txt").write_text(traceback.format_exc())
+        return [Row(target.name, workload, "—", note=f"error: {detail}")]
+    finally:
+        target.stop()
+
+
+def describe(row: Row) -> str:
+    o = row.origin
+    if not row.measured:
+        failed = f"{row.errors} failed requests; " if row.errors else ""
+        return f"  {row.target:14} {row.workload:9} {row.phase:11} NO RESULT: {failed}{row.note}"
+    return (
+        f"  {row.target:14} {row.workload:9} {row.phase:11} {row.wall_s:7.2f}s "
+        f"{row.objects_per_s:8,.0f} obj/s {row.mb_per_s:8,.1f} MB/s  p99 {row.p99_ms:7.1f} ms  "
+        f"origin G/H/L {o.get('GET', 0)}/{o.get('HEAD', 0)}/{o.get('LIST', 0)} "
+        f"{o.get('bytes', 0) / MB:,.1f} MB" + (f"  errors {row.errors}" if row.errors else "")
+    )
+
+
+def run(options: Options) -> dict[str, Path]:
+    scale = SCALES[options.scale]
+    run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{scale.name}"
+    workdir = Path(tempfile.mkdtemp(prefix="hoard-lt-"))
+    pinning = Pinning.detect(options.pin)
+    meta: dict[str, Any] = {
+        "run_id": run_id, "scale": scale.describe(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "gateway": gateway_version(), "pinning": pinning.describe(),
+        "generators": (f"realism: boto3, {scale.readers} spawned processes x {scale.threads} "
+                       "threads; capacity: wrk -t1 with a Lua script over presigned URLs"),
+        "targets": list(options.targets), "workloads": list(options.workloads), "unavailable": {},
+    }  # fmt: skip
+    rows: list[Row] = []
+    print(f"loadtest {run_id}: working in {workdir}", flush=True)
+    try:
+        with Origin(
+            workdir / "origin", options.origin, options.rtt_ms, options.rate_mbit
+        ) as origin:
+            net = origin.network
+            meta["origin"] = {"mode": net.mode, "delay": net.delay, "rate": net.rate,
+                              **({"warning": net.warning} if net.warning else {})}  # fmt: skip
+            print(f"origin: {meta['origin']}\npinning: {meta['pinning']}", flush=True)
+            started = time.monotonic()
+            dataset = write_local(plan(scale, options.seed), workdir / "static", options.seed)
+            seed_origin(dataset, origin.moto_url)
+            meta["dataset"] = dataset.summary()
+            print(
+                f"dataset: {meta['dataset']} (seeded in {time.monotonic() - started:.1f}s)",
+                flush=True,
+            )
+            total = sum(o.size for o in (*dataset.images, *dataset.shards))
+            ctx = Context(origin.endpoint, dataset, workdir, pinning, max(4 * total, 2 * 1024**3))
+            bench = Bench(origin, dataset, scale, pinning, options.seed, workdir)
+            for name in options.targets:
+                target = make(name, ctx)
+                reason = target.unavailable()
+                if reason:
+                    meta["unavailable"][name] = reason
+                    print(f"  {name}: {reason}", flush=True)
+                    continue
+                for workload in options.workloads:
+                    if workload == "capacity" and (reason := wrkload.unavailable()):
+                        meta["unavailable"]["capacity"] = reason
+                        continue
+                    for row in one(bench, target, workload):
+                        rows.append(row)
+                        print(describe(row), flush=True)
+    finally:
+        meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+        paths = report.write(rows, meta, options.out)
+        print("\n" + "\n".join(f"{kind}: {path}" for kind, path in paths.items()), flush=True)
+        if options.keep:
+            print(f"kept {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    _summary(rows, meta)
+    return paths
+
+
+def _summary(rows: list[Row], meta: dict[str, Any]) -> None:
+    for entry in report.ratios(rows):
+        ratios = "  ".join(
+            f"{k}={v:.2f}" for k, v in entry.items() if "/" in k and isinstance(v, float)
+        )
+        print(f"  {entry['workload']:9} {entry['phase']:11} {entry['unit']:5} {ratios}")
+    for goal, shown, verdict in report.goals(rows, meta):
+        print(f"  [{verdict}] {goal}: {shown}")
+    sys.stdout.flush()
