@@ -1,0 +1,429 @@
+"""The disk tier: immutable blocks as files, an SQLite index beside them.
+
+Layout under ``directory``::
+
+    blocks/<2 hex>/<digest>   header (block.HEADER_SIZE bytes) + data, served with sendfile
+    tmp/<digest>.part         a fill in progress, flock'ed by the process filling it
+    index.sqlite3             the index (``disk_index.py``), WAL mode
+
+Storage is split from the index, as in python-diskcache: ``disk_files.py``
+decides how a block becomes a file and how it is read back, ``disk_index.py``
+owns the table, its transactions and eviction, and this module decides what
+runs when, in which thread, in which order. A hit never touches SQLite: it
+opens the file by name, checks header and checksum, and hands back an open
+descriptor. The index answers what the file system answers badly: bytes used
+across processes, least recently used, the blocks of an object or a prefix.
+
+Several processes (the gateway workers of one node) share one directory.
+
+- Writes are atomic: a block is written to ``tmp/<digest>.part`` and renamed
+  into ``blocks/`` once complete, so ``blocks/`` never holds a partial file
+  written by a live process. Its index row is committed right after the
+  rename and deleted right before the unlink (see ``disk_index.py``), so the
+  index accounts for every file but the few between those two steps.
+- Fills are claimed with ``flock(LOCK_EX | LOCK_NB)`` on the part file. The
+  kernel drops the lock when its holder exits, however it exits, so a crashed
+  filler never leaves a claim behind that someone must time out; a process
+  that loses the claim tails the part file (``PartFollower``) instead of
+  fetching the block again, and can tell a dead filler (the lock is free) from
+  a slow one. Part files whose lock is free are stale and may be taken over.
+- Eviction happens at commit, inside the transaction that inserts the row:
+  least recently used first, until the total over all processes fits the
+  capacity. Files are unlinked after that commit; an unlink racing another
+  process is expected and ignored. Blocks still being filled are not counted,
+  so the files on disk exceed the capacity by at most the blocks in flight.
+- Hits are recorded in memory and written to the index in one batch every
+  ``touch_interval`` seconds (and with this process's next commit), not one
+  SQLite write per hit.
+
+Disk full: ``begin``, ``write`` and ``commit`` log the error, remove the part
+file and fail (OSError from the first two, False from ``commit`` and ``put``);
+nothing partial reaches ``blocks/`` and blocks already stored keep serving, so
+the caller can go on serving from memory.
+
+fsync: off by default. A block lost in a crash is fetched again, a torn one
+fails its checksum and is dropped, and the index tolerates rows without files
+and (after ``start``) files without rows. ``fsync=True`` syncs each block
+before it is indexed, its directory after the rename, and runs SQLite with
+``synchronous=FULL``, for caches that are expensive to refill.
+
+Not guaranteed: that a block survives a power cut without ``fsync``; that the
+LRU order includes other processes' hits younger than their touch interval;
+that a fill racing an eviction of the same block keeps its file (the row
+stays and ages out); that a drop racing a fill of the same key removes the
+block being committed (its row lands after the drop); that following saves
+the fetch: a follower whose filler died gets ``FillAbandoned`` and must claim
+the fill itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import sqlite3
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import xxhash
+
+from gateway.cache import disk_files as files
+from gateway.cache.block import HEADER_SIZE, BlockId, encode_header
+from gateway.cache.disk_files import BlockFile, Corrupt, FillAbandoned, PartFollower
+from gateway.cache.disk_index import DiskIndex, IndexRow
+
+__all__ = ["BlockFile", "BlockWriter", "DiskStats", "DiskTier", "FillAbandoned", "PartFollower"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_THREAD_WRITE = 256 << 10  # writes at least this large run in a thread
+_RECONCILE_GRACE = 60.0  # seconds: younger files and rows may belong to a commit in flight
+
+
+@dataclass(frozen=True, slots=True)
+class DiskStats:
+    used_bytes: int  # file bytes indexed, all processes, as of this process's last index call
+    capacity: int
+    entries: int  # blocks indexed, all processes
+    evictions: int  # blocks this process evicted
+    corrupt: int  # bad block files this process found and removed
+
+
+class BlockWriter:
+    """One claimed fill: append ``length`` data bytes, then ``commit`` or ``abort``.
+
+    Calls must not overlap (a fill streams in order, one write at a time).
+    """
+
+    def __init__(self, tier: DiskTier, block: BlockId, fd: int, path: Path, length: int) -> None:
+        self.fd = fd
+        self.path = path
+        self.data_offset = HEADER_SIZE
+        self.written = 0
+        self.length = length
+        self.block = block
+        self._tier = tier
+        self._hasher = xxhash.xxh3_64()  # the checksum, computed as the data goes by
+        self._finished = False  # committed or aborting: no more writes
+        self._pending: asyncio.Future[None] | None = None  # a write still running in a thread
+
+    async def write(self, data: bytes) -> None:
+        """Append ``data``. Raises OSError (ENOSPC...) after removing the part file."""
+        if self._finished:
+            raise ValueError("write to a finished BlockWriter")
+        if self.written + len(data) > self.length:
+            raise ValueError(f"{self.written} + {len(data)} bytes exceed length {self.length}")
+        offset = self.data_offset + self.written
+        try:
+            if len(data) < _THREAD_WRITE:  # a page-cache copy of this size is quicker than a hop
+                files.append(self.fd, self._hasher, data, offset)
+            else:
+                loop = asyncio.get_running_loop()
+                self._pending = loop.run_in_executor(
+                    None, files.append, self.fd, self._hasher, data, offset
+                )
+                # shielded: if the caller is cancelled the write still ends, and
+                # abort() waits for it before closing the descriptor it uses
+                await asyncio.shield(self._pending)
+        except OSError as exc:
+            log.error("disk tier: writing block %s failed: %s", self.block.digest, exc)
+            await self.abort()
+            raise
+        self.written += len(data)
+
+    async def commit(self) -> bool:
+        """Seal, index and publish the block, evicting to capacity; False if not stored.
+
+        Raises ValueError if fewer than ``length`` bytes were written (after
+        aborting). Runs to the end even if the caller is cancelled.
+        """
+        if self._finished:
+            raise ValueError("commit of a finished BlockWriter")
+        if self.written != self.length:
+            await self.abort()
+            raise ValueError(f"commit after {self.written} of {self.length} bytes")
+        self._finished = True
+        checksum = self._hasher.intdigest()
+        return await self._tier._keep(self._tier._publish(self, checksum))
+
+    async def abort(self) -> None:
+        """Remove the part file and release the claim. Idempotent."""
+        if self.fd < 0:
+            return
+        fd, self.fd = self.fd, -1  # taken now, so an overlapping abort cannot unlink twice
+        self._finished = True
+        await self._tier._keep(self._remove(fd))  # a cancelled abort must not leak the lock
+
+    async def _remove(self, fd: int) -> None:
+        try:
+            if self._pending is not None:
+                await asyncio.gather(self._pending, return_exceptions=True)
+            # unlink while still holding the lock: until then the name is ours
+            await asyncio.to_thread(files.unlink, self.path)
+        finally:
+            os.close(fd)
+
+    def release(self) -> None:
+        """Close the descriptor (releasing the lock) without touching the part's name."""
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+
+class DiskTier:
+    """Blocks on local disk, shared by the processes of one node."""
+
+    def __init__(
+        self,
+        directory: Path,
+        capacity: int,
+        *,
+        fsync: bool = False,
+        touch_interval: float = 1.0,
+        on_evict: Callable[[int], None] | None = None,
+        on_corrupt: Callable[[], None] | None = None,
+    ) -> None:
+        """``capacity`` counts file bytes (headers included) across all processes.
+
+        ``on_evict(n)`` is called with the number of blocks each eviction pass
+        removed, ``on_corrupt()`` once per bad block file found.
+        """
+        if touch_interval <= 0:
+            raise ValueError("touch_interval must be positive")
+        self.directory = Path(directory)
+        self.capacity = capacity
+        self._fsync = fsync
+        self._touch_interval = touch_interval
+        self._on_evict = on_evict
+        self._on_corrupt = on_corrupt
+        self._blocks = self.directory / "blocks"
+        self._tmp = self.directory / "tmp"
+        self._index = DiskIndex(self.directory / "index.sqlite3", durable=fsync)
+        self._touched: dict[str, float] = {}  # hits not yet written to the index
+        self._evictions = 0
+        self._corrupt = 0
+        self._flusher: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[Any]] = set()
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Create the directories and the index; clean up after crashed processes."""
+        for path in (self._blocks, self._tmp):
+            await asyncio.to_thread(path.mkdir, parents=True, exist_ok=True)
+        await self._index.open()
+        stale = await asyncio.to_thread(files.remove_stale_parts, self._tmp)
+        if stale:
+            log.info("disk tier: removed %d abandoned part files", stale)
+        await self._reconcile()
+        self._flusher = asyncio.create_task(self._flush_loop())
+
+    async def close(self) -> None:
+        if self._flusher is None:
+            return
+        self._flusher.cancel()
+        await asyncio.gather(self._flusher, *self._background, return_exceptions=True)
+        self._flusher = None
+        await self.flush()
+        await self._index.close()
+
+    # -- reading ---------------------------------------------------------------
+
+    async def get(self, block: BlockId) -> BlockFile | None:
+        """The verified block, open for reading, or None (missing, or corrupt and removed)."""
+        found = await _opening(asyncio.to_thread(files.open_block, self._final(block), block))
+        if isinstance(found, Corrupt):
+            await self._discard(block, found)
+            return None
+        if found is not None:
+            self._touched[block.digest] = time.time()
+        return found
+
+    async def follow(self, block: BlockId) -> PartFollower | None:
+        """Tail the fill another process claimed; None if no fill is in progress.
+
+        After None, or FillAbandoned from the follower, retry ``get`` and then
+        ``begin``. Raises FillAbandoned if the filler died before its header.
+        """
+        follower = await _opening(asyncio.to_thread(files.open_part, self._part(block)))
+        if follower is None:
+            return None
+        try:
+            await follower.read_header(block)
+        except BaseException:
+            follower.close()
+            raise
+        return follower
+
+    # -- writing ---------------------------------------------------------------
+
+    async def begin(self, block: BlockId, length: int) -> BlockWriter | None:
+        """Claim the fill of ``block``: None if another process holds the claim
+        (``follow`` it) or the block is already stored (``get`` it).
+
+        Raises OSError: ENOSPC, or EFBIG for a block larger than the tier.
+        """
+        if HEADER_SIZE + length > self.capacity:
+            raise OSError(errno.EFBIG, f"a block of {length} bytes exceeds the disk tier")
+        part, final = self._part(block), self._final(block)
+        header = encode_header(block, length, 0)  # provisional: tells followers the length
+        try:
+            fd = await _opening(asyncio.to_thread(files.claim, part, final, header))
+        except OSError as exc:
+            log.error("disk tier: cannot start block %s: %s", block.digest, exc)
+            raise
+        return None if fd is None else BlockWriter(self, block, fd, part, length)
+
+    async def put(self, block: BlockId, data: bytes) -> bool:
+        """Store ``data`` as ``block``; False if not stored (claimed elsewhere, no space)."""
+        try:
+            writer = await self.begin(block, len(data))
+            if writer is None:
+                return False
+            await writer.write(data)  # removes its part file itself on OSError
+        except OSError:
+            return False
+        return await writer.commit()
+
+    async def _publish(self, writer: BlockWriter, checksum: int) -> bool:
+        # Rename first, index second: an eviction in another process cannot
+        # delete a row whose file is still on its way (and leave the file
+        # unindexed); until the row lands, the file is a block in flight.
+        block, final = writer.block, self._final(writer.block)
+        header = encode_header(block, writer.length, checksum)
+        try:
+            await asyncio.to_thread(files.seal, writer.fd, header, writer.path, final, self._fsync)
+        except OSError as exc:
+            log.error("disk tier: committing block %s failed: %s", block.digest, exc)
+            await writer.abort()
+            return False
+        writer.release()  # renamed: the part's name may already be another filler's
+        row = IndexRow(block, writer.length, HEADER_SIZE + writer.length)
+        touches, self._touched = self._touched, {}  # so this eviction pass sees our hits
+        try:
+            evicted = await self._index.publish(row, touches, self.capacity)
+        except sqlite3.Error as exc:
+            log.error("disk tier: indexing block %s failed: %s", block.digest, exc)
+            await asyncio.to_thread(files.unlink, final)  # an unindexed file would never go
+            return False
+        await self._remove_evicted(evicted)
+        return block.digest not in evicted  # it evicts itself only if nothing else fits
+
+    # -- dropping --------------------------------------------------------------
+
+    async def drop_object(self, origin: str, bucket: str, key: str) -> int:
+        """Drop every block of every version of one object; returns how many."""
+        return await self._unlink(await self._index.drop_object(origin, bucket, key))
+
+    async def drop_prefix(self, origin: str, bucket: str, prefix: str) -> int:
+        """Drop every block of every key starting with ``prefix``; returns how many."""
+        return await self._unlink(await self._index.drop_prefix(origin, bucket, prefix))
+
+    async def clear(self) -> int:
+        """Drop every stored block; fills in progress finish and stay."""
+        return await self._unlink(await self._index.clear())
+
+    async def flush(self) -> None:
+        """Write pending hits to the index and refresh the totals behind ``stats``."""
+        touches, self._touched = self._touched, {}
+        try:
+            await self._index.touch(touches)
+        except sqlite3.Error as exc:  # only LRU hints are lost
+            log.error("disk tier: cannot record %d hits: %s", len(touches), exc)
+
+    def stats(self) -> DiskStats:
+        totals = self._index.totals
+        return DiskStats(totals.used, self.capacity, totals.entries, self._evictions, self._corrupt)
+
+    # -- internals -------------------------------------------------------------
+
+    def _final(self, block: BlockId | str) -> Path:
+        digest = block if isinstance(block, str) else block.digest
+        return self._blocks / digest[:2] / digest
+
+    def _part(self, block: BlockId) -> Path:
+        return self._tmp / f"{block.digest}.part"
+
+    async def _keep(self, work: Awaitable[T]) -> T:
+        """Await ``work``, which finishes even if the caller is cancelled."""
+        task = asyncio.ensure_future(work)
+        self._background.add(task)  # referenced, so it is not collected mid-flight
+        task.add_done_callback(self._background.discard)
+        return await asyncio.shield(task)
+
+    async def _discard(self, block: BlockId, bad: Corrupt) -> None:
+        log.warning("disk tier: dropping corrupt block %s (%s): %s", block.digest, block, bad.why)
+        self._corrupt += 1
+        if self._on_corrupt is not None:
+            self._on_corrupt()
+        path = self._final(block)
+        # only if the name still holds the bad file, not a good one renamed over it
+        if await asyncio.to_thread(files.names, path, bad.identity):
+            await self._forget(block.digest)
+            await asyncio.to_thread(files.unlink, path)
+
+    async def _forget(self, digest: str) -> None:
+        try:
+            await self._index.remove(digest)
+        except sqlite3.Error as exc:  # a row without a file costs only capacity
+            log.error("disk tier: cannot remove index row %s: %s", digest, exc)
+
+    async def _remove_evicted(self, digests: list[str]) -> None:
+        if digests:
+            await self._unlink(digests)
+            self._evictions += len(digests)
+            if self._on_evict is not None:
+                self._on_evict(len(digests))
+
+    async def _unlink(self, digests: list[str]) -> int:
+        await asyncio.to_thread(files.unlink_many, [self._final(d) for d in digests])
+        return len(digests)
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._touch_interval)
+            await self.flush()
+
+    async def _reconcile(self) -> None:
+        """Make blocks/ and the index agree after crashes, recount, evict to capacity."""
+        on_disk = await asyncio.to_thread(files.scan_blocks, self._blocks)
+        indexed = await self._index.created()
+        # Either side may be mid-commit in another process (renamed, not yet
+        # indexed; indexed after our scan): only what is old enough is debris.
+        cutoff = time.time() - _RECONCILE_GRACE
+        orphans = await asyncio.to_thread(
+            files.older_than, [self._final(d) for d in on_disk.difference(indexed)], cutoff
+        )
+        await asyncio.to_thread(files.unlink_many, orphans)
+        ghosts = [(d, c) for d, c in indexed.items() if d not in on_disk and c < cutoff]
+        await self._index.forget(ghosts)
+        await self._index.recount()
+        await self._remove_evicted(await self._index.evict(self.capacity))
+        if orphans or ghosts:
+            log.info("disk tier: removed %d unindexed files, %d rows without files",
+                     len(orphans), len(ghosts))  # fmt: skip
+
+
+async def _opening(job: Awaitable[T]) -> T:
+    """Await a thread job that opens descriptors; if cancelled, close what it opened."""
+    future = asyncio.ensure_future(job)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        future.add_done_callback(_close_result)
+        raise
+
+
+def _close_result(future: asyncio.Future[Any]) -> None:
+    if future.cancelled() or future.exception() is not None:
+        return
+    result = future.result()
+    if isinstance(result, int):
+        os.close(result)
+    elif isinstance(result, BlockFile | PartFollower):
+        result.close()

@@ -1,0 +1,311 @@
+"""The disk tier's index: one SQLite table that every process of a node shares.
+
+The index answers what the file system cannot answer cheaply: how many bytes
+the tier holds, which blocks were used least recently, which blocks belong to
+an object or a prefix. It never holds block data (``disk.py`` owns the files),
+and a hit never reads it: a hit opens the block's file by name.
+
+Rules that keep several processes honest:
+
+- One connection per process, used only from one dedicated thread, so the
+  event loop never waits on SQLite and sqlite3's thread rule holds
+  (``check_same_thread`` stays on and would raise if it were broken).
+- WAL mode, a busy timeout, and short ``BEGIN IMMEDIATE`` transactions: a
+  writer takes the write lock up front instead of failing half-way when it
+  upgrades from a read.
+- ``totals`` is one row kept exact by triggers, so "bytes used, across all
+  processes" is a one-row read inside the same transaction that inserts and
+  evicts: capacity is checked against the truth without a ``SUM`` per commit.
+- A row is inserted just after its file is renamed into place and deleted
+  just before its file is unlinked, so an eviction never deletes a row whose
+  file is still to come, and the only files without a row are those between
+  the two steps: one per process committing (the blocks in flight), or, after
+  a crash, leftovers that ``DiskTier.start`` removes. A row without a file (a
+  refill racing an eviction) costs only capacity until it ages out.
+
+Not guaranteed: ``last_access`` is as fresh as the callers' batches (see
+``touch``); ``totals`` as seen by another process is as fresh as its last
+transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from gateway.cache.block import BlockId
+
+T = TypeVar("T")
+
+THREAD_NAME = "hoard-disk-index"
+_EVICT_BATCH = 64  # least recently used rows fetched per eviction query
+
+_SCHEMA = """
+BEGIN IMMEDIATE;
+CREATE TABLE IF NOT EXISTS blocks (
+    digest TEXT PRIMARY KEY,
+    origin TEXT NOT NULL,
+    bucket TEXT NOT NULL,
+    key TEXT NOT NULL,
+    etag TEXT NOT NULL,
+    block_index INTEGER NOT NULL,
+    length INTEGER NOT NULL,         -- data bytes
+    file_size INTEGER NOT NULL,      -- header + data: what counts against capacity
+    last_access REAL NOT NULL,       -- time.time() of the last recorded hit
+    created REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS blocks_by_object ON blocks (origin, bucket, key);
+CREATE INDEX IF NOT EXISTS blocks_by_access ON blocks (last_access);
+CREATE TABLE IF NOT EXISTS totals (
+    one INTEGER PRIMARY KEY CHECK (one = 1),
+    used INTEGER NOT NULL,
+    entries INTEGER NOT NULL
+);
+INSERT OR IGNORE INTO totals VALUES (1, 0, 0);
+CREATE TRIGGER IF NOT EXISTS blocks_insert AFTER INSERT ON blocks BEGIN
+    UPDATE totals SET used = used + NEW.file_size, entries = entries + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS blocks_delete AFTER DELETE ON blocks BEGIN
+    UPDATE totals SET used = used - OLD.file_size, entries = entries - 1;
+END;
+CREATE TRIGGER IF NOT EXISTS blocks_resize AFTER UPDATE OF file_size ON blocks BEGIN
+    UPDATE totals SET used = used - OLD.file_size + NEW.file_size;
+END;
+COMMIT;
+"""
+
+# An upsert, not INSERT OR REPLACE: REPLACE deletes without firing delete
+# triggers (unless recursive_triggers is on), which would skew `totals`.
+_UPSERT = """
+INSERT INTO blocks (digest, origin, bucket, key, etag, block_index, length, file_size,
+                    last_access, created)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (digest) DO UPDATE SET
+    origin = excluded.origin, bucket = excluded.bucket, key = excluded.key,
+    etag = excluded.etag, block_index = excluded.block_index, length = excluded.length,
+    file_size = excluded.file_size, last_access = excluded.last_access,
+    created = excluded.created
+"""
+
+# max(): batches from several processes arrive out of order; never move an entry back.
+_TOUCH = "UPDATE blocks SET last_access = max(last_access, ?) WHERE digest = ?"
+
+_OBJECT = "origin = ? AND bucket = ? AND key = ?"
+# LIKE narrows through the index; substr() makes the match exact, because
+# SQLite's LIKE ignores ASCII case and S3 keys do not.
+_PREFIX = "origin = ? AND bucket = ? AND key LIKE ? ESCAPE '\\' AND substr(key, 1, ?) = ?"
+
+
+@dataclass(frozen=True, slots=True)
+class Totals:
+    used: int  # file bytes of all indexed blocks, all processes
+    entries: int  # indexed blocks, all processes
+
+
+@dataclass(frozen=True, slots=True)
+class IndexRow:
+    block: BlockId
+    length: int
+    file_size: int
+
+    def values(self, now: float) -> tuple[Any, ...]:
+        b = self.block
+        return (b.digest, b.origin, b.bucket, b.key, b.etag, b.index, self.length,
+                self.file_size, now, now)  # fmt: skip
+
+
+def like_prefix(prefix: str) -> str:
+    """A LIKE pattern (with ESCAPE '\\') matching strings that start with ``prefix``."""
+    escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return escaped + "%"
+
+
+class DiskIndex:
+    """The SQLite index behind one ``DiskTier``; every method runs in its own thread."""
+
+    def __init__(self, path: Path, *, durable: bool = False, busy_timeout: float = 30.0) -> None:
+        self.path = path
+        self.totals = Totals(0, 0)  # as of this process's last transaction
+        self._durable = durable
+        self._busy_timeout = busy_timeout
+        self._executor: ThreadPoolExecutor | None = None
+        self._conn: sqlite3.Connection | None = None
+
+    async def open(self) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=THREAD_NAME)
+        await self.run(self._connect)
+
+    async def close(self) -> None:
+        if self._executor is None:
+            return
+        await self.run(self._disconnect)
+        self._executor.shutdown(wait=False)  # idle by now: the last job just finished
+        self._executor = None
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` in the index thread (the only thread that touches SQLite)."""
+        if self._executor is None:
+            raise RuntimeError("disk index is not open")
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    # -- the async API, one transaction each ----------------------------------
+
+    async def publish(self, row: IndexRow, touches: dict[str, float], capacity: int) -> list[str]:
+        """Record pending hits, add ``row``, evict LRU rows until used <= capacity.
+
+        Returns the digests evicted (possibly ``row``'s own); the caller unlinks
+        their files after this commit.
+        """
+        return await self.run(self._publish, row, touches, capacity)
+
+    async def touch(self, touches: dict[str, float]) -> None:
+        """Record a batch of hits ({digest: time}) and refresh ``totals``."""
+        await self.run(self._touch, touches)
+
+    async def evict(self, capacity: int) -> list[str]:
+        return await self.run(self._in_write, _evict, capacity)
+
+    async def remove(self, digest: str) -> None:
+        await self.run(self._in_write, _delete_where, "digest = ?", (digest,))
+
+    async def drop_object(self, origin: str, bucket: str, key: str) -> list[str]:
+        return await self.run(self._in_write, _delete_where, _OBJECT, (origin, bucket, key))
+
+    async def drop_prefix(self, origin: str, bucket: str, prefix: str) -> list[str]:
+        args = (origin, bucket, like_prefix(prefix), len(prefix), prefix)
+        return await self.run(self._in_write, _delete_where, _PREFIX, args)
+
+    async def clear(self) -> list[str]:
+        return await self.run(self._in_write, _delete_where, "1", ())
+
+    async def created(self) -> dict[str, float]:
+        """Every indexed digest with its creation time (for reconciliation)."""
+        return await self.run(self._created)
+
+    async def forget(self, rows: list[tuple[str, float]]) -> None:
+        """Delete rows by (digest, created): a row replaced since is left alone."""
+        await self.run(self._in_write, _forget, rows)
+
+    async def recount(self) -> None:
+        """Recompute ``totals`` from the rows (start-up reconciliation)."""
+        await self.run(self._in_write, _recount)
+
+    # -- in the index thread ---------------------------------------------------
+
+    def _connect(self) -> None:
+        conn = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None)
+        conn.execute("PRAGMA journal_mode = WAL")
+        # NORMAL in WAL mode never corrupts the database; a power cut may drop
+        # the last transactions, which reconciliation at start-up absorbs.
+        conn.execute(f"PRAGMA synchronous = {'FULL' if self._durable else 'NORMAL'}")
+        conn.executescript(_SCHEMA)
+        self._conn = conn
+        self._read_totals()
+
+    def _disconnect(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        conn = self._conn
+        if conn is None:
+            raise RuntimeError("disk index is not open")
+        # IMMEDIATE takes the write lock now, so the busy timeout applies here
+        # rather than a deadlock error surfacing when a read upgrades to a write.
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+            totals = _totals(conn)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        self.totals = totals
+
+    def _in_write(self, fn: Callable[..., T], *args: Any) -> T:
+        with self._transaction() as conn:
+            return fn(conn, *args)
+
+    def _publish(self, row: IndexRow, touches: dict[str, float], capacity: int) -> list[str]:
+        with self._transaction() as conn:
+            conn.executemany(_TOUCH, [(when, digest) for digest, when in touches.items()])
+            # stamped under the write lock: the new row is the most recent in
+            # the index, so its own eviction pass takes it only if nothing else fits
+            conn.execute(_UPSERT, row.values(time.time()))
+            return _evict(conn, capacity)
+
+    def _touch(self, touches: dict[str, float]) -> None:
+        if not touches:
+            self._read_totals()  # autocommit read: a refresh costs no write lock
+            return
+        with self._transaction() as conn:
+            conn.executemany(_TOUCH, [(when, digest) for digest, when in touches.items()])
+
+    def _created(self) -> dict[str, float]:
+        assert self._conn is not None
+        return dict(self._conn.execute("SELECT digest, created FROM blocks"))
+
+    def _read_totals(self) -> None:
+        assert self._conn is not None
+        self.totals = _totals(self._conn)
+
+
+# -- statements, run inside a write transaction --------------------------------
+
+
+def _totals(conn: sqlite3.Connection) -> Totals:
+    used, entries = conn.execute("SELECT used, entries FROM totals").fetchone()
+    return Totals(used, entries)
+
+
+def _used(conn: sqlite3.Connection) -> int:
+    return conn.execute("SELECT used FROM totals").fetchone()[0]
+
+
+def _evict(conn: sqlite3.Connection, capacity: int) -> list[str]:
+    """Delete least recently used rows until the total fits ``capacity``."""
+    evicted: list[str] = []
+    used = _used(conn)
+    while used > capacity:
+        rows = conn.execute(
+            "SELECT digest, file_size FROM blocks ORDER BY last_access LIMIT ?", (_EVICT_BATCH,)
+        ).fetchall()
+        if not rows:
+            break
+        batch = []
+        for digest, file_size in rows:
+            if used <= capacity:
+                break
+            batch.append((digest,))
+            used -= file_size
+        conn.executemany("DELETE FROM blocks WHERE digest = ?", batch)
+        evicted.extend(digest for (digest,) in batch)
+        used = _used(conn)
+    return evicted
+
+
+def _delete_where(conn: sqlite3.Connection, where: str, args: tuple[Any, ...]) -> list[str]:
+    digests = [d for (d,) in conn.execute(f"SELECT digest FROM blocks WHERE {where}", args)]
+    conn.execute(f"DELETE FROM blocks WHERE {where}", args)
+    return digests
+
+
+def _forget(conn: sqlite3.Connection, rows: list[tuple[str, float]]) -> None:
+    conn.executemany("DELETE FROM blocks WHERE digest = ? AND created = ?", rows)
+
+
+def _recount(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        "UPDATE totals SET used = (SELECT coalesce(sum(file_size), 0) FROM blocks),"
+        " entries = (SELECT count(*) FROM blocks)"
+    )
