@@ -184,7 +184,7 @@ class Origin:
     def _spawn(self, prefix: list[str], host: str, port: int) -> subprocess.Popen[bytes]:
         with open(self.workdir / "moto.log", "ab") as log:
             return subprocess.Popen(
-                [*prefix, sys.executable, "-m", "moto.server", "-H", host, "-p", str(port)],
+                [*prefix, sys.executable, "-m", "loadtest.motoserver", "-H", host, "-p", str(port)],
                 stdout=log, stderr=subprocess.STDOUT,
                 # Path-style only: without this moto reads "10" of 10.254.x.2 as a bucket.
                 env={**_env(), "S3_IGNORE_SUBDOMAIN_BUCKETNAME": "true"},
