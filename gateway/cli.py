@@ -20,6 +20,12 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.admin import Admin
+from gateway.blocks import BlockSource
+from gateway.cache.disk import DiskTier
+from gateway.cache.memory import MemoryTier
+from gateway.cache.metadata import MetadataCache
+from gateway.cache.metadata_store import MetadataStore
 from gateway.config import (
     ConfigError,
     Credential,
@@ -36,6 +42,7 @@ from gateway.origins.posix import PosixOrigin
 from gateway.origins.s3 import S3Origin
 from gateway.reader import Reader
 from gateway.s3.auth import Authenticator
+from gateway.s3.body import BodySender
 from gateway.s3.front import S3Front
 from gateway.server import build_app
 
@@ -114,21 +121,48 @@ def build_origins(settings: Settings) -> dict[str, Origin]:
 
 def build(settings: Settings) -> web.Application:
     """Wire every object of one gateway process from its settings."""
+    metrics = Metrics()
+    cache = settings.cache
     namespace = Namespace.from_settings(settings, build_origins(settings))
-    reader = Reader(namespace)
-    front = S3Front(
-        reader,
-        Authenticator(
-            settings.credentials, settings.allow_anonymous, domains=settings.virtual_host_domains
-        ),
-        settings.virtual_host_domains,
+    memory = MemoryTier(
+        cache.memory, cache.memory_item_max,
+        on_evict=lambda n: metrics.cache_evictions.labels("memory").inc(n),
+    )  # fmt: skip
+    disk = DiskTier(
+        cache.dir, cache.size, fsync=cache.fsync,
+        on_evict=lambda n: metrics.cache_evictions.labels("disk").inc(n),
+        on_corrupt=metrics.corrupt_blocks.inc,
+    )  # fmt: skip
+    blocks = BlockSource(memory, disk, metrics, cache.fill_concurrency)
+    metadata = MetadataCache(
+        max_heads=cache.metadata_entries, max_listing_keys=cache.listing_keys,
+        whole_listing_limit=cache.whole_listing_limit,
+    )  # fmt: skip
+    store = MetadataStore(cache.dir / "metadata.sqlite3", max_rows=10 * cache.metadata_entries)
+    reader = Reader(namespace, blocks, metadata, metrics, cache.block_size, cache.read_ahead, store)
+    auth = Authenticator(
+        settings.credentials, settings.allow_anonymous, domains=settings.virtual_host_domains
     )
-    app = build_app(front, Metrics(), settings.virtual_host_domains)
+    body = BodySender()
+    front = S3Front(reader, auth, settings.virtual_host_domains, body)
+    app = build_app(front, metrics, settings.virtual_host_domains, Admin(reader, auth, metrics))
+    metrics.cache_limit_bytes.labels("memory").set(cache.memory)
+    metrics.cache_limit_bytes.labels("disk").set(cache.size)
 
-    async def close_origins(app: web.Application) -> None:
+    async def start(app: web.Application) -> None:
+        await disk.start()
+        await store.start()
+
+    async def stop(app: web.Application) -> None:
+        await blocks.close()
         await asyncio.gather(*(origin.close() for origin in namespace.origins()))
+        await disk.close()
+        await store.close()
+        await metadata.aclose()
+        body.close()
 
-    app.on_cleanup.append(close_origins)
+    app.on_startup.insert(0, start)
+    app.on_cleanup.append(stop)
     return app
 
 
@@ -148,12 +182,14 @@ def _banner(settings: Settings, credential: Credential | None) -> str:
     return "\n".join(lines)
 
 
-def _event_loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-    except ImportError:  # uvloop is optional on platforms without it
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
+def _event_loop(kind: str) -> asyncio.AbstractEventLoop:
+    if kind == "uvloop":
+        try:
+            import uvloop
+        except ImportError:  # uvloop is optional on platforms without it
+            return asyncio.new_event_loop()
+        return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
 
 
 def serve(settings: Settings) -> None:
@@ -170,7 +206,7 @@ def serve(settings: Settings) -> None:
     app.on_startup.append(announce)
     web.run_app(
         app, host=host, port=port, shutdown_timeout=settings.shutdown_timeout,
-        access_log=None, print=None, loop=_event_loop(),
+        access_log=None, print=None, loop=_event_loop(settings.event_loop),
     )  # fmt: skip
 
 

@@ -106,6 +106,19 @@ class CacheConfig(_Strict):
     size: Size = parse_size("10GiB")
     memory: Size = parse_size("512MiB")
     block_size: Size = parse_size("8MiB")
+    # Blocks fetched ahead of a reader (in parallel) within and after its range.
+    read_ahead: int = Field(default=4, ge=0, le=64)
+    # Concurrent block fills per worker; each holds up to one block in memory.
+    fill_concurrency: int = Field(default=16, ge=1, le=1024)
+    # Largest block the memory tier keeps; bigger ones are served from disk with sendfile.
+    memory_item_max: Size = parse_size("1MiB")
+    # fsync block files before they become visible (a crash otherwise costs a refetch).
+    fsync: bool = False
+    # Metadata cache bounds: HEAD entries, keys across cached listings, and the largest
+    # prefix listing kept whole (bigger prefixes are cached page by page).
+    metadata_entries: int = Field(default=100_000, ge=1)
+    listing_keys: int = Field(default=1_000_000, ge=1)
+    whole_listing_limit: int = Field(default=100_000, ge=1)
 
     @field_validator("block_size")
     @classmethod
@@ -178,6 +191,8 @@ class Settings(BaseSettings):
     # Host names under which "bucket.<domain>" means virtual-hosted-style addressing.
     virtual_host_domains: list[str] = Field(default_factory=lambda: ["localhost"])
     shutdown_timeout: Duration = 30.0
+    # uvloop is faster for HTTP; the stdlib loop has native sendfile (uvloop's is emulated).
+    event_loop: Literal["uvloop", "asyncio"] = "uvloop"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @field_validator("listen")

@@ -9,7 +9,7 @@ client-supplied string.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 _LATENCY_BUCKETS = (
@@ -41,6 +41,74 @@ class Metrics:
             ["operation"],
             registry=self.registry,
         )
+
+        self.bytes_served = Counter(
+            "hoard_bytes_served_total",
+            "Object bytes handed to clients, by the tier they came from "
+            "(memory, disk, origin, peer).",
+            ["source"],
+            registry=self.registry,
+        )
+        self.origin_requests = Counter(
+            "hoard_origin_requests_total",
+            "Requests Hoard sent to an origin, by origin name and S3 operation.",
+            ["origin", "operation"],
+            registry=self.registry,
+        )
+        self.origin_bytes = Counter(
+            "hoard_origin_bytes_total",
+            "Object bytes received from an origin.",
+            ["origin"],
+            registry=self.registry,
+        )
+        self.coalesced_waiters = Counter(
+            "hoard_coalesced_waiters_total",
+            "Block reads that joined a fill already in flight instead of asking the origin.",
+            registry=self.registry,
+        )
+        self.cache_evictions = Counter(
+            "hoard_cache_evictions_total",
+            "Blocks evicted to stay within a tier's bound, by tier.",
+            ["tier"],
+            registry=self.registry,
+        )
+        self.corrupt_blocks = Counter(
+            "hoard_cache_corrupt_blocks_total",
+            "Disk blocks that failed their checksum or header check and were dropped.",
+            registry=self.registry,
+        )
+        self.metadata_lookups = Counter(
+            "hoard_metadata_lookups_total",
+            "Metadata cache lookups by kind (head, list) and outcome "
+            "(hit, miss, stale, stale_error, negative).",
+            ["kind", "state"],
+            registry=self.registry,
+        )
+        self.cache_bytes = Gauge(
+            "hoard_cache_bytes",
+            "Bytes held by a cache tier.",
+            ["tier"],
+            registry=self.registry,
+            multiprocess_mode="max",
+        )
+        self.cache_limit_bytes = Gauge(
+            "hoard_cache_limit_bytes",
+            "Configured bound of a cache tier.",
+            ["tier"],
+            registry=self.registry,
+            multiprocess_mode="max",
+        )
+
+    def served(self, memory: int = 0, disk: int = 0, origin: int = 0, peer: int = 0) -> None:
+        """Count object bytes handed to a client by the tier that supplied them."""
+        for source, count in (
+            ("memory", memory),
+            ("disk", disk),
+            ("origin", origin),
+            ("peer", peer),
+        ):
+            if count:
+                self.bytes_served.labels(source).inc(count)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,4 +1,4 @@
-"""The read path: namespace → metadata → byte range → origin.
+"""The read path: namespace → metadata → block plan → tiers → origin.
 
 This is the one module that combines the leaves, the way groupcache.go
 combines singleflight, hashing and peers. The S3 front calls it with gateway
@@ -6,20 +6,34 @@ bucket names and client keys and gets back values (``ObjectInfo``,
 ``ListPage``) or an ``ObjectRead`` to stream; how the bytes are obtained stays
 behind this seam.
 
-Today every read goes to the origin; the block cache plugs in here.
+A cold GET costs one origin round trip before bytes flow: the metadata miss is
+answered by a ranged GET of the first block the client needs, whose response
+carries the size and ETag (Content-Range, ETag); that same response then fills
+the block. Later blocks are fetched with If-Match on that ETag, so an object
+that changes mid-read fails the read (and drops its metadata) instead of
+mixing versions. Blocks are named by ETag, so new metadata means new blocks.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Callable
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from gateway import errors
+from gateway.blocks import BlockRef, BlockSource, FileSegment, Piece
+from gateway.cache.block import BlockId, block_bounds, block_plan
+from gateway.cache.metadata import MetadataCache, Policy
+from gateway.cache.metadata_store import MetadataStore
+from gateway.metrics import Metrics
 from gateway.namespace import Mount, Namespace
-from gateway.origins.base import BucketInfo, ListPage, ObjectInfo, ObjectStream
+from gateway.origins.base import BucketInfo, ListPage, ObjectInfo
+
+__all__ = ["FileSegment", "ObjectRead", "Piece", "RangeSpec", "Reader"]
 
 Precondition = Callable[[ObjectInfo], None]
+_SEQUENTIAL_MEMORY = 4096  # objects whose last read position is remembered for read-ahead
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,41 +61,62 @@ class RangeSpec:
 
 
 class ObjectRead:
-    """An object (or a range of it) being read: metadata first, then bytes.
+    """An object (or a range of it) being read: metadata first, then pieces of bytes.
 
-    The caller must ``aclose()`` it, also when it stops early.
+    ``prime()`` pulls the first piece so a failure to get any byte can still be
+    answered as an S3 error before the response headers go out. The caller
+    must ``aclose()`` it, also when it stops early.
     """
 
-    def __init__(
-        self, info: ObjectInfo, start: int, end: int, partial: bool, stream: ObjectStream | None
-    ) -> None:
+    def __init__(self, info: ObjectInfo, start: int, end: int, partial: bool,
+                 pieces: AsyncIterator[Piece] | None) -> None:  # fmt: skip
         self.info = info
         self.start = start
         self.end = end
         self.partial = partial
-        self._stream = stream
+        self._pieces = pieces
+        self._first: Piece | None = None
 
     @property
     def length(self) -> int:
         return self.end - self.start + 1
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        if self._stream is None:
+    async def prime(self) -> None:
+        if self._pieces is not None and self._first is None:
+            self._first = await anext(self._pieces, None)
+
+    async def chunks(self) -> AsyncIterator[Piece]:
+        if self._pieces is None:
             return
-        async for chunk in self._stream.chunks():
-            yield chunk
+        if self._first is not None:
+            first, self._first = self._first, None
+            yield first
+        async for piece in self._pieces:
+            yield piece
 
     async def aclose(self) -> None:
-        if self._stream is not None:
-            stream, self._stream = self._stream, None
-            await stream.aclose()
+        if isinstance(self._first, FileSegment):
+            self._first.release()
+        self._first = None
+        if self._pieces is not None:
+            pieces, self._pieces = self._pieces, None
+            await pieces.aclose()  # type: ignore[attr-defined]
 
 
 class Reader:
-    """Answers reads for gateway buckets."""
+    """Answers reads for gateway buckets from the cache, filling it from origins."""
 
-    def __init__(self, namespace: Namespace) -> None:
+    def __init__(self, namespace: Namespace, blocks: BlockSource, metadata: MetadataCache,
+                 metrics: Metrics, block_size: int, read_ahead: int = 4,
+                 store: MetadataStore | None = None) -> None:  # fmt: skip
         self.namespace = namespace
+        self.store = store
+        self.blocks = blocks
+        self.metadata = metadata
+        self.metrics = metrics
+        self.block_size = block_size
+        self.read_ahead = read_ahead
+        self._read_ends: OrderedDict[BlockId, int] = OrderedDict()
 
     async def list_buckets(self) -> list[BucketInfo]:
         return await self.namespace.list_buckets()
@@ -97,8 +132,13 @@ class Reader:
 
     async def head_object(self, bucket: str, key: str) -> ObjectInfo:
         mount = self.namespace.resolve(bucket)
-        info = await mount.origin.head_object(mount.origin_bucket, mount.origin_key(key))
-        return dataclasses.replace(info, key=key)
+        okey = mount.origin_key(key)
+        fetch = lambda: self._origin_head(mount, okey)  # noqa: E731
+        lookup = await self.metadata.head(
+            _scope(mount), okey, _policy(mount), lambda: self._stored_or(mount, okey, fetch)
+        )
+        self.metrics.metadata_lookups.labels("head", lookup.state).inc()
+        return dataclasses.replace(lookup.value, key=key)
 
     async def open_object(
         self,
@@ -109,18 +149,16 @@ class Reader:
     ) -> ObjectRead:
         """Open ``key`` for reading; ``precondition`` runs on the metadata before any range."""
         mount = self.namespace.resolve(bucket)
-        info = await self.head_object(bucket, key)
+        okey = mount.origin_key(key)
+        info = await self._metadata_for_read(mount, okey, byte_range)
         if precondition is not None:
             precondition(info)
         start, end = byte_range.resolve(info.size) if byte_range else (0, info.size - 1)
+        client_info = dataclasses.replace(info, key=key)
         if info.size == 0:
-            return ObjectRead(info, 0, -1, False, None)
-        # If-Match pins the version we just described: a concurrent overwrite fails
-        # the read instead of mixing old headers with new bytes.
-        stream = await mount.origin.get_object(
-            mount.origin_bucket, mount.origin_key(key), (start, end), if_match=info.etag
-        )
-        return ObjectRead(info, start, end, byte_range is not None, stream)
+            return ObjectRead(client_info, 0, -1, False, None)
+        pieces = self._pieces(mount, okey, info, start, end)
+        return ObjectRead(client_info, start, end, byte_range is not None, pieces)
 
     async def list_objects(
         self,
@@ -131,14 +169,169 @@ class Reader:
         max_keys: int = 1000,
     ) -> ListPage:
         mount = self.namespace.resolve(bucket)
-        page = await mount.origin.list_objects(
-            mount.origin_bucket,
-            prefix=mount.origin_key(prefix),
-            delimiter=delimiter,
-            start_after=mount.origin_key(start_after) if start_after else "",
-            max_keys=max_keys,
+
+        async def fetch_page(prefix_: str, delimiter_: str, after: str, limit: int) -> ListPage:
+            self.metrics.origin_requests.labels(mount.origin.name, "ListObjectsV2").inc()
+            return await mount.origin.list_objects(
+                mount.origin_bucket, prefix_, delimiter_, after, limit
+            )
+
+        lookup = await self.metadata.listing(
+            _scope(mount),
+            mount.origin_key(prefix),
+            delimiter,
+            mount.origin_key(start_after) if start_after else "",
+            max_keys,
+            _policy(mount),
+            fetch_page,
         )
-        return _strip_prefix(page, mount) if mount.prefix else page
+        self.metrics.metadata_lookups.labels("list", lookup.state).inc()
+        return _strip_prefix(lookup.value, mount) if mount.prefix else lookup.value
+
+    async def drop(self, bucket: str, prefix: str) -> dict[str, int]:
+        """Forget cached blocks and metadata of ``bucket`` under ``prefix``."""
+        mount = self.namespace.resolve(bucket)
+        origin, origin_bucket = _scope(mount)
+        okey_prefix = mount.origin_key(prefix)
+        self.metadata.invalidate_prefix(_scope(mount), okey_prefix)
+        if self.store is not None:
+            await self.store.drop(_scope(mount), okey_prefix)
+        memory = self.blocks.memory.discard_where(
+            lambda b: (
+                b.origin == origin and b.bucket == origin_bucket and b.key.startswith(okey_prefix)
+            )
+        )
+        disk = (
+            await self.blocks.disk.drop_prefix(origin, origin_bucket, okey_prefix)
+            if self.blocks.disk
+            else 0
+        )
+        return {"memory_blocks": memory, "disk_blocks": disk}
+
+    def stats(self) -> dict[str, object]:
+        memory = self.blocks.memory
+        disk = self.blocks.disk.stats() if self.blocks.disk else None
+        return {
+            "memory": {
+                "used_bytes": memory.used,
+                "capacity": memory.capacity,
+                "blocks": len(memory),
+                "evictions": memory.evictions,
+            },
+            "disk": dataclasses.asdict(disk) if disk is not None else None,
+            "metadata": self.metadata.stats(),
+            "fills": {"started": self.blocks.fills.started, "coalesced": self.blocks.fills.joined},
+        }
+
+    # -- metadata ----------------------------------------------------------------------
+
+    async def _origin_head(self, mount: Mount, okey: str) -> ObjectInfo:
+        self.metrics.origin_requests.labels(mount.origin.name, "HeadObject").inc()
+        return await mount.origin.head_object(mount.origin_bucket, okey)
+
+    async def _metadata_for_read(
+        self, mount: Mount, okey: str, byte_range: RangeSpec | None
+    ) -> ObjectInfo:
+        scope = _scope(mount)
+        if byte_range is not None and byte_range.suffix is not None:
+            fetch = lambda: self._origin_head(mount, okey)  # noqa: E731 - the size is unknown
+        elif self.metadata.has_entry(scope, okey):
+            fetch = lambda: self._origin_head(mount, okey)  # noqa: E731 - a refresh needs no bytes
+        else:
+            index = (byte_range.first or 0) // self.block_size if byte_range else 0
+            fetch = lambda: self._first_block(mount, okey, index)  # noqa: E731
+        lookup = await self.metadata.head(
+            scope, okey, _policy(mount), lambda: self._stored_or(mount, okey, fetch)
+        )
+        self.metrics.metadata_lookups.labels("head", lookup.state).inc()
+        return lookup.value
+
+    async def _stored_or(
+        self, mount: Mount, okey: str, fetch: Callable[[], Awaitable[ObjectInfo]]
+    ) -> ObjectInfo:
+        """A memory miss: the on-disk metadata store, else ``fetch`` from the origin.
+
+        Within the TTL a stored answer is used as it is (so a restart costs no
+        origin request); past it the object is known, so a HEAD revalidates it
+        instead of a block GET.
+        """
+        scope = _scope(mount)
+        if self.store is not None:
+            stored = await self.store.load(scope, okey)
+            if stored is not None:
+                info, age = stored
+                if age < mount.metadata_ttl:
+                    return info
+                fetch = lambda: self._origin_head(mount, okey)  # noqa: E731
+        info = await fetch()
+        if self.store is not None:
+            self.store.save(scope, okey, info)
+        return info
+
+    async def _first_block(self, mount: Mount, okey: str, index: int) -> ObjectInfo:
+        """A metadata miss answered by the block the client needs: one round trip, not two."""
+        first = index * self.block_size
+        self.metrics.origin_requests.labels(mount.origin.name, "GetObject").inc()
+        try:
+            stream = await mount.origin.get_object(
+                mount.origin_bucket, okey, (first, first + self.block_size - 1)
+            )
+        except errors.RangeNotSatisfiable:
+            return await self._origin_head(mount, okey)  # empty, or a range past the end
+        ref = self._ref(mount, okey, stream.info, index)
+        if (stream.start, stream.end) != (ref.first, ref.last):
+            await stream.aclose()  # the origin ignored the range; fetch blocks normally
+        else:
+            self.blocks.fill(ref, stream)
+        return stream.info
+
+    # -- bytes -------------------------------------------------------------------------
+
+    def _ref(self, mount: Mount, okey: str, info: ObjectInfo, index: int) -> BlockRef:
+        block = BlockId(mount.origin.name, mount.origin_bucket, okey, info.etag, index)
+        first, last = block_bounds(index, self.block_size, info.size)
+        return BlockRef(block, mount.origin, first, last)
+
+    async def _pieces(
+        self, mount: Mount, okey: str, info: ObjectInfo, start: int, end: int
+    ) -> AsyncIterator[Piece]:
+        spans = block_plan(start, end, self.block_size)
+        refs = [self._ref(mount, okey, info, span.index) for span in spans]
+        refs += self._sequential_read_ahead(mount, okey, info, start, end)
+        try:
+            for i, span in enumerate(spans):
+                self.blocks.read_ahead(refs[i + 1 : i + 1 + self.read_ahead])
+                async for piece in self.blocks.pieces(refs[i], span.offset, span.length):
+                    yield piece
+        except errors.OriginChanged:
+            self.metadata.invalidate_key(_scope(mount), okey)
+            raise
+
+    def _sequential_read_ahead(
+        self, mount: Mount, okey: str, info: ObjectInfo, start: int, end: int
+    ) -> list[BlockRef]:
+        """Blocks past ``end`` worth prefetching when this range continues the previous one."""
+        marker = BlockId(mount.origin.name, mount.origin_bucket, okey, info.etag, -1)
+        previous_end = self._read_ends.pop(marker, None)
+        self._read_ends[marker] = end
+        if len(self._read_ends) > _SEQUENTIAL_MEMORY:
+            self._read_ends.popitem(last=False)
+        if previous_end is None or not previous_end < start <= previous_end + self.block_size:
+            return []
+        last_index = (info.size - 1) // self.block_size
+        following = range(
+            end // self.block_size + 1,
+            min(last_index, end // self.block_size + self.read_ahead) + 1,
+        )
+        return [self._ref(mount, okey, info, index) for index in following]
+
+
+def _scope(mount: Mount) -> tuple[str, str]:
+    return (mount.origin.name, mount.origin_bucket)
+
+
+def _policy(mount: Mount) -> Policy:
+    return Policy(ttl=mount.metadata_ttl, negative_ttl=mount.negative_ttl)
 
 
 def _strip_prefix(page: ListPage, mount: Mount) -> ListPage:

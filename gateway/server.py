@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from gateway.admin import Admin
 from gateway.metrics import Metrics
 from gateway.s3.front import S3Front
 from gateway.s3.routing import split_host
@@ -63,7 +64,9 @@ async def _add_request_id(request: web.Request, response: web.StreamResponse) ->
     response.headers["Server"] = "Hoard"
 
 
-def build_app(front: S3Front, metrics: Metrics, domains: list[str]) -> web.Application:
+def build_app(
+    front: S3Front, metrics: Metrics, domains: list[str], admin: Admin
+) -> web.Application:
     """The gateway application. Everything it needs is passed in, built by ``cli.py``."""
     app = web.Application(middlewares=[_observe], client_max_size=1024**2)
     app[STATE] = {"metrics": metrics, "ready": False}
@@ -71,7 +74,7 @@ def build_app(front: S3Front, metrics: Metrics, domains: list[str]) -> web.Appli
     async def dispatch(request: web.Request) -> web.StreamResponse:
         path = request.raw_path.split("?", 1)[0]
         if path.startswith("/_hoard/"):
-            return await _admin(request, path)
+            return await _open_endpoints(request, path) or await admin.handle(request, path)
         if _is_scrape(request, path, domains):
             return web.Response(
                 body=metrics.render(), headers={"Content-Type": metrics.content_type}
@@ -101,10 +104,11 @@ def _is_scrape(request: web.Request, path: str, domains: list[str]) -> bool:
     )
 
 
-async def _admin(request: web.Request, path: str) -> web.StreamResponse:
+async def _open_endpoints(request: web.Request, path: str) -> web.StreamResponse | None:
+    """Health and readiness: the only admin endpoints that need no credentials."""
     if path == "/_hoard/health":
         return web.json_response({"status": "ok"})
     if path == "/_hoard/ready":
         ready = request.app[STATE]["ready"]
         return web.json_response({"ready": ready}, status=200 if ready else 503)
-    return web.json_response({"error": "not found"}, status=404)
+    return None

@@ -35,11 +35,12 @@ class HoardProcess:
         self.port = free_port()
         self.config = {
             "listen": f"127.0.0.1:{self.port}",
-            "cache": {"dir": str(workdir / "cache")},
             "credentials": [{"access_key": ACCESS_KEY, "secret_key": SECRET_KEY}],
             "shutdown_timeout": "5s",
             **config,
         }
+        # Every test gets its own cache dir unless it names one.
+        self.config["cache"] = {"dir": str(workdir / "cache"), **config.get("cache", {})}
         self.env = env or {}
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = workdir / f"hoard-{self.port}.log"

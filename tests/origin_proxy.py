@@ -107,7 +107,7 @@ class OriginProxy:
         ) as upstream:
             out = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP}
             response = web.StreamResponse(status=upstream.status, headers=out)
-            if request.method != "HEAD" and upstream.content_length is not None:
+            if upstream.content_length is not None:  # HEAD answers carry it too
                 response.content_length = upstream.content_length
             await response.prepare(request)
             async for chunk in upstream.content.iter_chunked(64 * 1024):

@@ -40,7 +40,9 @@ class BlockId:
     def digest(self) -> str:
         """40 hex characters naming this block (file name, index key, peer path)."""
         identity = "\0".join((self.origin, self.bucket, self.key, self.etag, str(self.index)))
-        return hashlib.blake2b(identity.encode("utf-8", "surrogatepass"), digest_size=20).hexdigest()
+        return hashlib.blake2b(
+            identity.encode("utf-8", "surrogatepass"), digest_size=20
+        ).hexdigest()
 
 
 def checksum(data: bytes | bytearray | memoryview) -> int:

@@ -181,6 +181,11 @@ class MetadataCache:
             raise NoSuchKey(key)
         return await self._lookup("head", k, partial(self._load_head, k, policy, fetch), policy)
 
+    def has_entry(self, scope: Hashable, key: str) -> bool:
+        """Whether metadata of ``key`` is held, fresh or stale (a refresh needs no bytes)."""
+        entry = self._tables["head"].entries.get((scope, key))
+        return entry is not None and entry.value is not None
+
     def put_head(self, scope: Hashable, key: str, info: ObjectInfo, policy: Policy) -> None:
         """Remember ``info`` (a GET response carried it) as fresh for ``policy.ttl``."""
         self._flights.pop(("head", (scope, key)), None)  # a HEAD under way may be older: detach

@@ -8,6 +8,7 @@ from aiohttp import web
 
 from gateway.reader import Reader
 from gateway.s3.auth import Principal
+from gateway.s3.body import BodySender
 from gateway.s3.routing import Route
 
 
@@ -19,6 +20,7 @@ class Call:
     principal: Principal
     reader: Reader
     request_id: str
+    body: BodySender
 
     @property
     def bucket(self) -> str:

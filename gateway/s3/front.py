@@ -18,6 +18,7 @@ from gateway import errors
 from gateway.reader import Reader
 from gateway.s3 import buckets, listing, objects, xml
 from gateway.s3.auth import Authenticator
+from gateway.s3.body import BodySender
 from gateway.s3.call import Call
 from gateway.s3.errors import Code, S3Error, from_domain
 from gateway.s3.routing import Route, route
@@ -44,8 +45,11 @@ def request_view(request: web.Request) -> RequestView:
 
 
 class S3Front:
-    def __init__(self, reader: Reader, auth: Authenticator, domains: list[str]) -> None:
+    def __init__(
+        self, reader: Reader, auth: Authenticator, domains: list[str], body: BodySender
+    ) -> None:
         self._reader = reader
+        self._body = body
         self._auth = auth
         self._domains = domains
 
@@ -72,7 +76,9 @@ class S3Front:
         handler = HANDLERS.get(found.operation)
         if handler is None:
             raise S3Error(Code.NotImplemented, f"{found.operation} is not implemented by Hoard.")
-        return await handler(Call(request, found, query, principal, self._reader, request_id))
+        return await handler(
+            Call(request, found, query, principal, self._reader, request_id, self._body)
+        )
 
     def _error(self, request: web.Request, exc: S3Error) -> web.StreamResponse:
         request["error_code"] = exc.code.name

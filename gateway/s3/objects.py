@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
 
 from gateway.origins.base import ObjectInfo
 from gateway.reader import ObjectRead
@@ -92,29 +93,40 @@ async def get_object(call: Call) -> web.StreamResponse:
         call.bucket, call.key, spec, conditions.check if conditions else None
     )
     try:
+        # The first bytes are fetched before the headers go out, so a cold block
+        # that cannot be fetched is still an S3 error rather than a cut connection.
+        await read.prime()
         headers = object_headers(read.info)
         if read.partial:
             headers.update(_range_headers(read.start, read.end, read.info.size))
         headers.update(overrides)
         response = web.StreamResponse(status=206 if read.partial else 200, headers=headers)
         response.content_length = read.length
-        await response.prepare(call.request)
-        await _stream(call, response, read)
+        writer = await response.prepare(call.request)
+        assert writer is not None
+        await _stream(call, response, writer, read)
     finally:
         await read.aclose()
     return response
 
 
-async def _stream(call: Call, response: web.StreamResponse, read: ObjectRead) -> None:
+async def _stream(
+    call: Call, response: web.StreamResponse, writer: AbstractStreamWriter, read: ObjectRead
+) -> None:
     try:
-        async for chunk in read.chunks():
-            await response.write(chunk)
+        async for piece in read.chunks():
+            await call.body.send(call.request, writer, piece)
         await response.write_eof()
-    except ConnectionResetError:
-        log.debug("client went away mid-body", extra={"request_id": call.request_id})
+    except (ConnectionResetError, TimeoutError):
+        log.debug("client went away mid-body, request %s", call.request_id)
+        _drop_connection(call)
     except Exception:
         # Headers are gone already; dropping the connection is the only honest
         # signal left, so the client sees a short body rather than a wrong one.
-        log.exception("read failed mid-body", extra={"request_id": call.request_id})
-        if call.request.transport is not None:
-            call.request.transport.abort()
+        log.exception("read failed mid-body, request %s", call.request_id)
+        _drop_connection(call)
+
+
+def _drop_connection(call: Call) -> None:
+    if call.request.transport is not None:
+        call.request.transport.abort()

@@ -1,0 +1,159 @@
+"""Object metadata on disk, so a restarted worker (or a sibling worker) knows objects.
+
+Blocks are named by ETag, so blocks on disk are useless after a restart until
+the ETag of their object is known again. The in-memory ``MetadataCache`` is
+per process and empty after a restart; this store keeps each HEAD result
+(size, ETag, headers) in SQLite beside the block index, with the wall-clock
+time it was learned. A worker that misses in memory asks here before the
+origin: within the mount's TTL the stored answer is as good as a fresh one;
+past it, the object is known, so a cheap HEAD revalidates it.
+
+Saves are batched in memory and written every ``flush_interval`` seconds by
+one dedicated thread (SQLite's threading rules; nothing blocks the loop). A
+crash loses at most that interval of metadata, which costs a HEAD later, never
+a wrong answer: ETags name the blocks, and the origin has the last word after
+the TTL. Bounded by ``max_rows`` (oldest first out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import sqlite3
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from gateway.origins.base import ObjectInfo
+
+Scope = tuple[str, str]
+log = logging.getLogger(__name__)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS objects (
+    origin TEXT NOT NULL, bucket TEXT NOT NULL, key TEXT NOT NULL,
+    info TEXT NOT NULL, stored_at REAL NOT NULL,
+    PRIMARY KEY (origin, bucket, key)
+);
+CREATE INDEX IF NOT EXISTS objects_age ON objects (stored_at);
+"""
+
+
+def _encode(info: ObjectInfo) -> str:
+    fields = dataclasses.asdict(info)
+    fields["last_modified"] = info.last_modified.isoformat()
+    return json.dumps(fields)
+
+
+def _decode(text: str) -> ObjectInfo:
+    fields: dict[str, Any] = json.loads(text)
+    fields["last_modified"] = datetime.fromisoformat(fields["last_modified"])
+    return ObjectInfo(**fields)
+
+
+class MetadataStore:
+    def __init__(self, path: Path, max_rows: int = 1_000_000, flush_interval: float = 0.5) -> None:
+        self._path = path
+        self._max_rows = max_rows
+        self._flush_interval = flush_interval
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="metadata-store")
+        self._db: sqlite3.Connection | None = None
+        self._pending: dict[tuple[str, str, str], tuple[str, float]] = {}
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def _call(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+
+    async def start(self) -> None:
+        await self._call(self._open)
+        self._flusher = asyncio.create_task(self._flush_forever())
+
+    def _open(self) -> None:
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self._path, timeout=30, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+
+    async def close(self) -> None:
+        if self._flusher is not None:
+            self._flusher.cancel()
+            await asyncio.gather(self._flusher, return_exceptions=True)
+        await self.flush()
+        if self._db is not None:
+            await self._call(self._db.close)
+        self._thread.shutdown(wait=True)
+
+    async def load(self, scope: Scope, key: str) -> tuple[ObjectInfo, float] | None:
+        """The stored metadata of ``key`` and its age in seconds, if any."""
+        pending = self._pending.get((*scope, key))
+        if pending is not None:
+            return _decode(pending[0]), time.time() - pending[1]
+        row = await self._call(self._select, scope, key)
+        if row is None:
+            return None
+        return _decode(row[0]), time.time() - row[1]
+
+    def _select(self, scope: Scope, key: str) -> tuple[str, float] | None:
+        assert self._db is not None
+        cursor = self._db.execute(
+            "SELECT info, stored_at FROM objects WHERE origin=? AND bucket=? AND key=?",
+            (*scope, key),
+        )
+        return cursor.fetchone()
+
+    def save(self, scope: Scope, key: str, info: ObjectInfo) -> None:
+        """Remember ``info``; written with the next flush."""
+        self._pending[(*scope, key)] = (_encode(info), time.time())
+
+    async def drop(self, scope: Scope, key_prefix: str, exact: bool = False) -> None:
+        """Forget ``key_prefix`` (or every key under it): a write or an admin drop."""
+        for pending in [k for k in self._pending if k[:2] == scope and
+                        (k[2] == key_prefix if exact else k[2].startswith(key_prefix))]:  # fmt: skip
+            del self._pending[pending]
+        await self._call(self._delete, scope, key_prefix, exact)
+
+    def _delete(self, scope: Scope, key_prefix: str, exact: bool) -> None:
+        assert self._db is not None
+        if exact:
+            self._db.execute(
+                "DELETE FROM objects WHERE origin=? AND bucket=? AND key=?", (*scope, key_prefix)
+            )
+            return
+        # substr, not LIKE: LIKE ignores ASCII case and treats % and _ specially.
+        self._db.execute(
+            "DELETE FROM objects WHERE origin=? AND bucket=? AND substr(key, 1, ?)=?",
+            (*scope, len(key_prefix), key_prefix),
+        )
+
+    async def flush(self) -> None:
+        if not self._pending or self._db is None:
+            return
+        batch, self._pending = self._pending, {}
+        await self._call(self._write, batch)
+
+    def _write(self, batch: dict[tuple[str, str, str], tuple[str, float]]) -> None:
+        assert self._db is not None
+        rows = [(*k, info, stored_at) for k, (info, stored_at) in batch.items()]
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.executemany("INSERT OR REPLACE INTO objects VALUES (?, ?, ?, ?, ?)", rows)
+            (count,) = self._db.execute("SELECT count(*) FROM objects").fetchone()
+            if count > self._max_rows:
+                self._db.execute(
+                    "DELETE FROM objects WHERE rowid IN "
+                    "(SELECT rowid FROM objects ORDER BY stored_at LIMIT ?)",
+                    (count - self._max_rows,),
+                )
+
+    async def _flush_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._flush_interval)
+            try:
+                await self.flush()
+            except sqlite3.Error as exc:  # a busy or full disk must not kill the worker
+                log.warning("metadata store flush failed: %s", exc)

@@ -1,0 +1,68 @@
+"""Smoke run of the load-test harness (loadtest/): every selected target produces numbers.
+
+It asserts nothing about speed: only that each target answered each workload
+with measured rows. Tiny scale, origin on loopback (no namespace is created),
+bounded in time; the run is a subprocess in its own session so that a timeout
+stops it (SIGTERM, which cleans up) and then everything it started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+WORKLOADS = ("epochs", "shards", "herd", "stream", "train")
+LIMIT = 55  # seconds for the whole run
+
+
+def _run(args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "loadtest", *args], cwd=REPO, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            out, _ = proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+        pytest.fail(f"loadtest smoke run exceeded {timeout:.0f}s:\n{out[-4000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
+
+
+@pytest.mark.timeout(LIMIT + 30)
+def test_quick_run_gives_numbers_for_every_target(tmp_path: Path) -> None:
+    pytest.importorskip("moto.server", reason="moto[server] is needed for the origin")
+    targets = ["direct", "hoard"]
+    if shutil.which("nginx"):
+        targets.append("nginx")
+    workloads = list(WORKLOADS) + (["capacity"] if shutil.which("wrk") else [])
+
+    done = _run(
+        ["run", "--scale", "quick", "--origin", "loopback", "--out", str(tmp_path),
+         "--targets", ",".join(targets), "--workloads", ",".join(workloads)],
+        LIMIT,
+    )  # fmt: skip
+
+    assert done.returncode == 0, done.stdout[-4000:]
+    reports = list(tmp_path.glob("*.json"))
+    assert len(reports) == 1, done.stdout[-4000:]
+    rows = json.loads(reports[0].read_text())["rows"]
+    for target in targets:
+        for workload in workloads:
+            mine = [r for r in rows if r["target"] == target and r["workload"] == workload]
+            measured = [r for r in mine if r["wall_s"] > 0 and r["objects"] > 0]
+            assert measured, f"{target} x {workload} gave no numbers: {mine}\n{done.stdout[-3000:]}"
+    assert list(tmp_path.glob("*.md"))
