@@ -49,15 +49,21 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    # SIGTERM unwinds like Ctrl-C, so the namespace and every process are cleaned up.
+    # Ctrl-C and SIGTERM unwind through every ``finally``, so the namespace and every
+    # process are cleaned up. A shell starts background jobs with SIGINT ignored;
+    # take it back, so ``kill -INT`` works there too.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    paths = run(
-        Options(
-            scale=args.scale, targets=args.targets, workloads=args.workloads, origin=args.origin,
-            rtt_ms=args.rtt_ms, rate_mbit=args.rate_mbit, pin=not args.no_pin, seed=args.seed,
-            out=args.out, keep=args.keep,
-        )
+    options = Options(
+        scale=args.scale, targets=args.targets, workloads=args.workloads, origin=args.origin,
+        rtt_ms=args.rtt_ms, rate_mbit=args.rate_mbit, pin=not args.no_pin, seed=args.seed,
+        out=args.out, keep=args.keep,
     )  # fmt: skip
+    try:
+        paths = run(options)
+    except KeyboardInterrupt:
+        print("interrupted: cleaned up; the partial report is in --out", file=sys.stderr)
+        return 130
     return 0 if paths else 1
 
 

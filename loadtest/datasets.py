@@ -37,6 +37,7 @@ class Scale:
     threads: int  # threads per reader
     epochs: int
     herd_clients: int
+    herd_processes: int  # generator processes the herd's clients are spread over
     wrk_seconds: float
     train_batch: int
     train_compute: float  # seconds of emulated accelerator time per batch
@@ -51,13 +52,13 @@ SCALES = {
     "quick": Scale(
         name="quick", prefixes=4, per_prefix=6, image_min=64 * KiB, image_max=256 * KiB,
         shard_sizes=(4 * MiB, 2 * MiB, 2 * MiB), range_size=1 * MiB, readers=2, threads=4,
-        epochs=3, herd_clients=64, wrk_seconds=1.0, train_batch=4, train_compute=0.005,
+        epochs=3, herd_clients=64, herd_processes=2, wrk_seconds=1.0, train_batch=4, train_compute=0.005,
         train_images=12, phase_timeout=60,
     ),
     "full": Scale(
         name="full", prefixes=100, per_prefix=30, image_min=64 * KiB, image_max=256 * KiB,
         shard_sizes=(256 * MiB, 128 * MiB, 64 * MiB, 64 * MiB), range_size=8 * MiB, readers=2,
-        threads=8, epochs=3, herd_clients=64, wrk_seconds=10.0, train_batch=32,
+        threads=8, epochs=3, herd_clients=64, herd_processes=4, wrk_seconds=10.0, train_batch=32,
         train_compute=0.1, train_images=640, phase_timeout=600,
     ),
 }  # fmt: skip

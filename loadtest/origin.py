@@ -251,6 +251,9 @@ class Origin:
         self.proxy = self.moto = None
         self._drop_namespace()
 
+    def alive(self) -> bool:
+        return all(p is not None and p.poll() is None for p in (self.moto, self.proxy))
+
     # -- counting ----------------------------------------------------------------------------
 
     def counts(self) -> dict[str, int]:

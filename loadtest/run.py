@@ -72,6 +72,8 @@ def one(bench: Bench, target: Target, workload: str) -> list[Row]:
             row.note = "; ".join(x for x in (row.note, *target.notes) if x)
         return rows
     except Exception as exc:
+        if not bench.origin.alive():
+            raise RuntimeError("the origin (moto or the counting proxy) has exited") from exc
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         (bench.workdir / f"error-{target.name}-{workload}.txt").write_text(traceback.format_exc())
         return [Row(target.name, workload, "—", note=f"error: {detail}")]

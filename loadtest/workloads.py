@@ -56,6 +56,11 @@ class Session:
         self.workload = workload
         self.deadline = time.monotonic() + bench.scale.phase_timeout
 
+    @property
+    def readers(self) -> int:
+        """K, or one reader per node when a target has more nodes than K."""
+        return max(self.bench.scale.readers, len(self.target.endpoints))
+
     def remaining(self) -> float:
         left = self.deadline - time.monotonic()
         if left <= 0:
@@ -93,6 +98,12 @@ class Session:
         wall = result.pop("wall", None) or time.perf_counter() - start
         origin = diff_counts(self.bench.origin.counts(), before)
         latencies = result.pop("latencies", [])
+        if self.readers != self.bench.scale.readers and self.workload in (
+            "epochs",
+            "shards",
+            "train",
+        ):
+            result["readers"] = self.readers  # one per node
         # A generator that reports percentiles itself (wrk) passes them instead of samples.
         p50 = result.pop("p50_s", None) or percentile(latencies, 0.50)
         p99 = result.pop("p99_s", None) or percentile(latencies, 0.99)
@@ -121,12 +132,12 @@ def epochs(s: Session) -> list[Row]:
     scale, data = s.bench.scale, s.bench.dataset
     keys = None if s.target.can_list else [o.key for o in data.images]
     rows = []
-    with s.pool(scale.readers, scale.threads) as pool:
+    with s.pool(s.readers, scale.threads) as pool:
         for epoch in range(1, scale.epochs + 1):
             tasks = [
                 {**s.base(), "reader": r, "epoch": epoch, "threads": scale.threads,
                  "prefix": IMAGES if s.target.can_list else None, "keys": keys}
-                for r in range(scale.readers)
+                for r in range(s.readers)
             ]  # fmt: skip
 
             def run(tasks: list[dict[str, Any]] = tasks) -> dict[str, Any]:
@@ -145,12 +156,12 @@ def shards(s: Session) -> list[Row]:
     scale, data = s.bench.scale, s.bench.dataset
     objects = [(o.key, o.size) for o in data.shards]
     rows = []
-    with s.pool(scale.readers, scale.threads) as pool:
+    with s.pool(s.readers, scale.threads) as pool:
         for epoch in (1, 2):
             tasks = [
                 {**s.base(), "reader": r, "epoch": epoch, "threads": scale.threads,
                  "objects": objects, "range_size": scale.range_size}
-                for r in range(scale.readers)
+                for r in range(s.readers)
             ]  # fmt: skip
             rows.append(
                 s.measure(
@@ -184,7 +195,7 @@ def _herd_phase(s: Session, pool: Pool, processes: int, op: dict[str, Any]) -> d
 
 def herd(s: Session) -> list[Row]:
     data = s.bench.dataset
-    processes = 4
+    processes = s.bench.scale.herd_processes
     per = s.bench.scale.herd_clients // processes
     rows = []
     with s.pool(processes, per) as pool:
@@ -229,13 +240,13 @@ def train(s: Session) -> list[Row]:
     scale, data = s.bench.scale, s.bench.dataset
     images = [o.key for o in data.images]
     rows = []
-    with s.pool(scale.readers, scale.threads) as pool:
+    with s.pool(s.readers, scale.threads) as pool:
         for epoch in (1, 2):
             tasks = [
                 {**s.base(), "reader": r, "epoch": epoch, "threads": scale.threads,
-                 "keys": images[r :: scale.readers][: scale.train_images],
+                 "keys": images[r :: s.readers][: scale.train_images],
                  "batch": scale.train_batch, "compute": scale.train_compute, "prefetch": 2}
-                for r in range(scale.readers)
+                for r in range(s.readers)
             ]  # fmt: skip
 
             def run(tasks: list[dict[str, Any]] = tasks) -> dict[str, Any]:
