@@ -12,9 +12,13 @@ import argparse
 import asyncio
 import json
 import logging
+import multiprocessing
 import os
 import secrets
+import shutil
+import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +39,7 @@ from gateway.config import (
     load_settings,
     split_listen,
 )
-from gateway.metrics import Metrics
+from gateway.metrics import Metrics, enable_multiprocess
 from gateway.namespace import Namespace
 from gateway.origins.base import Origin
 from gateway.origins.posix import PosixOrigin
@@ -119,9 +123,13 @@ def build_origins(settings: Settings) -> dict[str, Origin]:
     return origins
 
 
-def build(settings: Settings) -> web.Application:
-    """Wire every object of one gateway process from its settings."""
-    metrics = Metrics()
+def build(settings: Settings, metrics_dir: Path | None = None) -> web.Application:
+    """Wire every object of one gateway process from its settings.
+
+    ``metrics_dir`` is set when this process is one of several workers.
+    """
+    metrics = Metrics(multiprocess_dir=metrics_dir)
+    shared = metrics_dir is not None
     cache = settings.cache
     namespace = Namespace.from_settings(settings, build_origins(settings))
     memory = MemoryTier(
@@ -138,7 +146,9 @@ def build(settings: Settings) -> web.Application:
         max_heads=cache.metadata_entries, max_listing_keys=cache.listing_keys,
         whole_listing_limit=cache.whole_listing_limit,
     )  # fmt: skip
-    store = MetadataStore(cache.dir / "metadata.sqlite3", max_rows=10 * cache.metadata_entries)
+    store = MetadataStore(
+        cache.dir / "metadata.sqlite3", max_rows=10 * cache.metadata_entries, shared=shared
+    )
     reader = Reader(namespace, blocks, metadata, metrics, cache.block_size, cache.read_ahead, store)
     auth = Authenticator(
         settings.credentials, settings.allow_anonymous, domains=settings.virtual_host_domains
@@ -197,17 +207,76 @@ def serve(settings: Settings) -> None:
     if not settings.credentials and not settings.allow_anonymous:
         credential = generated_credential(settings.cache.dir)
         settings = settings.model_copy(update={"credentials": [credential]})
+    if settings.workers > 1:
+        supervise(settings, _banner(settings, credential))
+        return
     app = build(settings)
-    host, port = split_listen(settings.listen)
 
     async def announce(app: web.Application) -> None:
         print(_banner(settings, credential), flush=True)
 
     app.on_startup.append(announce)
+    _run(app, settings, reuse_port=False)
+
+
+def _run(app: web.Application, settings: Settings, reuse_port: bool) -> None:
+    host, port = split_listen(settings.listen)
     web.run_app(
         app, host=host, port=port, shutdown_timeout=settings.shutdown_timeout,
-        access_log=None, print=None, loop=_event_loop(settings.event_loop),
+        access_log=None, print=None, loop=_event_loop(settings.event_loop), reuse_port=reuse_port,
     )  # fmt: skip
+
+
+def _worker(settings: Settings, metrics_dir: Path) -> None:
+    """One of ``workers`` processes: its own event loop on the shared port (SO_REUSEPORT)."""
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, signal.SIG_DFL)  # aiohttp installs its own handlers
+    enable_multiprocess(metrics_dir)
+    _run(build(settings, metrics_dir), settings, reuse_port=True)
+
+
+def supervise(settings: Settings, banner: str) -> None:
+    """Start ``workers`` processes, restart any that dies, stop them all on SIGTERM/SIGINT."""
+    metrics_dir = settings.cache.dir / f"prometheus-{os.getpid()}"
+    shutil.rmtree(metrics_dir, ignore_errors=True)
+    metrics_dir.mkdir(parents=True)
+    context = multiprocessing.get_context("fork")
+    stopping = False
+
+    def spawn(index: int) -> multiprocessing.process.BaseProcess:
+        process = context.Process(
+            target=_worker, args=(settings, metrics_dir), name=f"hoard-worker-{index}"
+        )
+        process.start()
+        return process
+
+    def stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+        for process in workers:
+            if process.is_alive():
+                os.kill(process.pid, signal.SIGTERM)
+
+    workers = [spawn(i) for i in range(settings.workers)]
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    print(f"{banner}\n  ({settings.workers} worker processes)", flush=True)
+    try:
+        while not stopping:
+            for index, process in enumerate(workers):
+                if not process.is_alive() and not stopping:
+                    log.error(
+                        "worker %s exited with %s; restarting it", process.name, process.exitcode
+                    )
+                    workers[index] = spawn(index)
+            time.sleep(0.2)
+        deadline = time.monotonic() + settings.shutdown_timeout + 5
+        for process in workers:
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                process.kill()
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"hoard: config error: {line}", file=sys.stderr)
         return EXIT_CONFIG
     logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(process)d %(levelname)s %(name)s %(message)s",
     )
     serve(settings)
     return 0

@@ -9,7 +9,18 @@ client-supplied string.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+import os
+from pathlib import Path
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+    values,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 _LATENCY_BUCKETS = (
@@ -17,11 +28,25 @@ _LATENCY_BUCKETS = (
 )  # fmt: skip
 
 
+def enable_multiprocess(directory: Path) -> None:
+    """Make metrics created from now on in this process live in ``directory``.
+
+    prometheus-client's multiprocess mode: each worker writes its values to
+    memory-mapped files there and any worker's ``/metrics`` sums them. Call it
+    in each worker before building ``Metrics``; the directory must be empty
+    when the workers start.
+    """
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(directory)
+    values.ValueClass = values.MultiProcessValue()
+
+
 class Metrics:
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None,
+                 multiprocess_dir: Path | None = None) -> None:  # fmt: skip
         self.registry = registry or CollectorRegistry()
+        self._multiprocess_dir = multiprocess_dir
         self.requests = Counter(
             "hoard_requests_total",
             "S3 requests answered, by operation and HTTP status.",
@@ -111,4 +136,8 @@ class Metrics:
                 self.bytes_served.labels(source).inc(count)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        if self._multiprocess_dir is None:
+            return generate_latest(self.registry)
+        combined = CollectorRegistry()
+        multiprocess.MultiProcessCollector(combined, path=str(self._multiprocess_dir))
+        return generate_latest(combined)

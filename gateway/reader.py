@@ -255,17 +255,23 @@ class Reader:
         origin request); past it the object is known, so a HEAD revalidates it
         instead of a block GET.
         """
+        if self.store is None:
+            return await fetch()
         scope = _scope(mount)
-        if self.store is not None:
-            stored = await self.store.load(scope, okey)
+        stored = await self.store.load(scope, okey)
+        if stored is not None and stored[1] < mount.metadata_ttl:
+            return stored[0]
+        async with self.store.fetch_lock(scope, okey):
+            if self.store.shared:  # a sibling worker may have fetched it meanwhile
+                stored = await self.store.load(scope, okey)
+                if stored is not None and stored[1] < mount.metadata_ttl:
+                    return stored[0]
             if stored is not None:
-                info, age = stored
-                if age < mount.metadata_ttl:
-                    return info
-                fetch = lambda: self._origin_head(mount, okey)  # noqa: E731
-        info = await fetch()
-        if self.store is not None:
+                fetch = lambda: self._origin_head(mount, okey)  # noqa: E731 - known object
+            info = await fetch()
             self.store.save(scope, okey, info)
+            if self.store.shared:
+                await self.store.flush()  # visible to siblings before the lock opens
         return info
 
     async def _first_block(self, mount: Mount, okey: str, index: int) -> ObjectInfo:

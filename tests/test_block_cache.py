@@ -78,17 +78,34 @@ def put(origin_client, bucket: str, key: str, size: int) -> bytes:
     return data
 
 
-def test_64_concurrent_cold_gets_cost_one_origin_get_per_block(node, proxy, origin_client, bucket):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_64_concurrent_cold_gets_cost_one_origin_get_per_block(
+    tmp_path, proxy, origin_client, bucket, workers
+):
     data = put(origin_client, bucket, "shard-40m", 40 * MiB)
-    proxy.reset()
-    bodies = get_many([f"{node.endpoint}/{bucket}/shard-40m"] * 64)
-    assert all(body == data for body in bodies)
-    assert proxy.counts["GetObject"] == 5, proxy.ranges
-    assert proxy.counts["HeadObject"] == 0
-    # A second pass is served entirely from the cache.
-    proxy.reset()
-    assert get_many([f"{node.endpoint}/{bucket}/shard-40m"] * 4) == [data] * 4
-    assert sum(proxy.counts.values()) == 0
+    node = HoardProcess(tmp_path, {**hoard_config(proxy), "workers": workers}).start()
+    try:
+        proxy.reset()
+        bodies = get_many([f"{node.endpoint}/{bucket}/shard-40m"] * 64)
+        assert all(body == data for body in bodies)
+        assert proxy.counts["GetObject"] == 5, proxy.ranges
+        assert proxy.counts["HeadObject"] == 0
+        # A second pass is served entirely from the cache.
+        proxy.reset()
+        assert get_many([f"{node.endpoint}/{bucket}/shard-40m"] * 8) == [data] * 8
+        assert sum(proxy.counts.values()) == 0
+        metrics = asyncio.run(_text(f"{node.endpoint}/metrics"))
+        served = _counter(metrics, 'hoard_requests_total{operation="GetObject",status="200"}')
+        assert served == 72  # summed over every worker
+    finally:
+        assert node.stop() == 0
+
+
+def _counter(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{name} not in metrics")
 
 
 def test_ranges_across_block_boundaries(node, proxy, origin_client, bucket):

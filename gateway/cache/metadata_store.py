@@ -18,11 +18,16 @@ the TTL. Bounded by ``max_rows`` (oldest first out).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import fcntl
 import json
 import logging
+import os
 import sqlite3
 import time
+import zlib
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
@@ -32,6 +37,7 @@ from gateway.origins.base import ObjectInfo
 
 Scope = tuple[str, str]
 log = logging.getLogger(__name__)
+_STRIPES = 1024
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS objects (
@@ -56,14 +62,21 @@ def _decode(text: str) -> ObjectInfo:
 
 
 class MetadataStore:
-    def __init__(self, path: Path, max_rows: int = 1_000_000, flush_interval: float = 0.5) -> None:
+    def __init__(self, path: Path, max_rows: int = 1_000_000, flush_interval: float = 0.5,
+                 shared: bool = False) -> None:  # fmt: skip
         self._path = path
+        self._shared = shared
         self._max_rows = max_rows
         self._flush_interval = flush_interval
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="metadata-store")
         self._db: sqlite3.Connection | None = None
         self._pending: dict[tuple[str, str, str], tuple[str, float]] = {}
         self._flusher: asyncio.Task[None] | None = None
+
+    @property
+    def shared(self) -> bool:
+        """Whether sibling worker processes use the same store."""
+        return self._shared
 
     async def _call(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
@@ -73,7 +86,7 @@ class MetadataStore:
         self._flusher = asyncio.create_task(self._flush_forever())
 
     def _open(self) -> None:
-        self._path.parent.mkdir(parents=True, exist_ok=True)
+        (self._path.parent / "locks").mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self._path, timeout=30, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
@@ -105,6 +118,33 @@ class MetadataStore:
             (*scope, key),
         )
         return cursor.fetchone()
+
+    @contextlib.asynccontextmanager
+    async def fetch_lock(self, scope: Scope, key: str) -> AsyncIterator[None]:
+        """Hold while fetching ``key``'s metadata, so sibling workers fetch it once.
+
+        Lock files are striped (a fixed set, chosen by hash), so two keys may
+        share a stripe and briefly wait for each other; that is the price of
+        not creating a lock file per object. Without ``shared`` (one worker)
+        this is free: the in-memory cache already coalesces.
+        """
+        if not self._shared:
+            yield
+            return
+        stripe = zlib.crc32("\0".join((*scope, key)).encode("utf-8", "surrogatepass")) % _STRIPES
+        fd = os.open(
+            self._path.parent / "locks" / f"meta-{stripe:04d}", os.O_RDWR | os.O_CREAT, 0o600
+        )
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    await asyncio.sleep(0.002)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
 
     def save(self, scope: Scope, key: str, info: ObjectInfo) -> None:
         """Remember ``info``; written with the next flush."""
