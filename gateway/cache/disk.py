@@ -205,6 +205,8 @@ class DiskTier:
         self._tmp = self.directory / "tmp"
         self._index = DiskIndex(self.directory / "index.sqlite3", durable=fsync)
         self._touched: dict[str, float] = {}  # hits not yet written to the index
+        # Stat fingerprints of block files whose checksum passed (see files.open_block).
+        self._verified: dict[str, tuple[int, ...]] = {}
         self._evictions = 0
         self._corrupt = 0
         self._flusher: asyncio.Task[None] | None = None
@@ -236,7 +238,9 @@ class DiskTier:
 
     async def get(self, block: BlockId) -> BlockFile | None:
         """The verified block, open for reading, or None (missing, or corrupt and removed)."""
-        found = await _opening(asyncio.to_thread(files.open_block, self._final(block), block))
+        found = await _opening(
+            asyncio.to_thread(files.open_block, self._final(block), block, self._verified)
+        )
         if isinstance(found, Corrupt):
             await self._discard(block, found)
             return None

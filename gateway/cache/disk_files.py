@@ -116,17 +116,28 @@ class PartFollower:
             await asyncio.sleep(_POLL)
 
 
+_VERIFIED_MEMORY = 262_144  # fingerprints of verified block files kept per process
+
 # -- reading a block ---------------------------------------------------------------
 
 
-def open_block(path: Path, block: BlockId) -> BlockFile | Corrupt | None:
-    """The verified block at ``path``, None if there is no file, Corrupt if it is bad."""
+def open_block(
+    path: Path, block: BlockId, verified: dict[str, tuple[int, ...]] | None = None
+) -> BlockFile | Corrupt | None:
+    """The verified block at ``path``, None if there is no file, Corrupt if it is bad.
+
+    ``verified`` remembers files whose data checksum passed, by their stat
+    fingerprint (inode, size, mtime, ctime). Any write, truncation, rename over
+    or chmod changes the fingerprint and brings the full check back, so only
+    silent media corruption of an unchanged file escapes until the next
+    restart; a hot block is not re-hashed on every hit.
+    """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     try:
-        length, why = _check(fd, block)
+        length, why = _check(fd, block, verified)
     except OSError as exc:
         length, why = 0, f"unreadable: {exc}"
     except BaseException:
@@ -139,16 +150,25 @@ def open_block(path: Path, block: BlockId) -> BlockFile | Corrupt | None:
     return bad
 
 
-def _check(fd: int, block: BlockId) -> tuple[int, str | None]:
+def _check(
+    fd: int, block: BlockId, verified: dict[str, tuple[int, ...]] | None
+) -> tuple[int, str | None]:
     """(data length, None) for a sound block file, else (0, what is wrong)."""
     header = decode_header(os.pread(fd, HEADER_SIZE, 0), block)
     if header is None:
         return 0, "bad header: torn, overwritten or another block's file"
-    size = os.fstat(fd).st_size
-    if size != HEADER_SIZE + header.length:
-        return 0, f"{size} bytes on disk for {header.length} data bytes"
+    stat = os.fstat(fd)
+    if stat.st_size != HEADER_SIZE + header.length:
+        return 0, f"{stat.st_size} bytes on disk for {header.length} data bytes"
+    fingerprint = (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+    if verified is not None and verified.get(block.digest) == fingerprint:
+        return header.length, None
     if _data_checksum(fd, header.length) != header.checksum:
         return 0, "checksum mismatch"
+    if verified is not None:
+        if len(verified) >= _VERIFIED_MEMORY:
+            verified.clear()  # cheap bound; re-verifying later is only a cost
+        verified[block.digest] = fingerprint
     return header.length, None
 
 
