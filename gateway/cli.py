@@ -145,6 +145,7 @@ def build(settings: Settings, metrics_dir: Path | None = None) -> web.Applicatio
     metadata = MetadataCache(
         max_heads=cache.metadata_entries, max_listing_keys=cache.listing_keys,
         whole_listing_limit=cache.whole_listing_limit,
+        on_event=lambda kind, state: metrics.metadata_lookups.labels(kind, state).inc(),
     )  # fmt: skip
     store = MetadataStore(
         cache.dir / "metadata.sqlite3", max_rows=10 * cache.metadata_entries, shared=shared
@@ -158,6 +159,12 @@ def build(settings: Settings, metrics_dir: Path | None = None) -> web.Applicatio
     app = build_app(front, metrics, settings.virtual_host_domains, Admin(reader, auth, metrics))
     metrics.cache_limit_bytes.labels("memory").set(cache.memory)
     metrics.cache_limit_bytes.labels("disk").set(cache.size)
+
+    def tier_levels() -> None:
+        metrics.cache_bytes.labels("memory").set(memory.used)
+        metrics.cache_bytes.labels("disk").set(disk.stats().used_bytes)
+
+    metrics.before_render.append(tier_levels)
 
     async def start(app: web.Application) -> None:
         await disk.start()

@@ -10,6 +10,7 @@ client-supplied string.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client import (
@@ -47,6 +48,8 @@ class Metrics:
                  multiprocess_dir: Path | None = None) -> None:  # fmt: skip
         self.registry = registry or CollectorRegistry()
         self._multiprocess_dir = multiprocess_dir
+        # Called before each scrape, to set gauges that are cheaper to read than to track.
+        self.before_render: list[Callable[[], None]] = []
         self.requests = Counter(
             "hoard_requests_total",
             "S3 requests answered, by operation and HTTP status.",
@@ -136,6 +139,8 @@ class Metrics:
                 self.bytes_served.labels(source).inc(count)
 
     def render(self) -> bytes:
+        for refresh in self.before_render:
+            refresh()
         if self._multiprocess_dir is None:
             return generate_latest(self.registry)
         combined = CollectorRegistry()

@@ -137,7 +137,6 @@ class Reader:
         lookup = await self.metadata.head(
             _scope(mount), okey, _policy(mount), lambda: self._stored_or(mount, okey, fetch)
         )
-        self.metrics.metadata_lookups.labels("head", lookup.state).inc()
         return dataclasses.replace(lookup.value, key=key)
 
     async def open_object(
@@ -185,7 +184,6 @@ class Reader:
             _policy(mount),
             fetch_page,
         )
-        self.metrics.metadata_lookups.labels("list", lookup.state).inc()
         return _strip_prefix(lookup.value, mount) if mount.prefix else lookup.value
 
     async def drop(self, bucket: str, prefix: str) -> dict[str, int]:
@@ -243,7 +241,6 @@ class Reader:
         lookup = await self.metadata.head(
             scope, okey, _policy(mount), lambda: self._stored_or(mount, okey, fetch)
         )
-        self.metrics.metadata_lookups.labels("head", lookup.state).inc()
         return lookup.value
 
     async def _stored_or(

@@ -292,3 +292,79 @@ def test_disk_full_still_serves_from_origin(tmp_path, proxy, origin_client, buck
             node.stop()
     finally:
         os.system(f"umount {cache_dir}")
+
+
+def test_second_pass_over_a_dataset_costs_no_origin_request(node, proxy, origin_client, bucket):
+    images = {
+        f"imgs/{i:03d}.jpg": put(origin_client, bucket, f"imgs/{i:03d}.jpg", 96 * 1024)
+        for i in range(40)
+    }
+    urls = [f"{node.endpoint}/{bucket}/{key}" for key in images]
+    assert get_many(urls) == list(images.values())
+    proxy.reset()
+    assert get_many(urls) == list(images.values())
+    assert sum(proxy.counts.values()) == 0
+
+
+def test_cached_listing_pages_match_the_origin(tmp_path, proxy, origin_client, bucket):
+    for i in range(1200):
+        origin_client.put_object(Bucket=bucket, Key=f"ds/{i % 13}/f{i:05d}", Body=b"")
+    node = HoardProcess(tmp_path, hoard_config(proxy)).start()
+    try:
+        client = node.client()
+
+        def walk(c, **params):
+            return [
+                ([o["Key"] for o in page.get("Contents", [])],
+                 [p["Prefix"] for p in page.get("CommonPrefixes", [])])
+                for page in c.get_paginator("list_objects_v2").paginate(Bucket=bucket, **params)
+            ]  # fmt: skip
+
+        proxy.reset()
+        first = walk(client, Prefix="ds/")
+        lists_cold = proxy.counts["ListObjects"]
+        assert lists_cold == 2  # the whole prefix, fetched once in pages of 1000
+        proxy.reset()
+        for params in ({"Prefix": "ds/"}, {"Prefix": "ds/", "Delimiter": "/"},
+                       {"Prefix": "ds/3/", "PaginationConfig": {"PageSize": 17}},
+                       {"Prefix": "ds/", "StartAfter": "ds/5/"}):  # fmt: skip
+            ours = walk(client, **params)
+            theirs = walk(origin_client, **params)
+            assert ours == theirs, params
+        assert walk(client, Prefix="ds/") == first
+        assert proxy.counts["ListObjects"] == 0
+    finally:
+        node.stop()
+
+
+def test_admin_stats_and_drop(tmp_path, proxy, origin_client, bucket):
+    from tests.rawhttp import signed_send
+
+    node = HoardProcess(tmp_path, hoard_config(proxy)).start()
+    try:
+        keep = put(origin_client, bucket, "keep/a", 300_000)
+        drop = put(origin_client, bucket, "drop/a", 300_000)
+        assert get_many(
+            [f"{node.endpoint}/{bucket}/keep/a", f"{node.endpoint}/{bucket}/drop/a"]
+        ) == [keep, drop]
+        assert asyncio.run(_status(f"{node.endpoint}/_hoard/stats")) == 403  # anonymous
+        stats = signed_send(node.port, "GET", "/_hoard/stats")
+        assert stats.status == 200 and b'"memory"' in stats.body and b'"disk"' in stats.body
+        dropped = signed_send(node.port, "DELETE", f"/_hoard/cache?bucket={bucket}&prefix=drop%2F")
+        assert dropped.status == 200 and b'"disk_blocks": 1' in dropped.body
+        proxy.reset()
+        assert get_many(
+            [f"{node.endpoint}/{bucket}/keep/a", f"{node.endpoint}/{bucket}/drop/a"]
+        ) == [keep, drop]
+        assert proxy.gets("/drop/a") == 1 and proxy.gets("/keep/a") == 0
+        metrics = asyncio.run(_text(f"{node.endpoint}/metrics"))
+        assert 'hoard_bytes_served_total{source="origin"}' in metrics
+        assert 'hoard_metadata_lookups_total{kind="head",state="miss"}' in metrics
+        assert 'hoard_cache_bytes{tier="disk"}' in metrics
+    finally:
+        node.stop()
+
+
+async def _status(url: str) -> int:
+    async with aiohttp.ClientSession() as session, session.get(url) as answer:
+        return answer.status
