@@ -168,10 +168,10 @@ class BlockSource:
 
     async def _open(self, ref: BlockRef) -> ObjectStream:
         block = ref.block
-        self.metrics.origin_requests.labels(block.origin, "GetObject").inc()
-        return await ref.origin.get_object(
-            block.bucket, block.key, (ref.first, ref.last), if_match=block.etag
-        )
+        with self.metrics.origin_call(block.origin, "GetObject"):
+            return await ref.origin.get_object(
+                block.bucket, block.key, (ref.first, ref.last), if_match=block.etag
+            )
 
     async def _copy(
         self, ref: BlockRef, stream: ObjectStream, flight: Flight, writer: BlockWriter | None

@@ -145,7 +145,7 @@ def build(settings: Settings, metrics_dir: Path | None = None) -> web.Applicatio
     metadata = MetadataCache(
         max_heads=cache.metadata_entries, max_listing_keys=cache.listing_keys,
         whole_listing_limit=cache.whole_listing_limit,
-        on_event=lambda kind, state: metrics.metadata_lookups.labels(kind, state).inc(),
+        on_event=lambda kind, state: _metadata_event(metrics, kind, state),
     )  # fmt: skip
     store = MetadataStore(
         cache.dir / "metadata.sqlite3", max_rows=10 * cache.metadata_entries, shared=shared
@@ -181,6 +181,12 @@ def build(settings: Settings, metrics_dir: Path | None = None) -> web.Applicatio
     app.on_startup.insert(0, start)
     app.on_cleanup.append(stop)
     return app
+
+
+def _metadata_event(metrics: Metrics, kind: str, state: str) -> None:
+    metrics.metadata_lookups.labels(kind, state).inc()
+    if state == "stale_error":
+        log.warning("origin failing: serving stale %s metadata (stale-if-error)", kind)
 
 
 def _banner(settings: Settings, credential: Credential | None) -> str:

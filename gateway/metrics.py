@@ -9,8 +9,10 @@ client-supplied string.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from prometheus_client import (
@@ -83,6 +85,19 @@ class Metrics:
             ["origin", "operation"],
             registry=self.registry,
         )
+        self.origin_duration = Histogram(
+            "hoard_origin_request_duration_seconds",
+            "Time until an origin answered (headers, not the whole body), by operation.",
+            ["origin", "operation"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.origin_errors = Counter(
+            "hoard_origin_errors_total",
+            "Origin requests that failed, by origin, operation and error kind.",
+            ["origin", "operation", "error"],
+            registry=self.registry,
+        )
         self.origin_bytes = Counter(
             "hoard_origin_bytes_total",
             "Object bytes received from an origin.",
@@ -126,6 +141,19 @@ class Metrics:
             registry=self.registry,
             multiprocess_mode="max",
         )
+
+    @contextlib.contextmanager
+    def origin_call(self, origin: str, operation: str) -> Iterator[None]:
+        """Count one origin request, its latency to the answer, and its failure if any."""
+        self.origin_requests.labels(origin, operation).inc()
+        started = time.perf_counter()
+        try:
+            yield
+        except Exception as exc:
+            self.origin_errors.labels(origin, operation, type(exc).__name__).inc()
+            raise
+        finally:
+            self.origin_duration.labels(origin, operation).observe(time.perf_counter() - started)
 
     def served(self, memory: int = 0, disk: int = 0, origin: int = 0, peer: int = 0) -> None:
         """Count object bytes handed to a client by the tier that supplied them."""

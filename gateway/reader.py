@@ -170,10 +170,10 @@ class Reader:
         mount = self.namespace.resolve(bucket)
 
         async def fetch_page(prefix_: str, delimiter_: str, after: str, limit: int) -> ListPage:
-            self.metrics.origin_requests.labels(mount.origin.name, "ListObjectsV2").inc()
-            return await mount.origin.list_objects(
-                mount.origin_bucket, prefix_, delimiter_, after, limit
-            )
+            with self.metrics.origin_call(mount.origin.name, "ListObjectsV2"):
+                return await mount.origin.list_objects(
+                    mount.origin_bucket, prefix_, delimiter_, after, limit
+                )
 
         lookup = await self.metadata.listing(
             _scope(mount),
@@ -224,8 +224,8 @@ class Reader:
     # -- metadata ----------------------------------------------------------------------
 
     async def _origin_head(self, mount: Mount, okey: str) -> ObjectInfo:
-        self.metrics.origin_requests.labels(mount.origin.name, "HeadObject").inc()
-        return await mount.origin.head_object(mount.origin_bucket, okey)
+        with self.metrics.origin_call(mount.origin.name, "HeadObject"):
+            return await mount.origin.head_object(mount.origin_bucket, okey)
 
     async def _metadata_for_read(
         self, mount: Mount, okey: str, byte_range: RangeSpec | None
@@ -274,11 +274,11 @@ class Reader:
     async def _first_block(self, mount: Mount, okey: str, index: int) -> ObjectInfo:
         """A metadata miss answered by the block the client needs: one round trip, not two."""
         first = index * self.block_size
-        self.metrics.origin_requests.labels(mount.origin.name, "GetObject").inc()
         try:
-            stream = await mount.origin.get_object(
-                mount.origin_bucket, okey, (first, first + self.block_size - 1)
-            )
+            with self.metrics.origin_call(mount.origin.name, "GetObject"):
+                stream = await mount.origin.get_object(
+                    mount.origin_bucket, okey, (first, first + self.block_size - 1)
+                )
         except errors.RangeNotSatisfiable:
             return await self._origin_head(mount, okey)  # empty, or a range past the end
         ref = self._ref(mount, okey, stream.info, index)

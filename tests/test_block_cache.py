@@ -368,3 +368,25 @@ def test_admin_stats_and_drop(tmp_path, proxy, origin_client, bucket):
 async def _status(url: str) -> int:
     async with aiohttp.ClientSession() as session, session.get(url) as answer:
         return answer.status
+
+
+def test_failed_cold_fill_is_a_clear_s3_error_and_not_cached(node, proxy, origin_client, bucket):
+    data = put(origin_client, bucket, "unlucky", 3 * MiB)
+    url = f"{node.endpoint}/{bucket}/unlucky"
+    proxy.mode = "down"
+    try:
+        status, body = asyncio.run(_status_and_body(url))
+        assert status == 503 and b"<Code>SlowDown</Code>" in body
+    finally:
+        proxy.mode = "ok"
+    assert get_many([url]) == [data]  # the failure was not cached
+    metrics = asyncio.run(_text(f"{node.endpoint}/metrics"))
+    assert (
+        'hoard_origin_errors_total{error="OriginThrottled",operation="GetObject",origin="moto"}'
+        in metrics
+    )
+
+
+async def _status_and_body(url: str) -> tuple[int, bytes]:
+    async with aiohttp.ClientSession() as session, session.get(url) as answer:
+        return answer.status, await answer.read()

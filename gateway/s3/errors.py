@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from email.utils import format_datetime
-from enum import Enum
+from enum import Enum, unique
 
 from gateway import errors
 
 
+@unique  # two codes with the same (status, message) would silently become one
 class Code(Enum):
     """S3 error codes: (HTTP status, default message). The wire code is the name."""
 
@@ -53,7 +54,7 @@ class Code(Enum):
         403,
         "The difference between the request time and the server's time is too large.",
     )
-    ServiceUnavailable = (503, "Please reduce your request rate.")
+    ServiceUnavailable = (503, "Reduce your request rate.")
     SignatureDoesNotMatch = (
         403,
         "The request signature we calculated does not match the signature you provided. Check your key and signing method.",
