@@ -188,7 +188,7 @@ class BlockSource:
             if writer is not None:
                 committed = await writer.commit()
             if self.memory.admits(ref.length):
-                self.memory.put(ref.block, bytes(flight.buffer))
+                self.memory.put(ref.block, flight.data())
         finally:
             if writer is not None and not committed:
                 await writer.abort()
@@ -220,7 +220,7 @@ class BlockSource:
                 have += len(data)
             return True
         except FillAbandoned:
-            if flight.buffer:
+            if flight.received:
                 raise errors.OriginUnavailable("a worker's fill was abandoned mid-block") from None
             return False
         finally:

@@ -237,6 +237,8 @@ def _run(app: web.Application, settings: Settings, reuse_port: bool) -> None:
     web.run_app(
         app, host=host, port=port, shutdown_timeout=settings.shutdown_timeout,
         access_log=None, print=None, loop=_event_loop(settings.event_loop), reuse_port=reuse_port,
+        # Bodies are stored as sent: a gzip-encoded upload must reach the origin still gzipped.
+        auto_decompress=False,
     )  # fmt: skip
 
 

@@ -68,7 +68,7 @@ async def test_flight_streams_bytes_before_the_fill_completes():
 
     async def reader() -> None:
         async for piece in flight.read():
-            received.append(piece)
+            received.append(bytes(piece))
             got_first.set()
 
     task = asyncio.create_task(reader())
@@ -86,6 +86,14 @@ async def test_flight_reader_at_an_offset_and_failure():
     flight.append(b"0123456789")
     flight.finish()
     assert b"".join([p async for p in flight.read(3, 4)]) == b"3456"
+    split = Flight(10)
+    for part in (b"012", b"3", b"45678", b"9"):
+        split.append(part)
+    split.finish()
+    for offset in range(10):
+        for length in range(10 - offset + 1):
+            got = b"".join([p async for p in split.read(offset, length)])
+            assert got == b"0123456789"[offset : offset + length], (offset, length)
     broken = Flight(10)
     broken.append(b"01")
     broken.fail(RuntimeError("boom"))

@@ -20,6 +20,7 @@ flights must be bounded by the caller.
 from __future__ import annotations
 
 import asyncio
+import bisect
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from typing import Generic, TypeVar
 
@@ -53,12 +54,19 @@ class Group(Generic[K, V]):
 
 
 class Flight:
-    """The bytes of one block as they arrive; readers follow at their own pace."""
+    """The bytes of one block as they arrive; readers follow at their own pace.
+
+    Arrived chunks are kept as the immutable ``bytes`` the origin delivered,
+    and readers get ``memoryview`` slices of them: a hundred readers of one
+    block share one copy of it instead of making a hundred.
+    """
 
     def __init__(self, length: int) -> None:
         self.length = length
-        self.buffer = bytearray()
+        self.received = 0
         self.waiters = 0
+        self._chunks: list[bytes] = []
+        self._starts: list[int] = []  # offset of each chunk in the block
         self._changed = asyncio.Event()
         self._done = False
         self._error: BaseException | None = None
@@ -67,13 +75,21 @@ class Flight:
     def done(self) -> bool:
         return self._done
 
+    def data(self) -> bytes:
+        """The whole block so far, as one bytes object (for the memory tier)."""
+        return b"".join(self._chunks)
+
     def append(self, data: bytes) -> None:
-        self.buffer += data
+        if not data:
+            return
+        self._starts.append(self.received)
+        self._chunks.append(bytes(data))
+        self.received += len(data)
         self._wake()
 
     def finish(self) -> None:
-        if len(self.buffer) != self.length:
-            self.fail(ValueError(f"fill ended at {len(self.buffer)} of {self.length} bytes"))
+        if self.received != self.length:
+            self.fail(ValueError(f"fill ended at {self.received} of {self.length} bytes"))
             return
         self._done = True
         self._wake()
@@ -87,18 +103,30 @@ class Flight:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    async def read(self, offset: int = 0, length: int | None = None) -> AsyncIterator[bytes]:
-        """Yield ``buffer[offset:offset+length]`` in pieces as they arrive; raise a failed fill."""
+    def _slices(self, position: int, end: int) -> list[memoryview]:
+        """Views of the arrived bytes in [position, min(end, received))."""
+        index = bisect.bisect_right(self._starts, position) - 1
+        views = []
+        while index < len(self._chunks) and position < end:
+            chunk, start = self._chunks[index], self._starts[index]
+            stop = min(len(chunk), end - start)
+            if position - start < stop:
+                views.append(memoryview(chunk)[position - start : stop])
+                position = start + stop
+            index += 1
+        return views
+
+    async def read(self, offset: int = 0, length: int | None = None) -> AsyncIterator[memoryview]:
+        """Yield views of [offset, offset+length) as the bytes arrive; raise a failed fill."""
         end = self.length if length is None else offset + length
         position = offset
         self.waiters += 1
         try:
             while position < end:
-                available = min(len(self.buffer), end)
-                if available > position:
-                    piece = bytes(self.buffer[position:available])
-                    position = available
-                    yield piece
+                if self.received > position:
+                    for view in self._slices(position, end):
+                        position += len(view)
+                        yield view
                     continue
                 if self._error is not None:
                     raise self._error

@@ -44,6 +44,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from gateway import errors
 from gateway.config import S3OriginConfig
 from gateway.origins.base import BucketInfo, ListEntry, ListPage, ObjectInfo
+from gateway.origins.s3_forward import ForwardRequest, ForwardResponse, S3Forwarder
 
 CHUNK_SIZE = 1024 * 1024  # largest piece chunks() yields
 _LIST_LIMIT = 1000  # S3 never returns more keys per ListObjectsV2 page
@@ -193,6 +194,7 @@ class S3Origin:
         self._lock = asyncio.Lock()
         self._stack: AsyncExitStack | None = None
         self._client: Any = None
+        self._forwarder: S3Forwarder | None = None
 
     async def _s3(self) -> Any:
         if self._client is None:
@@ -233,8 +235,17 @@ class S3Origin:
     async def close(self) -> None:
         async with self._lock:
             stack, self._stack, self._client = self._stack, None, None
+        forwarder, self._forwarder = self._forwarder, None
+        if forwarder is not None:
+            await forwarder.close()
         if stack is not None:
             await stack.aclose()
+
+    async def forward(self, request: ForwardRequest) -> ForwardResponse:
+        """Pass any other S3 request to the origin as it is, re-signed (``s3_forward.py``)."""
+        if self._forwarder is None:
+            self._forwarder = S3Forwarder(self._config)
+        return await self._forwarder.forward(request)
 
     async def list_buckets(self) -> list[BucketInfo]:
         client = await self._s3()
