@@ -38,6 +38,8 @@ def parser() -> argparse.ArgumentParser:
                    help="where moto runs: a network namespace (auto falls back to loopback)")  # fmt: skip
     r.add_argument("--rtt-ms", type=float, default=20.0, help="origin round trip (10 ms each way)")
     r.add_argument("--rate-mbit", type=float, default=1000.0, help="origin bandwidth cap")
+    r.add_argument("--stream-mbit", type=float, default=400.0,
+                   help="bandwidth cap of one origin response (0: none)")  # fmt: skip
     r.add_argument(
         "--no-pin", action="store_true", help="do not pin server and generators to cores"
     )
@@ -56,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     options = Options(
         scale=args.scale, targets=args.targets, workloads=args.workloads, origin=args.origin,
-        rtt_ms=args.rtt_ms, rate_mbit=args.rate_mbit, pin=not args.no_pin, seed=args.seed,
+        rtt_ms=args.rtt_ms, rate_mbit=args.rate_mbit,
+        stream_mbit=args.stream_mbit, pin=not args.no_pin, seed=args.seed,
         out=args.out, keep=args.keep,
     )  # fmt: skip
     try:

@@ -21,6 +21,7 @@ the next run.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -44,18 +45,21 @@ class Network:
     mode: str  # "netns" or "loopback"
     delay: str  # how the round trip is emulated
     rate: str  # how bandwidth is capped
+    stream: str = ""  # how one response's bandwidth is capped
     warning: str = ""
 
 
 def _run(*cmd: str) -> None:
-    subprocess.run(cmd, check=True, capture_output=True, timeout=20)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:4])}: {done.stderr.strip() or done.returncode}")
 
 
 def _try(*cmd: str) -> bool:
     try:
         _run(*cmd)
         return True
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError):
+    except (RuntimeError, subprocess.TimeoutExpired, OSError):
         return False
 
 
@@ -105,12 +109,14 @@ class Origin:
     """moto + counting proxy, in a namespace when possible. Use as a context manager."""
 
     def __init__(
-        self, workdir: Path, mode: str = "auto", rtt_ms: float = 20.0, rate_mbit: float = 1000.0
-    ):
+        self, workdir: Path, mode: str = "auto", rtt_ms: float = 20.0,
+        rate_mbit: float = 1000.0, stream_mbit: float = 400.0,
+    ):  # fmt: skip
         self.workdir = workdir
         self.want = mode
         self.rtt_ms = rtt_ms
         self.rate_mbit = rate_mbit
+        self.stream_mbit = stream_mbit
         self.namespace: str | None = None
         self.moto: subprocess.Popen[bytes] | None = None
         self.proxy: subprocess.Popen[bytes] | None = None
@@ -139,56 +145,69 @@ class Origin:
         proxy_rtt, proxy_rate = self.rtt_ms, self.rate_mbit
         if self.want in ("auto", "netns"):
             try:
-                kernel_delay, kernel_rate = self._make_namespace()
+                kernel_delay, kernel_rate = self._start_in_namespace()
                 proxy_rtt = 0.0 if kernel_delay else self.rtt_ms
                 proxy_rate = 0.0 if kernel_rate else self.rate_mbit
-                self.network = Network(
-                    "netns",
-                    f"netem {self.rtt_ms / 2:g} ms each way" if kernel_delay
-                    else f"counting proxy holds each request {self.rtt_ms:g} ms (kernel has no netem)",
-                    f"tc {'netem' if kernel_delay else 'tbf'} {self.rate_mbit:g} Mbit/s each way"
-                    if kernel_rate else f"counting proxy paces {self.rate_mbit:g} Mbit/s",
-                )  # fmt: skip
             except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
                 if self.want == "netns":
                     raise
+                stop_process(self.moto, 5)
+                self.moto = None
                 self._drop_namespace()
                 warning = f"network namespace unavailable ({exc}); origin on loopback"
-        if self.namespace is None:
-            host, port = "127.0.0.1", free_port()
+        if self.moto is None:
             self.network = Network(
                 "loopback",
                 f"counting proxy holds each request {self.rtt_ms:g} ms",
                 f"counting proxy paces {self.rate_mbit:g} Mbit/s",
-                warning or "origin on loopback by request (--origin loopback)",
+                warning=warning or "origin on loopback by request (--origin loopback)",
             )
             print(f"WARNING: {self.network.warning}; delay and rate emulated in userspace",
                   file=sys.stderr, flush=True)  # fmt: skip
-            self.moto = self._spawn([], host, port)
-        else:
-            host, port = f"10.254.{self._subnet}.2", MOTO_PORT
-            self.moto = self._spawn(["ip", "netns", "exec", self.namespace], host, port)
-        self.moto_url = f"http://{host}:{port}"
-        wait_http(self.moto_url + "/moto-api/", 60, self.moto)
+            self.moto_url = f"http://127.0.0.1:{free_port()}"
+            self.moto = self._spawn([], self.moto_url)
+            wait_http(self.moto_url + "/moto-api/", 60, self.moto)
         proxy_port = free_port()
         with open(self.workdir / "proxy.log", "ab") as log:
             self.proxy = subprocess.Popen(
                 [sys.executable, "-m", "loadtest.proxy", "--port", str(proxy_port),
                  "--upstream", self.moto_url, "--rtt-ms", str(proxy_rtt),
-                 "--rate-mbit", str(proxy_rate)],
+                 "--rate-mbit", str(proxy_rate), "--stream-mbit", str(self.stream_mbit)],
                 stdout=log, stderr=subprocess.STDOUT, env=_env(),
             )  # fmt: skip
         self.endpoint = f"http://127.0.0.1:{proxy_port}"
+        if self.stream_mbit > 0:
+            self.network = dataclasses.replace(
+                self.network,
+                stream=f"counting proxy paces each response {self.stream_mbit:g} Mbit/s",
+            )
         wait_http(self.endpoint + "/_counts", 30, self.proxy)
 
-    def _spawn(self, prefix: list[str], host: str, port: int) -> subprocess.Popen[bytes]:
+    def _spawn(self, prefix: list[str], url: str) -> subprocess.Popen[bytes]:
+        host, port = url.removeprefix("http://").rsplit(":", 1)
         with open(self.workdir / "moto.log", "ab") as log:
             return subprocess.Popen(
-                [*prefix, sys.executable, "-m", "loadtest.motoserver", "-H", host, "-p", str(port)],
+                [*prefix, sys.executable, "-m", "loadtest.motoserver", "-H", host, "-p", port],
                 stdout=log, stderr=subprocess.STDOUT,
                 # Path-style only: without this moto reads "10" of 10.254.x.2 as a bucket.
                 env={**_env(), "S3_IGNORE_SUBDOMAIN_BUCKETNAME": "true"},
             )  # fmt: skip
+
+    def _start_in_namespace(self) -> tuple[bool, bool]:
+        """moto in a new namespace. Returns (the kernel delays, the kernel caps the rate)."""
+        kernel_delay, kernel_rate = self._make_namespace()
+        assert self.namespace is not None
+        self.moto_url = f"http://10.254.{self._subnet}.2:{MOTO_PORT}"
+        self.moto = self._spawn(["ip", "netns", "exec", self.namespace], self.moto_url)
+        wait_http(self.moto_url + "/moto-api/", 60, self.moto)
+        self.network = Network(
+            "netns",
+            f"netem {self.rtt_ms / 2:g} ms each way" if kernel_delay
+            else f"counting proxy holds each request {self.rtt_ms:g} ms (kernel has no netem)",
+            f"tc {'netem' if kernel_delay else 'tbf'} {self.rate_mbit:g} Mbit/s each way"
+            if kernel_rate else f"counting proxy paces {self.rate_mbit:g} Mbit/s",
+        )  # fmt: skip
+        return kernel_delay, kernel_rate
 
     def _make_namespace(self) -> tuple[bool, bool]:
         """Create namespace + veth + shaping. Returns (kernel delays, kernel caps rate)."""

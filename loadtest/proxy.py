@@ -10,7 +10,13 @@ When the kernel cannot delay packets (no ``sch_netem``), the proxy emulates the
 network itself: ``--rtt-ms`` holds each request for one round trip before it is
 forwarded (request out, first byte back) and adds one more for each new client
 connection (the TCP handshake); ``--rate-mbit`` paces response bytes through one
-shared token bucket. This models a remote store's time to first byte and its
+shared token bucket.
+
+``--stream-mbit`` paces each response on its own, always (the kernel shapes
+links, not streams): one GET stream from an object store is much slower than
+the store's aggregate bandwidth (tens of MB/s per S3 GET). Without it one
+stream would fill the emulated link, and parallel range fetches could not show
+what they buy against a real store. This models a remote store's time to first byte and its
 bandwidth, not TCP's window dynamics over a long path.
 
 Run: ``python -m loadtest.proxy --port P --upstream http://HOST:PORT``.
@@ -69,10 +75,13 @@ class Pacer:
 
 
 class CountingProxy:
-    def __init__(self, upstream: str, rtt: float, pacer: Pacer | None) -> None:
+    def __init__(
+        self, upstream: str, rtt: float, pacer: Pacer | None, stream_rate: float = 0.0
+    ) -> None:
         self.upstream = upstream.rstrip("/")
         self.rtt = rtt
         self.pacer = pacer
+        self.stream_rate = stream_rate  # bytes/s of one response; 0 = unpaced
         self.counts: Counter[str] = Counter()
         self.session: ClientSession | None = None
         # Transports that already paid their handshake round trip.
@@ -110,9 +119,12 @@ class CountingProxy:
                 response.content_length = upstream.content_length
             await response.prepare(request)
             if request.method != "HEAD":
+                own = Pacer(self.stream_rate) if self.stream_rate > 0 else None
                 async for chunk in upstream.content.iter_chunked(CHUNK):
                     if self.pacer is not None:
                         await self.pacer.take(len(chunk))
+                    if own is not None:
+                        await own.take(len(chunk))
                     self.counts[f"{kind}_bytes"] += len(chunk)
                     self.counts["bytes"] += len(chunk)
                     await response.write(chunk)
@@ -130,9 +142,11 @@ class CountingProxy:
         await asyncio.sleep(wait)
 
 
-def build_app(upstream: str, rtt_ms: float, rate_mbit: float) -> web.Application:
+def build_app(
+    upstream: str, rtt_ms: float, rate_mbit: float, stream_mbit: float = 0.0
+) -> web.Application:
     pacer = Pacer(rate_mbit * 1e6 / 8) if rate_mbit > 0 else None
-    proxy = CountingProxy(upstream, rtt_ms / 1000, pacer)
+    proxy = CountingProxy(upstream, rtt_ms / 1000, pacer, stream_mbit * 1e6 / 8)
     app = web.Application(client_max_size=1024**4)
     app.router.add_route("*", "/{tail:.*}", proxy.handle)
     app.on_startup.append(proxy.start)
@@ -146,10 +160,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--upstream", required=True)
     parser.add_argument("--rtt-ms", type=float, default=0.0)
     parser.add_argument("--rate-mbit", type=float, default=0.0)
+    parser.add_argument("--stream-mbit", type=float, default=0.0)
     args = parser.parse_args(argv)
     print(json.dumps({"proxy": args.port, "upstream": args.upstream}), flush=True)
     web.run_app(
-        build_app(args.upstream, args.rtt_ms, args.rate_mbit),
+        build_app(args.upstream, args.rtt_ms, args.rate_mbit, args.stream_mbit),
         host="127.0.0.1", port=args.port, access_log=None, print=None,
         shutdown_timeout=2, backlog=1024,
     )  # fmt: skip

@@ -138,6 +138,15 @@ def goals(rows: list[Row], meta: dict[str, Any]) -> list[tuple[str, str, str]]:
         ratio = crowd.extra.get("slowest_vs_alone")
         check("herd GET: slowest client ≤ 1.3x one client alone", ratio,
               ratio is not None and ratio <= 1.3, f"{_fmt(ratio)}x")  # fmt: skip
+        # The same ratio for the peers: static shows how much of it is the load generator
+        # (64 clients' bytes through the generator CPU), not the server.
+        for peer in ("nginx", "static"):
+            other = next((r for r in rows if r.target == peer and r.workload == "herd"
+                          and r.phase == crowd.phase and r.measured), None)  # fmt: skip
+            if other is not None:
+                value = other.extra.get("slowest_vs_alone")
+                check(f"herd GET: slowest client / alone, {peer} (reference)", value, None,
+                      f"{_fmt(value)}x")  # fmt: skip
     lister = next(
         (
             r

@@ -45,6 +45,7 @@ class Options:
     origin: str = "auto"  # auto | netns | loopback
     rtt_ms: float = 20.0
     rate_mbit: float = 1000.0
+    stream_mbit: float = 400.0
     pin: bool = True
     seed: int = 1
     out: Path = REPO / "loadtest" / "results"
@@ -110,10 +111,15 @@ def run(options: Options) -> dict[str, Path]:
     print(f"loadtest {run_id}: working in {workdir}", flush=True)
     try:
         with Origin(
-            workdir / "origin", options.origin, options.rtt_ms, options.rate_mbit
+            workdir / "origin",
+            options.origin,
+            options.rtt_ms,
+            options.rate_mbit,
+            options.stream_mbit,
         ) as origin:
             net = origin.network
             meta["origin"] = {"mode": net.mode, "delay": net.delay, "rate": net.rate,
+                              "per-stream": net.stream or "unpaced",
                               **({"warning": net.warning} if net.warning else {})}  # fmt: skip
             print(f"origin: {meta['origin']}\npinning: {meta['pinning']}", flush=True)
             started = time.monotonic()
