@@ -151,7 +151,7 @@ class ForwardResponse:
 
 
 class CredentialSource(Protocol):
-    """What botocore and aiobotocore credentials both offer (refreshable ones refresh here)."""
+    """aiobotocore credentials: static or refreshable (a refresh happens in this call)."""
 
     async def get_frozen_credentials(self) -> ReadOnlyCredentials: ...
 
@@ -311,16 +311,15 @@ def _is_ip(text: str) -> bool:
 
 
 def _outgoing_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    dropped = _HOP_BY_HOP | _MADE_HERE | _connection_tokens(headers.get("Connection"))
+    listed = [value for name, value in headers.items() if name.lower() == "connection"]
+    dropped = _HOP_BY_HOP | _MADE_HERE | _connection_tokens(listed)
     return {name: value for name, value in headers.items() if name.lower() not in dropped}
 
 
-def _connection_tokens(values: str | Iterable[str] | None) -> frozenset[str]:
+def _connection_tokens(values: Iterable[str]) -> frozenset[str]:
     """Header names listed in Connection are hop-by-hop too (RFC 9110 section 7.6.1)."""
-    if values is None:
-        return frozenset()
-    joined = values if isinstance(values, str) else ",".join(values)
-    return frozenset(token.strip().lower() for token in joined.split(",") if token.strip())
+    tokens = ",".join(values).split(",")
+    return frozenset(token.strip().lower() for token in tokens if token.strip())
 
 
 def _forward_response(response: aiohttp.ClientResponse) -> ForwardResponse:
