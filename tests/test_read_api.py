@@ -469,3 +469,19 @@ def test_sigv2_clients_and_default_presigned_urls(hoard, s3):
     v2 = hoard.client(signature_version="s3")
     assert v2.get_object(Bucket=BUCKET, Key="with space.txt")["Body"].read() == b"with space.txt"
     assert v2.list_objects_v2(Bucket=BUCKET, Prefix="unicodé/")["KeyCount"] == 1
+
+
+def test_presigned_url_reused_until_it_expires(hoard):
+    host = f"127.0.0.1:{hoard.port}"
+    target = presign("GET", host, f"/{BUCKET}/small.txt", expires=2)
+    for _ in range(3):  # the second and third use come from the verified-URL memo
+        assert send(hoard.port, "GET", target, {"Host": host}).body == SMALL
+    other_host = send(hoard.port, "GET", target, {"Host": "evil.example"})
+    assert other_host.status == 403
+    with_amz_header = send(hoard.port, "GET", target, {"Host": host, "x-amz-meta-x": "1"})
+    assert with_amz_header.status == 403  # a header that is not signed is still refused
+    import time
+
+    time.sleep(2.5)
+    expired = send(hoard.port, "GET", target, {"Host": host})
+    assert expired.status == 403 and b"expired" in expired.body

@@ -9,8 +9,11 @@ anonymous). An unsigned request is anonymous, refused unless
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from urllib.parse import parse_qsl
 
 from gateway.config import Credential
 from gateway.s3.errors import Code, S3Error
@@ -45,9 +48,19 @@ class Authenticator:
         self._verifier = SigV4Verifier(secrets, clock=clock)
         self._v2_verifier = SigV2Verifier(secrets, clock=clock, domains=domains)
         self._allow_anonymous = allow_anonymous
+        self._clock = clock
+        self._presigned = PresignedMemo(clock)
 
     def authenticate(self, request: RequestView) -> Principal:
         """The verified caller; ``S3Error`` for a bad signature or a refused anonymous call."""
+        remembered = self._presigned.get(request)
+        if remembered is not None:
+            return remembered
+        principal = self._verify(request)
+        self._presigned.remember(request, principal)
+        return principal
+
+    def _verify(self, request: RequestView) -> Principal:
         if is_sigv2(request):
             # No AuthContext: SigV2 signs no payload hash and has no chunk signatures.
             return Principal(self._v2_verifier.verify(request))
@@ -57,3 +70,69 @@ class Authenticator:
         if self._allow_anonymous:
             return ANONYMOUS
         raise S3Error(Code.AccessDenied)
+
+
+class PresignedMemo:
+    """Presigned URLs already verified, so a URL used again skips the HMAC work.
+
+    A data loader reads the same presigned URLs every epoch. The memo is keyed
+    by everything such a signature covers when only ``host`` is signed (the
+    common case): method, path and query as sent (the query holds the
+    signature and the expiry), and the Host header. Expiry is checked on every
+    use; a URL whose expiry cannot be read is not remembered.
+    """
+
+    _LIMIT = 65_536
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._entries: OrderedDict[tuple[str, str, str, str], tuple[float, Principal]] = (
+            OrderedDict()
+        )
+
+    @staticmethod
+    def _key(request: RequestView) -> tuple[str, str, str, str] | None:
+        # Reads only, and no x-amz-* headers: a memo hit must not skip the check
+        # that every x-amz-* header a request carries is signed.
+        if request.method not in ("GET", "HEAD"):
+            return None
+        if any(name.lower().startswith("x-amz-") for name in request.headers):
+            return None
+        query = request.raw_query
+        if "X-Amz-Signature=" not in query and "Signature=" not in query:
+            return None
+        if "X-Amz-Signature=" in query and "X-Amz-SignedHeaders=host&" not in query + "&":
+            return None  # other signed headers would have to be part of the key
+        return (request.method, request.raw_path, query, request.headers.get("Host", ""))
+
+    def get(self, request: RequestView) -> Principal | None:
+        key = self._key(request)
+        entry = self._entries.get(key) if key is not None else None
+        if entry is None:
+            return None
+        expires, principal = entry
+        if self._clock() > expires:
+            del self._entries[key]  # type: ignore[arg-type]
+            return None  # the verifier answers "Request has expired"
+        return principal
+
+    def remember(self, request: RequestView, principal: Principal) -> None:
+        key = self._key(request)
+        expires = _presigned_expiry(request.raw_query) if key is not None else None
+        if key is None or expires is None or principal.anonymous:
+            return
+        self._entries[key] = (expires, principal)
+        if len(self._entries) > self._LIMIT:
+            self._entries.popitem(last=False)
+
+
+def _presigned_expiry(raw_query: str) -> float | None:
+    """When a presigned URL stops being valid (SigV4 date + expires, or SigV2 Expires)."""
+    params = dict(parse_qsl(raw_query, keep_blank_values=True))
+    try:
+        if "X-Amz-Date" in params:
+            start = datetime.strptime(params["X-Amz-Date"], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
+            return start.timestamp() + int(params["X-Amz-Expires"])
+        return float(int(params["Expires"]))
+    except (KeyError, ValueError):
+        return None

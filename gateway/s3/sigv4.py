@@ -350,12 +350,15 @@ def _request_time(req: RequestView) -> float:
 
 
 def _parse_amz_date(value: str) -> float | None:
+    # Slicing, not strptime: this runs for every request and strptime is slow.
     if not _AMZ_DATE.fullmatch(value):
         return None
     try:
-        return float(timegm(time.strptime(value, "%Y%m%dT%H%M%SZ")))
+        moment = datetime(int(value[0:4]), int(value[4:6]), int(value[6:8]),
+                          int(value[9:11]), int(value[11:13]), int(value[13:15]))  # fmt: skip
     except ValueError:
         return None
+    return float(timegm(moment.timetuple()))
 
 
 def _parse_http_date(value: str) -> float | None:
@@ -446,6 +449,8 @@ def _query_params(raw_query: str) -> dict[str, str]:
 
 def _decode(value: str) -> str:
     # '+' stays '+': S3 signs the query as sent, not as a form.
+    if "%" not in value and value.isascii():
+        return value  # the common case, without a round trip through bytes
     return unquote_to_bytes(_utf8(value)).decode("utf-8", "replace")
 
 
