@@ -14,6 +14,15 @@ leads out is answered as a missing key, exactly as the listing (which skips
 it) shows it. Keys are not percent-decoded here: the S3 front already did, so
 ``%2e%2e`` is a literal file name. Sockets, FIFOs and devices are not objects.
 
+Writes (``posix_write.py``) go to a temp file beside the destination and are
+renamed into place; the same key rules apply, and a key leading out of the
+root, into the multipart staging area (``.hoard-uploads`` at the root) or onto
+a reserved temp name is refused. Content-Type, user metadata, representation
+headers and the ETag a write returned are stored in an xattr; reads return
+them, the ETag only while the file's (size, mtime_ns, inode) are still the
+ones it was stored for. The staging area and temp files never show up as
+buckets, keys or prefixes.
+
 Every blocking call (stat, scandir, open, read, close) runs in a worker
 thread. A GET opens the file once and reads it with ``pread`` in 1 MiB chunks
 from that descriptor, so memory stays flat and a rename during the read does
@@ -25,12 +34,14 @@ that land on the page, and stops once the page is full.
 
 NOT guaranteed:
 
-- The ETag fingerprints (size, mtime_ns, inode), not the content: a ``touch``
-  changes it (a needless refetch), and an in-place rewrite that restores size
-  and mtime keeps it (a stale cache).
+- For files not written through Hoard (or changed since), the ETag fingerprints
+  (size, mtime_ns, inode), not the content: a ``touch`` changes it (a needless
+  refetch), and an in-place rewrite that restores size and mtime keeps it (a
+  stale cache).
 - A file rewritten in place while it is read may deliver mixed bytes; only
   replacement by rename is safe. ``if_match`` is checked once, at open.
-- No user metadata, no stored headers; the content type is guessed from the name.
+- Files without a stored record (not written through Hoard, or a filesystem
+  without user xattrs) have no metadata and a content type guessed from the name.
 - A listing is a walk, not a snapshot: concurrent changes may or may not show.
 - Names that are not valid UTF-8 cannot be S3 keys and are invisible.
 - Symlinks are resolved before open and the last component is opened with
@@ -58,6 +69,18 @@ from pathlib import Path
 from gateway import errors
 from gateway.origins.base import BucketInfo, ListEntry, ListPage, ObjectInfo
 from gateway.origins.listing import common_prefix, paginate, prefix_end
+from gateway.origins.posix_write import (
+    STAGING_DIR,
+    TEMP_PREFIX,
+    Attrs,
+    PartInfo,
+    PosixWriter,
+    PutResult,
+    Record,
+    Records,
+    Target,
+    UploadInfo,
+)
 
 CHUNK_SIZE = 1 << 20
 _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
@@ -94,6 +117,12 @@ def _check_key(key: str) -> None:
         raise errors.InvalidObjectName(f"The key cannot name a file safely: {key!r}")
     if key.endswith("/"):
         raise errors.NoSuchKey(key)  # a "folder" key: directories are not objects
+    if _is_temp(body.rpartition("/")[2]):
+        raise errors.NoSuchKey(key)  # a write in progress (or a crashed one's leftover)
+
+
+def _is_temp(name: str) -> bool:
+    return name.startswith(TEMP_PREFIX)
 
 
 def _os_error(err: OSError, key: str) -> errors.HoardError:
@@ -122,8 +151,18 @@ def _content_type(key: str) -> str:
     return kind if kind and not encoding else "binary/octet-stream"
 
 
-def _info(key: str, st: os.stat_result) -> ObjectInfo:
-    return ObjectInfo(key, st.st_size, etag_of(st), _mtime(st), _content_type(key))
+def _info(key: str, st: os.stat_result, record: Record | None) -> ObjectInfo:
+    if record is None:
+        return ObjectInfo(key, st.st_size, etag_of(st), _mtime(st), _content_type(key))
+    return ObjectInfo(
+        key,
+        st.st_size,
+        record.etag_for(st) or etag_of(st),
+        _mtime(st),
+        record.attrs.content_type or _content_type(key),
+        metadata=dict(record.attrs.metadata),
+        headers=dict(record.attrs.headers),
+    )
 
 
 def _span(byte_range: tuple[int, int] | None, size: int) -> tuple[int, int]:
@@ -202,11 +241,15 @@ class _Node:
 class PosixOrigin:
     """The Origin Protocol over the directory ``root`` (see the module docstring)."""
 
-    def __init__(self, name: str, root: Path) -> None:
+    def __init__(self, name: str, root: Path, *, fsync: bool = False) -> None:
+        """``fsync``: flush every written file and its directory before answering."""
         self.name = name
         # Resolved once, at start-up: every containment check compares real paths.
         self._root = os.path.realpath(root)
         self._root_slash = self._root.rstrip("/") + "/"
+        self._staging = os.path.join(self._root, STAGING_DIR)
+        self._records = Records()
+        self._writer = PosixWriter(self._root, self._records, fsync=fsync)
 
     async def list_buckets(self) -> list[BucketInfo]:
         return await asyncio.to_thread(self._buckets)
@@ -219,6 +262,9 @@ class PosixOrigin:
         return "us-east-1"
 
     def _within(self, real: str) -> bool:
+        """Whether a real path is part of the served tree: inside the root, outside the staging."""
+        if real == self._staging or real.startswith(self._staging + "/"):
+            return False
         return real == self._root or real.startswith(self._root_slash)
 
     def _bucket_dir(self, bucket: str) -> str:
@@ -287,7 +333,8 @@ class PosixOrigin:
         return real, st
 
     def _head(self, bucket: str, key: str) -> ObjectInfo:
-        return _info(key, self._stat(bucket, key)[1])
+        real, st = self._stat(bucket, key)
+        return _info(key, st, self._records.read(real, st))
 
     def _open(self, bucket: str, key: str) -> tuple[_Fd, ObjectInfo]:
         # Stat first so that a device or FIFO is never opened at all; O_NONBLOCK
@@ -306,7 +353,7 @@ class PosixOrigin:
             fd.close()
             raise errors.NoSuchKey(key)
         # The descriptor's own stat, so the ETag names exactly the bytes we will read.
-        return fd, _info(key, st)
+        return fd, _info(key, st, self._records.read(fd.fd, st))
 
     async def list_objects(
         self,
@@ -322,7 +369,7 @@ class PosixOrigin:
         self, bucket: str, prefix: str, delimiter: str, start_after: str, max_keys: int
     ) -> ListPage:
         top = self._bucket_dir(bucket)
-        walk = _Walk(self._within, prefix, delimiter, start_after)
+        walk = _Walk(self._within, self._records, prefix, delimiter, start_after)
         base_rel, _, partial = prefix.rpartition("/")
         entries: list[ListEntry] = []
         if base_rel == "" or _safe_relpath(base_rel):  # else no key can start with prefix
@@ -332,14 +379,160 @@ class PosixOrigin:
                 entries = walk.collect(walk.nodes(base, base_key, partial, (base,)), max_keys)
         return paginate(entries, prefix, delimiter, start_after, max_keys)
 
+    # -- writes: posix_write.py does the work, here keys become checked paths -------
+
+    def _target(self, bucket: str, key: str) -> Target:
+        """Where a write of ``key`` lands; refused if it cannot stay in the served tree."""
+        folder = key.endswith("/")
+        body = key[:-1] if folder else key
+        parent_rel, _, name = body.rpartition("/")
+        if not _safe_relpath(body) or _is_temp(name):
+            raise errors.InvalidObjectName(f"The key cannot name a file safely: {key!r}")
+        top = self._bucket_dir(bucket)
+        # realpath resolves the existing part of the parent; what is missing stays
+        # literal and is created later, below a directory already checked here.
+        parent = os.path.realpath(os.path.join(top, parent_rel)) if parent_rel else top
+        if not self._within(parent) or not self._within(os.path.join(parent, name)):
+            raise errors.InvalidObjectName(f"The key leads out of the origin's tree: {key!r}")
+        return Target(key, top, parent, name, folder)
+
+    async def put_object(
+        self,
+        bucket: str,
+        key: str,
+        body: AsyncIterator[bytes],
+        *,
+        content_type: str | None = None,
+        metadata: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> PutResult:
+        """Store ``body`` (decoded bytes) as ``key``, atomically; the old object stays if it fails.
+
+        A key ending in ``/`` with an empty body makes a directory (see posix_write).
+        Raises NoSuchBucket, InvalidObjectName (unsafe key, a parent is a file,
+        a directory has the name), AccessDenied, OriginUnavailable, or whatever
+        the body raises.
+        """
+        target = await asyncio.to_thread(self._target, bucket, key)
+        return await self._writer.put(target, body, Attrs.of(content_type, metadata, headers))
+
+    async def delete_object(self, bucket: str, key: str) -> None:
+        """Remove ``key`` if it is an object; a missing key (or a directory) is no error."""
+        await asyncio.to_thread(self._delete, bucket, key)
+
+    def _delete(self, bucket: str, key: str) -> None:
+        if not key.endswith("/"):
+            try:
+                self._stat(bucket, key)  # only what HEAD shows as an object is deleted
+            except errors.NoSuchKey:
+                return  # also a symlink leading out, or into the staging area
+        self._writer.delete(self._target(bucket, key))
+
+    async def copy_object(
+        self,
+        src_bucket: str,
+        src_key: str,
+        dst_bucket: str,
+        dst_key: str,
+        *,
+        replace_metadata: bool = False,
+        content_type: str | None = None,
+        metadata: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> PutResult:
+        """Copy an object (streamed: a GET into a PUT). COPY keeps the source's
+        Content-Type, metadata and headers; ``replace_metadata`` uses the given ones."""
+        target = await asyncio.to_thread(self._target, dst_bucket, dst_key)
+        async with await self.get_object(src_bucket, src_key) as source:
+            info = source.info
+            attrs = (
+                Attrs.of(content_type, metadata, headers)
+                if replace_metadata
+                else Attrs.of(info.content_type, info.metadata, info.headers)
+            )
+            return await self._writer.put(target, source.chunks(), attrs)
+
+    async def create_multipart_upload(
+        self,
+        bucket: str,
+        key: str,
+        *,
+        content_type: str | None = None,
+        metadata: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> str:
+        """Start a multipart upload of ``key``; its upload id."""
+        attrs = Attrs.of(content_type, metadata, headers)
+
+        def create() -> str:
+            if self._target(bucket, key).folder:
+                raise errors.InvalidObjectName(f"A folder key cannot be uploaded: {key!r}")
+            return self._writer.create_upload(bucket, key, attrs)
+
+        return await asyncio.to_thread(create)
+
+    async def upload_part(
+        self, bucket: str, key: str, upload_id: str, part_number: int, body: AsyncIterator[bytes]
+    ) -> PartInfo:
+        """Stage a part; its ETag is the quoted MD5 of its bytes, as in S3."""
+        return await self._writer.upload_part(bucket, key, upload_id, part_number, body)
+
+    async def upload_part_copy(
+        self,
+        bucket: str,
+        key: str,
+        upload_id: str,
+        part_number: int,
+        src_bucket: str,
+        src_key: str,
+        byte_range: tuple[int, int] | None = None,
+    ) -> PartInfo:
+        """Stage a part from (an inclusive ``byte_range`` of) another object."""
+        async with await self.get_object(src_bucket, src_key, byte_range) as source:
+            return await self._writer.upload_part(
+                bucket, key, upload_id, part_number, source.chunks()
+            )
+
+    async def complete_multipart_upload(
+        self, bucket: str, key: str, upload_id: str, parts: list[tuple[int, str]]
+    ) -> PutResult:
+        """Join the listed ``(part number, ETag)`` parts into the object.
+
+        Raises InvalidPartOrder, InvalidPart, EntityTooSmall, NoSuchUpload (posix_write).
+        """
+        target = await asyncio.to_thread(self._target, bucket, key)
+        return await self._writer.complete(bucket, key, upload_id, parts, target)
+
+    async def abort_multipart_upload(self, bucket: str, key: str, upload_id: str) -> None:
+        await asyncio.to_thread(self._writer.abort, bucket, key, upload_id)
+
+    async def list_parts(self, bucket: str, key: str, upload_id: str) -> list[PartInfo]:
+        return await asyncio.to_thread(self._writer.list_parts, bucket, key, upload_id)
+
+    async def list_multipart_uploads(self, bucket: str, prefix: str = "") -> list[UploadInfo]:
+        def uploads() -> list[UploadInfo]:
+            self._bucket_dir(bucket)
+            return self._writer.list_uploads(bucket, prefix)
+
+        return await asyncio.to_thread(uploads)
+
+    async def cleanup_stale_uploads(self, older_than: float) -> int:
+        """Remove staged uploads idle for ``older_than`` seconds; how many were removed."""
+        return await asyncio.to_thread(self._writer.cleanup_stale_uploads, older_than)
+
 
 class _Walk:
     """One listing's walk: yields files in key order, and rolled-up directories unopened."""
 
     def __init__(
-        self, within: Callable[[str], bool], prefix: str, delimiter: str, start_after: str
+        self,
+        within: Callable[[str], bool],
+        records: Records,
+        prefix: str,
+        delimiter: str,
+        start_after: str,
     ) -> None:
-        self._within = within
+        self._within, self._records = within, records
         self.prefix, self.delimiter, self.start_after = prefix, delimiter, start_after
 
     def collect(self, nodes: Iterator[_Node], max_keys: int) -> list[ListEntry]:
@@ -416,10 +609,14 @@ class _Walk:
                 is_dir, is_file = stat.S_ISDIR(mode), stat.S_ISREG(mode)
             else:
                 path = entry.path
+                if not self._within(path):
+                    return None  # the multipart staging area, seen from the root
                 is_dir = entry.is_dir(follow_symlinks=False)
                 is_file = entry.is_file(follow_symlinks=False)
         except OSError:
             return None  # vanished mid-walk
+        if is_file and _is_temp(entry.name):
+            return None  # a write in progress
         if is_dir:
             return _Node(key + entry.name + "/", path, True)
         return _Node(key + entry.name, path, False) if is_file else None
@@ -431,7 +628,9 @@ class _Walk:
             return None  # deleted since the scan
         if not stat.S_ISREG(st.st_mode):
             return None
-        return ListEntry(node.key, st.st_size, etag_of(st), _mtime(st))
+        record = self._records.read(node.path, st)
+        etag = (record and record.etag_for(st)) or etag_of(st)
+        return ListEntry(node.key, st.st_size, etag, _mtime(st))
 
 
 def _in_cycle(path: str, stack: tuple[str, ...]) -> bool:
