@@ -49,6 +49,7 @@ from gateway.s3.auth import Authenticator
 from gateway.s3.body import BodySender
 from gateway.s3.front import S3Front
 from gateway.server import build_app
+from gateway.writer import Writer
 
 EXIT_CONFIG = 2
 log = logging.getLogger("hoard")
@@ -155,7 +156,7 @@ def build(settings: Settings, metrics_dir: Path | None = None) -> web.Applicatio
         settings.credentials, settings.allow_anonymous, domains=settings.virtual_host_domains
     )
     body = BodySender()
-    front = S3Front(reader, auth, settings.virtual_host_domains, body)
+    front = S3Front(reader, Writer(namespace, reader), auth, settings.virtual_host_domains, body)
     app = build_app(front, metrics, settings.virtual_host_domains, Admin(reader, auth, metrics))
     metrics.cache_limit_bytes.labels("memory").set(cache.memory)
     metrics.cache_limit_bytes.labels("disk").set(cache.size)

@@ -206,6 +206,27 @@ class Reader:
         )
         return {"memory_blocks": memory, "disk_blocks": disk}
 
+    async def invalidate(self, bucket: str, key: str) -> None:
+        """A write changed ``key``: forget its metadata, its listings and its blocks."""
+        mount = self.namespace.resolve(bucket)
+        scope, okey = _scope(mount), mount.origin_key(key)
+        self.metadata.invalidate_key(scope, okey)
+        if self.store is not None:
+            await self.store.drop(scope, okey, exact=True)
+        origin, origin_bucket = scope
+        self.blocks.memory.discard_where(
+            lambda b: b.key == okey and b.bucket == origin_bucket and b.origin == origin
+        )
+        if self.blocks.disk is not None:
+            await self.blocks.disk.drop_object(origin, origin_bucket, okey)
+
+    async def invalidate_prefix(self, bucket: str, prefix: str) -> None:
+        """A bucket-level change: forget metadata under ``prefix`` (blocks stay valid by ETag)."""
+        mount = self.namespace.resolve(bucket)
+        self.metadata.invalidate_prefix(_scope(mount), mount.origin_key(prefix))
+        if self.store is not None:
+            await self.store.drop(_scope(mount), mount.origin_key(prefix))
+
     def stats(self) -> dict[str, object]:
         memory = self.blocks.memory
         disk = self.blocks.disk.stats() if self.blocks.disk else None

@@ -246,16 +246,6 @@ def test_keys_needing_encoding(s3, key):
     assert s3.head_object(Bucket=BUCKET, Key=key)["ContentLength"] == len(key.encode())
 
 
-def test_write_operations_are_not_implemented_yet(s3):
-    with pytest.raises(botocore.exceptions.ClientError) as excinfo:
-        s3.put_object(Bucket=BUCKET, Key="new", Body=b"x")
-    assert error_code(excinfo) == "NotImplemented"
-    assert excinfo.value.response["ResponseMetadata"]["HTTPStatusCode"] == 501
-    with pytest.raises(botocore.exceptions.ClientError) as excinfo:
-        s3.delete_object(Bucket=BUCKET, Key="small.txt")
-    assert error_code(excinfo) == "NotImplemented"
-
-
 def test_unknown_method(hoard):
     answer = signed_send(hoard.port, "PATCH", f"/{BUCKET}/small.txt")
     assert answer.status == 405 and b"MethodNotAllowed" in answer.body

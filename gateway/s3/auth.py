@@ -27,13 +27,25 @@ class Principal:
 
     access_key: str | None
     context: AuthContext | None = None
+    buckets: frozenset[str] | None = None  # None: every bucket
+    readonly: bool = False
 
     @property
     def anonymous(self) -> bool:
         return self.access_key is None
 
+    def may_use(self, bucket: str) -> bool:
+        return self.buckets is None or bucket in self.buckets
 
-ANONYMOUS = Principal(None)
+    def authorize(self, bucket: str, mutating: bool) -> None:
+        """AccessDenied unless this caller may do this to ``bucket``; nothing reaches an origin."""
+        if mutating and (self.readonly or self.anonymous):
+            raise S3Error(Code.AccessDenied)
+        if bucket and not self.may_use(bucket):
+            raise S3Error(Code.AccessDenied)
+
+
+ANONYMOUS = Principal(None, readonly=True)
 
 
 class Authenticator:
@@ -45,6 +57,10 @@ class Authenticator:
         domains: Sequence[str] = ("localhost",),
     ) -> None:
         secrets = {c.access_key: c.secret_key.get_secret_value() for c in credentials}
+        self._limits = {
+            c.access_key: (frozenset(c.buckets) if c.buckets is not None else None, c.readonly)
+            for c in credentials
+        }
         self._verifier = SigV4Verifier(secrets, clock=clock)
         self._v2_verifier = SigV2Verifier(secrets, clock=clock, domains=domains)
         self._allow_anonymous = allow_anonymous
@@ -63,13 +79,17 @@ class Authenticator:
     def _verify(self, request: RequestView) -> Principal:
         if is_sigv2(request):
             # No AuthContext: SigV2 signs no payload hash and has no chunk signatures.
-            return Principal(self._v2_verifier.verify(request))
+            return self._principal(self._v2_verifier.verify(request), None)
         if is_signed(request):
             context = self._verifier.verify(request)
-            return Principal(context.access_key, context)
+            return self._principal(context.access_key, context)
         if self._allow_anonymous:
             return ANONYMOUS
         raise S3Error(Code.AccessDenied)
+
+    def _principal(self, access_key: str, context: AuthContext | None) -> Principal:
+        buckets, readonly = self._limits.get(access_key, (None, False))
+        return Principal(access_key, context, buckets, readonly)
 
 
 class PresignedMemo:

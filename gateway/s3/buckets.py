@@ -11,7 +11,7 @@ XML_TYPE = "application/xml"
 
 
 async def list_buckets(call: Call) -> web.StreamResponse:
-    buckets = await call.reader.list_buckets()
+    buckets = [b for b in await call.reader.list_buckets() if call.principal.may_use(b.name)]
     return web.Response(body=xml.list_buckets(buckets), content_type=XML_TYPE)
 
 

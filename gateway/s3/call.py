@@ -10,6 +10,7 @@ from gateway.reader import Reader
 from gateway.s3.auth import Principal
 from gateway.s3.body import BodySender
 from gateway.s3.routing import Route
+from gateway.writer import Writer
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +22,7 @@ class Call:
     reader: Reader
     request_id: str
     body: BodySender
+    writer: Writer
 
     @property
     def bucket(self) -> str:

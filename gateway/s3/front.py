@@ -21,8 +21,10 @@ from gateway.s3.auth import Authenticator
 from gateway.s3.body import BodySender
 from gateway.s3.call import Call
 from gateway.s3.errors import Code, S3Error, from_domain
+from gateway.s3.passthrough import passthrough
 from gateway.s3.routing import Route, route
 from gateway.s3.sigv4 import RequestView
+from gateway.writer import Writer
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +48,15 @@ def request_view(request: web.Request) -> RequestView:
 
 class S3Front:
     def __init__(
-        self, reader: Reader, auth: Authenticator, domains: list[str], body: BodySender
+        self,
+        reader: Reader,
+        writer: Writer,
+        auth: Authenticator,
+        domains: list[str],
+        body: BodySender,
     ) -> None:
         self._reader = reader
+        self._writer = writer
         self._body = body
         self._auth = auth
         self._domains = domains
@@ -73,12 +81,13 @@ class S3Front:
         request["operation"] = found.operation.split(":")[0]
         request["bucket"] = found.bucket
         principal = self._auth.authenticate(view)
-        handler = HANDLERS.get(found.operation)
-        if handler is None:
-            raise S3Error(Code.NotImplemented, f"{found.operation} is not implemented by Hoard.")
-        return await handler(
-            Call(request, found, query, principal, self._reader, request_id, self._body)
+        principal.authorize(found.bucket, mutating=request.method in ("PUT", "POST", "DELETE"))
+        # What Hoard does not answer itself goes to the origin as it is.
+        handler = HANDLERS.get(found.operation, passthrough)
+        call = Call(
+            request, found, query, principal, self._reader, request_id, self._body, self._writer
         )
+        return await handler(call)
 
     def _error(self, request: web.Request, exc: S3Error) -> web.StreamResponse:
         request["error_code"] = exc.code.name

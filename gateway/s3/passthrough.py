@@ -1,0 +1,128 @@
+"""Every S3 operation Hoard does not answer itself: forwarded through the writer.
+
+What is decided here is only the wire: which client headers travel on (never
+the client's signature, never aws-chunked framing), how a request body is
+decoded and verified (``RequestBody``: aws-chunked, chunk signatures,
+trailer and header checksums, Content-MD5, signed payload hashes) before a
+byte reaches the origin, and that the origin's answer — status, headers, body
+— is streamed back unchanged. A body that fails verification raises midway,
+the forwarder cuts the origin request short, and nothing is stored.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from gateway.s3.call import Call
+from gateway.s3.chunked import RequestBody
+from gateway.s3.errors import Code, S3Error
+
+# Client headers that describe the client's own request to Hoard, not the object.
+_NOT_FORWARDED = frozenset({
+    "authorization", "x-amz-date", "x-amz-content-sha256", "x-amz-security-token", "host",
+    "content-length", "x-amz-decoded-content-length", "expect", "transfer-encoding",
+    "connection", "keep-alive", "te", "trailer", "upgrade", "content-encoding", "x-amz-trailer",
+})  # fmt: skip
+# Origin answer headers aiohttp sets itself on our response.
+_NOT_RETURNED = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive",
+                           "date", "server"})  # fmt: skip
+_MUTATING = frozenset({"PUT", "POST", "DELETE"})
+_DELETE_LIMIT = 2 * 1024 * 1024  # a DeleteObjects body names at most 1000 keys
+_DELETE_KEY = re.compile(rb"<Key>(.*?)</Key>", re.DOTALL)
+
+
+def _has_body(request: web.Request) -> bool:
+    return request.body_exists or "chunked" in request.headers.get("Transfer-Encoding", "").lower()
+
+
+async def passthrough(call: Call) -> web.StreamResponse:
+    request = call.request
+    headers = {k: v for k, v in request.headers.items() if k.lower() not in _NOT_FORWARDED}
+    query = [(k, v) for k, v in call.query.items()]
+    body, length, touched = None, None, None
+    if _has_body(request):
+        decoded = RequestBody(request.content, request.headers, call.principal.context)
+        if decoded.content_encoding:
+            headers["Content-Encoding"] = decoded.content_encoding
+        body, length = await _verified_before_last_byte(decoded), decoded.length
+        if call.route.operation == "DeleteObjects":
+            raw = await _read_small(body)
+            touched = _deleted_keys(raw)
+            body, length = _once(raw), len(raw)
+    elif request.method in ("PUT", "POST") and request.headers.get("Content-Encoding"):
+        headers["Content-Encoding"] = request.headers["Content-Encoding"]
+    answer = await call.writer.forward(
+        method=request.method,
+        bucket=call.route.bucket,
+        key=call.route.key,
+        query=query,
+        headers=headers,
+        body=body,
+        content_length=length
+        if body is not None
+        else (0 if request.method in ("PUT", "POST") else None),
+        mutating=request.method in _MUTATING,
+        touched_keys=touched,
+    )
+    try:
+        response = web.StreamResponse(status=answer.status)
+        for name, value in answer.headers:
+            if name.lower() not in _NOT_RETURNED:
+                response.headers.add(name, value)
+        declared = next((v for n, v in answer.headers if n.lower() == "content-length"), None)
+        if declared is not None and declared.isdigit():
+            response.content_length = int(declared)
+        await response.prepare(request)
+        async for chunk in answer.body:
+            await response.write(chunk)
+        await response.write_eof()
+    finally:
+        await answer.aclose()
+    return response
+
+
+async def _verified_before_last_byte(pieces: RequestBody) -> AsyncIterator[bytes]:
+    """The body, with its last piece held back until the whole body has verified.
+
+    A checksum or signature is only known good at the end. Holding the last
+    piece means the origin never receives every declared byte of a bad body,
+    so it stores nothing; pulling the first piece before returning means a
+    body that is wrong from its first chunk never opens an origin request.
+    """
+    source = aiter(pieces)
+    first = await anext(source, None)
+
+    async def held() -> AsyncIterator[bytes]:
+        if first is None:
+            return
+        previous = first
+        async for piece in source:
+            yield previous
+            previous = piece
+        yield previous  # the source has ended: every check has passed
+
+    return held()
+
+
+async def _read_small(body) -> bytes:
+    parts: list[bytes] = []
+    size = 0
+    async for piece in body:
+        size += len(piece)
+        if size > _DELETE_LIMIT:
+            raise S3Error(Code.MalformedXML, "The Delete request body is too large.")
+        parts.append(bytes(piece))
+    return b"".join(parts)
+
+
+async def _once(data: bytes):
+    yield data
+
+
+def _deleted_keys(xml_body: bytes) -> list[str]:
+    from xml.sax.saxutils import unescape
+
+    return [unescape(match.decode("utf-8", "replace")) for match in _DELETE_KEY.findall(xml_body)]
