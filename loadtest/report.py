@@ -173,7 +173,8 @@ def goals(rows: list[Row], meta: dict[str, Any]) -> list[tuple[str, str, str]]:
 
 def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
     lines = [f"# Hoard load test {meta['run_id']}", ""]
-    for key in ("scale", "started", "gateway", "origin", "pinning", "dataset", "generators"):
+    keys = ("scale", "started", "finished", "gateway", "origin", "pinning", "dataset", "generators")
+    for key in keys:
         if key in meta:
             lines.append(f"- **{key}**: {_inline(meta[key])}")
     for name, reason in meta.get("unavailable", {}).items():

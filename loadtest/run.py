@@ -59,9 +59,10 @@ def gateway_version() -> str:
         )
         return done.stdout.strip()
 
-    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    last = git("log", "-1", "--format=%h", "--", "gateway") or "unknown"
     dirty = git("status", "--porcelain", "--", "gateway")
-    return commit + (" + uncommitted changes in gateway/" if dirty else "")
+    return f"gateway/ at {last} (HEAD {head})" + (" + uncommitted changes" if dirty else "")
 
 
 def one(bench: Bench, target: Target, workload: str) -> list[Row]:
