@@ -209,9 +209,9 @@ class Hoard(Target):
             self.endpoints.append(endpoint)
         wanted = self.ctx.pinning.server_cpus()
         running = 1 + len(children(self.procs[0].pid))
-        self.notes = [f"{self.nodes} node(s), workers: {wanted} requested"]
+        self.notes = [f"{self.nodes} node(s), workers: {wanted}, {running} process(es) per node"]
         if wanted > 1 and running == 1:
-            self.notes.append("gateway ran 1 process (workers not implemented yet)")
+            self.notes.append("the gateway ignored workers")
 
 
 def make(name: str, ctx: Context) -> Target:
