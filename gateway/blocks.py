@@ -80,20 +80,29 @@ class BlockSource:
         self._slots = asyncio.Semaphore(fill_slots)
         self._background: set[asyncio.Task[None]] = set()
 
-    async def pieces(self, ref: BlockRef, offset: int, length: int) -> AsyncIterator[Piece]:
-        """The bytes [offset, offset+length) of the block, from the fastest tier that has them."""
+    async def pieces(
+        self, ref: BlockRef, offset: int, length: int, sources: set[str] | None = None
+    ) -> AsyncIterator[Piece]:
+        """The bytes [offset, offset+length) of the block, from the fastest tier that has them.
+
+        ``sources`` collects the tiers used (for the request's log line).
+        """
+        seen = sources if sources is not None else set()
         cached = self.memory.get(ref.block)
         if cached is not None:
+            seen.add("memory")
             self.metrics.served(memory=length)
             yield memoryview(cached)[offset : offset + length]
             return
         if self.fills.get(ref.block) is None and self.disk is not None:
             found = await self.disk.get(ref.block)
             if found is not None:
+                seen.add("disk")
                 self.metrics.served(disk=length)
                 yield FileSegment(found.fd, found.data_offset + offset, length, found.close)
                 return
         flight = self.fill(ref)
+        seen.add("origin")
         async for piece in flight.read(offset, length):
             self.metrics.served(origin=len(piece))
             yield piece

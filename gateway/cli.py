@@ -24,6 +24,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.accesslog import AccessLog
 from gateway.admin import Admin
 from gateway.blocks import BlockSource
 from gateway.cache.disk import DiskTier
@@ -157,7 +158,10 @@ def build(settings: Settings, metrics_dir: Path | None = None) -> web.Applicatio
     )
     body = BodySender()
     front = S3Front(reader, Writer(namespace, reader), auth, settings.virtual_host_domains, body)
-    app = build_app(front, metrics, settings.virtual_host_domains, Admin(reader, auth, metrics))
+    access = AccessLog(as_json=settings.log_format == "json", enabled=settings.access_log)
+    app = build_app(
+        front, metrics, settings.virtual_host_domains, Admin(reader, auth, metrics), access
+    )
     metrics.cache_limit_bytes.labels("memory").set(cache.memory)
     metrics.cache_limit_bytes.labels("disk").set(cache.size)
 
@@ -303,6 +307,11 @@ def main(argv: list[str] | None = None) -> int:
         for line in str(exc).splitlines():
             print(f"hoard: config error: {line}", file=sys.stderr)
         return EXIT_CONFIG
+    # One access-log line per request: skip the caller lookup (a stack walk per
+    # record) and the thread names the format does not print.
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logMultiprocessing = False
     logging.basicConfig(
         level=settings.log_level.upper(),
         format="%(asctime)s %(process)d %(levelname)s %(name)s %(message)s",

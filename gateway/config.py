@@ -194,6 +194,9 @@ class Settings(BaseSettings):
     # uvloop is faster for HTTP; the stdlib loop has native sendfile (uvloop's is emulated).
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # One line per request on stderr (text or JSON); off with access_log: false.
+    access_log: bool = True
+    log_format: Literal["text", "json"] = "text"
 
     @field_validator("listen")
     @classmethod

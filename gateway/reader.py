@@ -69,13 +69,15 @@ class ObjectRead:
     """
 
     def __init__(self, info: ObjectInfo, start: int, end: int, partial: bool,
-                 pieces: AsyncIterator[Piece] | None) -> None:  # fmt: skip
+                 pieces: AsyncIterator[Piece] | None, sources: set[str] | None = None) -> None:  # fmt: skip
         self.info = info
         self.start = start
         self.end = end
         self.partial = partial
         self._pieces = pieces
         self._first: Piece | None = None
+        # Tiers the bytes came from (memory, disk, origin), filled in as they are read.
+        self.sources = sources if sources is not None else set()
 
     @property
     def length(self) -> int:
@@ -156,8 +158,9 @@ class Reader:
         client_info = dataclasses.replace(info, key=key)
         if info.size == 0:
             return ObjectRead(client_info, 0, -1, False, None)
-        pieces = self._pieces(mount, okey, info, start, end)
-        return ObjectRead(client_info, start, end, byte_range is not None, pieces)
+        sources: set[str] = set()
+        pieces = self._pieces(mount, okey, info, start, end, sources)
+        return ObjectRead(client_info, start, end, byte_range is not None, pieces, sources)
 
     async def list_objects(
         self,
@@ -317,7 +320,7 @@ class Reader:
         return BlockRef(block, mount.origin, first, last)
 
     async def _pieces(
-        self, mount: Mount, okey: str, info: ObjectInfo, start: int, end: int
+        self, mount: Mount, okey: str, info: ObjectInfo, start: int, end: int, sources: set[str]
     ) -> AsyncIterator[Piece]:
         spans = block_plan(start, end, self.block_size)
         refs = [self._ref(mount, okey, info, span.index) for span in spans]
@@ -325,7 +328,7 @@ class Reader:
         try:
             for i, span in enumerate(spans):
                 self.blocks.read_ahead(refs[i + 1 : i + 1 + self.read_ahead])
-                async for piece in self.blocks.pieces(refs[i], span.offset, span.length):
+                async for piece in self.blocks.pieces(refs[i], span.offset, span.length, sources):
                     yield piece
         except errors.OriginChanged:
             self.metadata.invalidate_key(_scope(mount), okey)

@@ -18,13 +18,13 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from gateway.accesslog import AccessLog
 from gateway.admin import Admin
 from gateway.metrics import Metrics
 from gateway.s3.front import S3Front
 from gateway.s3.routing import split_host
 
 log = logging.getLogger("hoard")
-access_log = logging.getLogger("hoard.access")
 
 STATE = web.AppKey("state", dict)
 
@@ -46,12 +46,13 @@ async def _observe(
     metrics: Metrics = request.app[STATE]["metrics"]
     metrics.requests.labels(operation, str(response.status)).inc()
     metrics.request_duration.labels(operation).observe(elapsed)
-    sent = response.body_length if response.prepared else 0
-    metrics.response_bytes.labels(operation).inc(sent)
-    access_log.info(
-        "%s %s %s %s %d %.4f %s",
-        request["request_id"], request.method, request.path, operation,
-        response.status, elapsed, request.get("error_code", "-"),
+    written = response.body_length if response.prepared else 0
+    metrics.response_bytes.labels(operation).inc(written)
+    # sendfile bytes bypass aiohttp's count; the declared length is what was sent.
+    sent = response.content_length if response.prepared and response.content_length else written
+    request.app[STATE]["access_log"].record(
+        request["request_id"], request.method, request.path, operation, request.get("bucket", ""),
+        response.status, sent, elapsed, request.get("source", "-"), request.get("error_code", "-"),
     )  # fmt: skip
     return response
 
@@ -65,11 +66,11 @@ async def _add_request_id(request: web.Request, response: web.StreamResponse) ->
 
 
 def build_app(
-    front: S3Front, metrics: Metrics, domains: list[str], admin: Admin
+    front: S3Front, metrics: Metrics, domains: list[str], admin: Admin, access: AccessLog
 ) -> web.Application:
     """The gateway application. Everything it needs is passed in, built by ``cli.py``."""
     app = web.Application(middlewares=[_observe], client_max_size=1024**2)
-    app[STATE] = {"metrics": metrics, "ready": False}
+    app[STATE] = {"metrics": metrics, "ready": False, "access_log": access}
 
     async def dispatch(request: web.Request) -> web.StreamResponse:
         path = request.raw_path.split("?", 1)[0]
@@ -82,15 +83,20 @@ def build_app(
         return await front.handle(request)
 
     async def mark_ready(app: web.Application) -> None:
+        await access.start()
         app[STATE]["ready"] = True
 
     async def mark_not_ready(app: web.Application) -> None:
         app[STATE]["ready"] = False
 
+    async def close_log(app: web.Application) -> None:
+        await access.close()
+
     app.router.add_route("*", "/{tail:.*}", dispatch)
     app.on_response_prepare.append(_add_request_id)
     app.on_startup.append(mark_ready)
     app.on_shutdown.append(mark_not_ready)
+    app.on_cleanup.append(close_log)
     return app
 
 

@@ -106,6 +106,7 @@ async def get_object(call: Call) -> web.StreamResponse:
         assert writer is not None
         await _stream(call, response, writer, read)
     finally:
+        call.request["source"] = "+".join(sorted(read.sources)) or "-"
         await read.aclose()
     return response
 
