@@ -212,3 +212,14 @@ def test_sigterm_lets_in_flight_requests_finish(big_file_hoard):
             received += len(chunk)
     assert received == want
     assert node.proc.wait(15) == 0
+
+
+def test_example_config_parses_with_every_documented_key(monkeypatch):
+    from gateway.config import build_settings, read_yaml
+
+    for name in [n for n in os.environ if n.startswith("HOARD_")]:
+        monkeypatch.delenv(name)
+    settings = build_settings(read_yaml(REPO / "config" / "hoard.yaml"))
+    assert settings.mounts[0].metadata_ttl == float("inf")
+    assert settings.cache.block_size == 8 * 1024 * 1024
+    assert set(settings.origins) == {"aws", "nfs"}
