@@ -76,3 +76,34 @@ class OriginChanged(HoardError):
 
 class NotImplementedByOrigin(HoardError):
     """The origin type cannot perform this operation."""
+
+
+# -- multipart uploads (raised by origins that stage uploads themselves: posix) --
+
+
+class NoSuchUpload(NotFound):
+    """The upload id is unknown, finished, aborted, or belongs to another key (S3: 404)."""
+
+    def __init__(self, upload_id: str) -> None:
+        super().__init__("The specified upload does not exist.")
+        self.upload_id = upload_id
+
+
+class InvalidPart(HoardError):
+    """A listed part was never uploaded, or its ETag does not match (S3: 400)."""
+
+
+class InvalidPartOrder(HoardError):
+    """The parts of a complete are not in strictly ascending order (S3: 400)."""
+
+
+class EntityTooSmall(HoardError):
+    """A part other than the last is under 5 MiB (S3: 400)."""
+
+
+class InvalidArgument(HoardError):
+    """An argument out of its range, e.g. a part number outside 1..10000 (S3: 400)."""
+
+
+class MetadataTooLarge(HoardError):
+    """The object's metadata does not fit where the origin keeps it (S3: 400)."""

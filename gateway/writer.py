@@ -9,24 +9,44 @@ are translated on the way (gateway bucket → origin bucket, key → mount prefi
 metadata, its listings and its blocks are dropped *before* the client sees
 the answer, so a read after a write through Hoard sees the new state.
 
+An origin that takes no raw forwarding (posix) is written through its own
+write API instead (``put_object``, ``copy_object``, the multipart calls…):
+``forwards`` tells the S3 front which of the two a bucket takes, and the
+methods below the forwarder take gateway names, translate them exactly as
+the forwarder does, and return plain values (``PutResult``, ``PartInfo``,
+``UploadInfo``) for ``s3/writes.py`` to answer with. Read-only mounts are
+refused before a byte of a body is read; invalidation follows each success.
+
 Not guaranteed: XML answers that name keys (ListParts, ListMultipartUploads,
 ListObjectVersions) are passed as the origin wrote them, so under a mount
-with a key prefix they show origin keys; a copy between two different origins
-is refused (NotImplemented).
+with a key prefix they show origin keys (the posix path translates them);
+a copy between two different origins is refused (NotImplemented). Write
+conditions (If-Match, If-None-Match, x-amz-copy-source-if-*) on a posix
+origin are checked with a HEAD just before the write: a concurrent writer
+can slip in between.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Protocol, runtime_checkable
 from urllib.parse import quote, unquote
 
 from gateway import errors
 from gateway.namespace import Mount, Namespace
+from gateway.origins.base import ObjectInfo
+from gateway.origins.posix_write import PartInfo, PutResult, UploadInfo
 from gateway.origins.s3_forward import ForwardRequest, ForwardResponse
 from gateway.reader import Reader
 
-__all__ = ["ForwardResponse", "Writer"]
+__all__ = ["ForwardResponse", "PartInfo", "PutResult", "UploadInfo", "Writer"]
+
+# Called with the object a write would replace (None if there is none); raises to refuse.
+WriteCheck = Callable[[ObjectInfo | None], None]
+# Called with the source of a copy; raises to refuse.
+SourceCheck = Callable[[ObjectInfo], None]
 
 # Query parameters that name keys and so carry the mount prefix at the origin.
 _KEY_PARAMETERS = ("prefix", "key-marker", "marker", "start-after")
@@ -35,6 +55,80 @@ _KEY_PARAMETERS = ("prefix", "key-marker", "marker", "start-after")
 @runtime_checkable
 class Forwarding(Protocol):
     async def forward(self, request: ForwardRequest) -> ForwardResponse: ...
+
+
+@runtime_checkable
+class Writable(Protocol):
+    """An origin Hoard writes through its own API (the posix origin); names are origin names."""
+
+    async def head_object(self, bucket: str, key: str) -> ObjectInfo: ...
+    async def put_object(
+        self,
+        bucket: str,
+        key: str,
+        body: AsyncIterator[bytes],
+        *,
+        content_type: str | None = None,
+        metadata: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> PutResult: ...
+    async def delete_object(self, bucket: str, key: str) -> None: ...
+    async def copy_object(
+        self,
+        src_bucket: str,
+        src_key: str,
+        dst_bucket: str,
+        dst_key: str,
+        *,
+        replace_metadata: bool = False,
+        content_type: str | None = None,
+        metadata: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> PutResult: ...
+    async def create_multipart_upload(
+        self,
+        bucket: str,
+        key: str,
+        *,
+        content_type: str | None = None,
+        metadata: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> str: ...
+    async def upload_part(
+        self, bucket: str, key: str, upload_id: str, part_number: int, body: AsyncIterator[bytes]
+    ) -> PartInfo: ...
+    async def upload_part_copy(
+        self,
+        bucket: str,
+        key: str,
+        upload_id: str,
+        part_number: int,
+        src_bucket: str,
+        src_key: str,
+        byte_range: tuple[int, int] | None = None,
+    ) -> PartInfo: ...
+    async def complete_multipart_upload(
+        self, bucket: str, key: str, upload_id: str, parts: list[tuple[int, str]]
+    ) -> PutResult: ...
+    async def abort_multipart_upload(self, bucket: str, key: str, upload_id: str) -> None: ...
+    async def list_parts(self, bucket: str, key: str, upload_id: str) -> list[PartInfo]: ...
+    async def list_multipart_uploads(self, bucket: str, prefix: str = "") -> list[UploadInfo]: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Attributes:
+    """What a write stores beside the bytes: Content-Type, user metadata, representation headers."""
+
+    content_type: str | None = None
+    metadata: dict[str, str] = dataclasses.field(default_factory=dict)  # without x-amz-meta-
+    headers: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def kwargs(self) -> dict[str, object]:
+        return {
+            "content_type": self.content_type,
+            "metadata": self.metadata,
+            "headers": self.headers,
+        }
 
 
 class Writer:
@@ -86,12 +180,197 @@ class Writer:
             await self._invalidate(bucket, key, touched_keys or [])
         return answer
 
+    # -- origins written through their own API (posix) ---------------------------------
+
+    def forwards(self, bucket: str) -> bool:
+        """Whether ``bucket``'s origin takes raw forwarding; else its write API is used."""
+        return isinstance(self.namespace.resolve(bucket).origin, Forwarding)
+
+    def _writable(self, bucket: str, *, mutating: bool = True) -> tuple[Mount, Writable]:
+        mount = self.namespace.resolve(bucket)
+        if mutating and mount.readonly:
+            raise errors.AccessDenied("This bucket is mounted read-only.")
+        if not isinstance(mount.origin, Writable):
+            raise errors.NotImplementedByOrigin("This operation is not supported by this origin.")
+        return mount, mount.origin
+
+    def _source(self, bucket: str, key: str, target: Writable) -> tuple[str, str]:
+        """A copy source in gateway names → (origin bucket, origin key) on ``target``'s origin."""
+        mount = self.namespace.resolve(bucket)
+        if mount.origin is not target:
+            raise errors.NotImplementedByOrigin("Copying between two origins is not supported.")
+        return mount.origin_bucket, mount.origin_key(key)
+
+    @staticmethod
+    async def _current(origin: Writable, bucket: str, key: str) -> ObjectInfo | None:
+        try:
+            return await origin.head_object(bucket, key)
+        except errors.NoSuchKey:
+            return None
+
+    @staticmethod
+    async def _source_info(origin: Writable, bucket: str, key: str, client_key: str) -> ObjectInfo:
+        try:
+            return await origin.head_object(bucket, key)
+        except errors.NoSuchKey:
+            raise errors.NoSuchKey(client_key) from None  # never show the mount prefix
+
+    async def put_object(
+        self,
+        bucket: str,
+        key: str,
+        body: AsyncIterator[bytes],
+        attrs: Attributes,
+        check: WriteCheck | None = None,
+    ) -> PutResult:
+        """Store ``body`` as ``key``; nothing is stored if the body raises midway."""
+        mount, origin = self._writable(bucket)
+        okey = mount.origin_key(key)
+        if check is not None:
+            check(await self._current(origin, mount.origin_bucket, okey))
+        result = await origin.put_object(mount.origin_bucket, okey, body, **attrs.kwargs())
+        await self._invalidate(bucket, key, [])
+        return result
+
+    async def copy_object(
+        self,
+        source: tuple[str, str],
+        bucket: str,
+        key: str,
+        *,
+        replace: Attributes | None,
+        check: SourceCheck | None = None,
+    ) -> PutResult:
+        """Copy ``source`` (gateway bucket, key) to ``key``; ``replace``: new attributes or None."""
+        mount, origin = self._writable(bucket)
+        src_bucket, src_key = self._source(*source, origin)
+        if check is not None:
+            check(await self._source_info(origin, src_bucket, src_key, source[1]))
+        attrs = replace.kwargs() if replace is not None else {}
+        try:
+            result = await origin.copy_object(
+                src_bucket,
+                src_key,
+                mount.origin_bucket,
+                mount.origin_key(key),
+                replace_metadata=replace is not None,
+                **attrs,
+            )
+        except errors.NoSuchKey:
+            raise errors.NoSuchKey(source[1]) from None  # the source: a target is never missing
+        await self._invalidate(bucket, key, [])
+        return result
+
+    async def delete_object(self, bucket: str, key: str) -> None:
+        """Remove ``key``; an absent key is no error, as in S3."""
+        mount, origin = self._writable(bucket)
+        await _delete(origin, mount.origin_bucket, mount.origin_key(key))
+        await self._invalidate(bucket, key, [])
+
+    async def delete_objects(self, bucket: str, keys: list[str]) -> list[errors.HoardError | None]:
+        """Delete each key; per key, None when deleted (or absent) or the error that stopped it."""
+        mount, origin = self._writable(bucket)
+        outcomes: list[errors.HoardError | None] = []
+        for key in keys:
+            try:
+                await _delete(origin, mount.origin_bucket, mount.origin_key(key))
+            except errors.HoardError as exc:
+                outcomes.append(exc)
+            else:
+                outcomes.append(None)
+        deleted = [key for key, outcome in zip(keys, outcomes, strict=True) if outcome is None]
+        if deleted:
+            await self._invalidate(bucket, None, deleted)
+        return outcomes
+
+    async def create_multipart_upload(self, bucket: str, key: str, attrs: Attributes) -> str:
+        mount, origin = self._writable(bucket)
+        return await origin.create_multipart_upload(
+            mount.origin_bucket, mount.origin_key(key), **attrs.kwargs()
+        )
+
+    async def upload_part(
+        self, bucket: str, key: str, upload_id: str, part_number: int, body: AsyncIterator[bytes]
+    ) -> PartInfo:
+        mount, origin = self._writable(bucket)
+        return await origin.upload_part(
+            mount.origin_bucket, mount.origin_key(key), upload_id, part_number, body
+        )
+
+    async def upload_part_copy(
+        self,
+        bucket: str,
+        key: str,
+        upload_id: str,
+        part_number: int,
+        source: tuple[str, str],
+        byte_range: tuple[int, int] | None,
+        check: SourceCheck | None = None,
+    ) -> PartInfo:
+        """Stage a part from (the inclusive ``byte_range`` of) ``source``.
+
+        Raises ``RangeNotSatisfiable`` (with the source's size) for a range
+        that does not lie inside the source.
+        """
+        mount, origin = self._writable(bucket)
+        src_bucket, src_key = self._source(*source, origin)
+        info = await self._source_info(origin, src_bucket, src_key, source[1])
+        if check is not None:
+            check(info)
+        if byte_range is not None and not (0 <= byte_range[0] <= byte_range[1] < info.size):
+            raise errors.RangeNotSatisfiable(info.size)
+        return await origin.upload_part_copy(
+            mount.origin_bucket,
+            mount.origin_key(key),
+            upload_id,
+            part_number,
+            src_bucket,
+            src_key,
+            byte_range,
+        )
+
+    async def complete_multipart_upload(
+        self,
+        bucket: str,
+        key: str,
+        upload_id: str,
+        parts: list[tuple[int, str]],
+        check: WriteCheck | None = None,
+    ) -> PutResult:
+        mount, origin = self._writable(bucket)
+        okey = mount.origin_key(key)
+        if check is not None:
+            check(await self._current(origin, mount.origin_bucket, okey))
+        result = await origin.complete_multipart_upload(mount.origin_bucket, okey, upload_id, parts)
+        await self._invalidate(bucket, key, [])
+        return result
+
+    async def abort_multipart_upload(self, bucket: str, key: str, upload_id: str) -> None:
+        mount, origin = self._writable(bucket)
+        await origin.abort_multipart_upload(mount.origin_bucket, mount.origin_key(key), upload_id)
+
+    async def list_parts(self, bucket: str, key: str, upload_id: str) -> list[PartInfo]:
+        mount, origin = self._writable(bucket, mutating=False)
+        return await origin.list_parts(mount.origin_bucket, mount.origin_key(key), upload_id)
+
+    async def list_multipart_uploads(self, bucket: str, prefix: str = "") -> list[UploadInfo]:
+        """Uploads in progress whose key starts with ``prefix``, by key then age; client keys."""
+        mount, origin = self._writable(bucket, mutating=False)
+        found = await origin.list_multipart_uploads(mount.origin_bucket, mount.origin_key(prefix))
+        return [dataclasses.replace(u, key=mount.client_key(u.key)) for u in found]
+
     async def _invalidate(self, bucket: str, key: str | None, touched: list[str]) -> None:
         if key is None and not touched:
             await self.reader.invalidate_prefix(bucket, "")  # a bucket-level change
             return
         for name in ([key] if key is not None else []) + touched:
             await self.reader.invalidate(bucket, name)
+
+
+async def _delete(origin: Writable, bucket: str, key: str) -> None:
+    # A key no file can have names no object: deleting it deletes nothing, as S3 answers.
+    with contextlib.suppress(errors.InvalidObjectName):
+        await origin.delete_object(bucket, key)
 
 
 def _translate_query(query: list[tuple[str, str]], mount: Mount) -> list[tuple[str, str]]:

@@ -87,6 +87,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from gateway import errors
+from gateway.errors import (  # defined with the other domain errors; imported from here too
+    EntityTooSmall,
+    InvalidArgument,
+    InvalidPart,
+    InvalidPartOrder,
+    MetadataTooLarge,
+    NoSuchUpload,
+)
 
 STAGING_DIR = ".hoard-uploads"  # at the root; never a bucket, a key or a prefix
 TEMP_PREFIX = ".hoard-tmp-"  # names of files being written; reserved, never listed
@@ -135,34 +143,6 @@ class UploadInfo:
     key: str
     upload_id: str
     initiated: datetime
-
-
-class NoSuchUpload(errors.NotFound):
-    """The upload id is unknown, finished, aborted, or belongs to another key (S3: 404)."""
-
-    def __init__(self, upload_id: str) -> None:
-        super().__init__("The specified upload does not exist.")
-        self.upload_id = upload_id
-
-
-class InvalidPart(errors.HoardError):
-    """A listed part was never uploaded, or its ETag does not match (S3: 400)."""
-
-
-class InvalidPartOrder(errors.HoardError):
-    """The parts of a complete are not in strictly ascending order (S3: 400)."""
-
-
-class EntityTooSmall(errors.HoardError):
-    """A part other than the last is under 5 MiB (S3: 400)."""
-
-
-class InvalidArgument(errors.HoardError):
-    """A part number outside 1..10000 (S3: 400 InvalidArgument)."""
-
-
-class MetadataTooLarge(errors.HoardError):
-    """The record does not fit in the filesystem's xattr space (S3: 400 MetadataTooLarge)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ class Code(Enum):
     BadDigest = (400, "The Content-MD5 you specified did not match what we received.")
     BucketAlreadyExists = (409, "The requested bucket name is not available.")
     EntityTooLarge = (400, "Your proposed upload exceeds the maximum allowed object size.")
+    EntityTooSmall = (400, "Your proposed upload is smaller than the minimum allowed object size.")
     IncompleteBody = (
         400,
         "You did not provide the number of bytes specified by the Content-Length HTTP header.",
@@ -35,18 +36,32 @@ class Code(Enum):
     InvalidBucketName = (400, "The specified bucket is not valid.")
     InvalidDigest = (400, "The Content-MD5 you specified is not valid.")
     InvalidObjectName = (400, "Object name contains characters this origin cannot store.")
-    InvalidPart = (400, "One or more of the specified parts could not be found.")
+    InvalidPart = (
+        400,
+        "One or more of the specified parts could not be found. The part may not have been "
+        "uploaded, or the specified entity tag may not match the part's entity tag.",
+    )
+    InvalidPartOrder = (
+        400,
+        "The list of parts was not in ascending order. Parts must be ordered by part number.",
+    )
     InvalidRange = (416, "The requested range is not satisfiable")
     InvalidRequest = (400, "Invalid Request")
     MalformedXML = (
         400,
         "The XML you provided was not well-formed or did not validate against our published schema.",
     )
+    MetadataTooLarge = (400, "Your metadata headers exceed the maximum allowed metadata size.")
     MethodNotAllowed = (405, "The specified method is not allowed against this resource.")
     MissingContentLength = (411, "You must provide the Content-Length HTTP header.")
     NoSuchBucket = (404, "The specified bucket does not exist")
     NoSuchKey = (404, "The specified key does not exist.")
-    NoSuchUpload = (404, "The specified upload does not exist.")
+    NoSuchUpload = (
+        404,
+        "The specified upload does not exist. The upload ID may be invalid, "
+        "or the upload may have been aborted or completed.",
+    )
+    NoSuchVersion = (404, "The specified version does not exist.")
     NotImplemented = (501, "A header you provided implies functionality that is not implemented.")
     NotModified = (304, "Not Modified")
     PreconditionFailed = (412, "At least one of the pre-conditions you specified did not hold")
@@ -126,6 +141,18 @@ def from_domain(exc: errors.HoardError) -> S3Error:
             return S3Error(Code.SlowDown, str(exc) or None)
         case errors.OriginUnavailable() | errors.OriginChanged():
             return S3Error(Code.ServiceUnavailable, str(exc) or "The origin is unavailable.")
+        case errors.NoSuchUpload():
+            return S3Error(Code.NoSuchUpload, fields={"UploadId": exc.upload_id})
+        case errors.InvalidPart():
+            return S3Error(Code.InvalidPart, str(exc) or None)
+        case errors.InvalidPartOrder():
+            return S3Error(Code.InvalidPartOrder)
+        case errors.EntityTooSmall():
+            return S3Error(Code.EntityTooSmall, str(exc) or None)
+        case errors.InvalidArgument():
+            return S3Error(Code.InvalidArgument, str(exc) or None)
+        case errors.MetadataTooLarge():
+            return S3Error(Code.MetadataTooLarge, str(exc) or None)
         case errors.NotImplementedByOrigin():
             return S3Error(Code.NotImplemented, str(exc) or None)
         case _:

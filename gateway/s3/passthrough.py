@@ -7,6 +7,10 @@ trailer and header checksums, Content-MD5, signed payload hashes) before a
 byte reaches the origin, and that the origin's answer — status, headers, body
 — is streamed back unchanged. A body that fails verification raises midway,
 the forwarder cuts the origin request short, and nothing is stored.
+
+A bucket whose origin takes no raw forwarding (a posix directory) is answered
+by ``writes.py`` instead, for the operations it knows; any other is
+NotImplemented.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from gateway.s3 import writes
 from gateway.s3.call import Call
 from gateway.s3.chunked import RequestBody
 from gateway.s3.errors import Code, S3Error
@@ -39,6 +44,11 @@ def _has_body(request: web.Request) -> bool:
 
 
 async def passthrough(call: Call) -> web.StreamResponse:
+    if not call.writer.forwards(call.route.bucket):
+        handler = writes.handler_for(call)
+        if handler is None:
+            raise S3Error(Code.NotImplemented, "This operation is not supported by a posix origin.")
+        return await handler(call)
     request = call.request
     headers = {k: v for k, v in request.headers.items() if k.lower() not in _NOT_FORWARDED}
     query = [(k, v) for k, v in call.query.items()]

@@ -1,0 +1,222 @@
+"""The XML of the write operations: the two request bodies read, the answers written.
+
+Bodies in (DeleteObjects' ``<Delete>``, CompleteMultipartUpload's
+``<CompleteMultipartUpload>``) are small, read whole by the caller under a size
+limit, and parsed with ElementTree; the S3 namespace is optional, as S3 accepts
+both, and a document type declaration is refused outright (S3 accepts none, and
+it is where entity tricks live). Anything else wrong is ``MalformedXML``.
+
+Answers are built as text with the helpers of ``xml.py``, element order as in
+the S3 API reference.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ElementTree
+from dataclasses import dataclass
+from datetime import datetime
+
+from gateway.s3.errors import Code, S3Error
+from gateway.s3.xml import DECLARATION, NAMESPACE, OWNER_ID, _element, _url, iso8601
+from gateway.writer import PartInfo, UploadInfo
+
+MAX_DELETE_KEYS = 1000  # S3's limit for one DeleteObjects request
+_OWNER = f"<ID>{OWNER_ID}</ID><DisplayName>{OWNER_ID}</DisplayName>"
+
+
+# -- request bodies --------------------------------------------------------------------
+
+
+def _root(body: bytes, name: str) -> ElementTree.Element:
+    if b"<!DOCTYPE" in body or b"<!ENTITY" in body:
+        raise S3Error(Code.MalformedXML)
+    try:
+        root = ElementTree.fromstring(body)
+    except ElementTree.ParseError:
+        raise S3Error(Code.MalformedXML) from None
+    if _local(root.tag) != name:
+        raise S3Error(Code.MalformedXML)
+    return root
+
+
+def _local(tag: str) -> str:
+    return tag.rpartition("}")[2]
+
+
+def _child_text(element: ElementTree.Element, name: str) -> str | None:
+    for child in element:
+        if _local(child.tag) == name:
+            return child.text or ""
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteRequest:
+    quiet: bool
+    objects: list[tuple[str, str | None]]  # (key, version id)
+
+
+def parse_delete(body: bytes) -> DeleteRequest:
+    """``<Delete><Quiet>true</Quiet><Object><Key>k</Key><VersionId>v</VersionId></Object>…``."""
+    root = _root(body, "Delete")
+    quiet = (_child_text(root, "Quiet") or "").strip().lower() == "true"
+    objects = []
+    for element in root:
+        if _local(element.tag) != "Object":
+            continue
+        key = _child_text(element, "Key")
+        if key is None:
+            raise S3Error(Code.MalformedXML)
+        objects.append((key, _child_text(element, "VersionId")))
+    if not objects or len(objects) > MAX_DELETE_KEYS:
+        raise S3Error(Code.MalformedXML)
+    return DeleteRequest(quiet, objects)
+
+
+def parse_complete(body: bytes) -> list[tuple[int, str]]:
+    """``<CompleteMultipartUpload><Part><PartNumber>1</PartNumber><ETag>"…"</ETag></Part>…``.
+
+    Part checksums (``<ChecksumCRC32>``…) are accepted and not checked.
+    """
+    root = _root(body, "CompleteMultipartUpload")
+    parts = []
+    for element in root:
+        if _local(element.tag) != "Part":
+            continue
+        number, etag = _child_text(element, "PartNumber"), _child_text(element, "ETag")
+        if number is None or etag is None or not number.strip().isdigit():
+            raise S3Error(Code.MalformedXML)
+        parts.append((int(number.strip()), etag.strip()))
+    if not parts:
+        raise S3Error(Code.MalformedXML)
+    return parts
+
+
+# -- answers ---------------------------------------------------------------------------
+
+
+def _document(name: str, inner: str) -> bytes:
+    return f'{DECLARATION}<{name} xmlns="{NAMESPACE}">{inner}</{name}>'.encode()
+
+
+def copy_object_result(etag: str, last_modified: datetime) -> bytes:
+    inner = _element("LastModified", iso8601(last_modified)) + _element("ETag", etag)
+    return _document("CopyObjectResult", inner)
+
+
+def copy_part_result(etag: str, last_modified: datetime) -> bytes:
+    inner = _element("LastModified", iso8601(last_modified)) + _element("ETag", etag)
+    return _document("CopyPartResult", inner)
+
+
+def initiate_multipart_upload(bucket: str, key: str, upload_id: str) -> bytes:
+    inner = _element("Bucket", bucket) + _element("Key", key) + _element("UploadId", upload_id)
+    return _document("InitiateMultipartUploadResult", inner)
+
+
+def complete_multipart_upload(location: str, bucket: str, key: str, etag: str) -> bytes:
+    inner = (
+        _element("Location", location)
+        + _element("Bucket", bucket)
+        + _element("Key", key)
+        + _element("ETag", etag)
+    )
+    return _document("CompleteMultipartUploadResult", inner)
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteOutcome:
+    key: str
+    version_id: str | None = None
+    code: str | None = None  # None: deleted
+    message: str = ""
+
+
+def delete_result(outcomes: list[DeleteOutcome], quiet: bool) -> bytes:
+    """``<Deleted>`` per deleted key (none when quiet) and ``<Error>`` per refused one."""
+    parts = []
+    for outcome in outcomes:
+        version = "" if outcome.version_id is None else _element("VersionId", outcome.version_id)
+        if outcome.code is None:
+            if not quiet:
+                parts.append(f"<Deleted>{_element('Key', outcome.key)}{version}</Deleted>")
+        else:
+            parts.append(
+                f"<Error>{_element('Key', outcome.key)}{version}{_element('Code', outcome.code)}"
+                f"{_element('Message', outcome.message)}</Error>"
+            )
+    return _document("DeleteResult", "".join(parts))
+
+
+def list_parts(
+    bucket: str,
+    key: str,
+    upload_id: str,
+    parts: list[PartInfo],
+    *,
+    part_number_marker: int,
+    max_parts: int,
+    truncated: bool,
+    encode: bool,
+) -> bytes:
+    head = [_element("Bucket", bucket), _element("Key", _url(key, encode))]
+    head.append(_element("UploadId", upload_id))
+    head.append(f"<Initiator>{_OWNER}</Initiator><Owner>{_OWNER}</Owner>")
+    head.append("<StorageClass>STANDARD</StorageClass>")
+    head.append(f"<PartNumberMarker>{part_number_marker}</PartNumberMarker>")
+    if parts:
+        head.append(f"<NextPartNumberMarker>{parts[-1].part_number}</NextPartNumberMarker>")
+    head.append(f"<MaxParts>{max_parts}</MaxParts>")
+    if encode:
+        head.append("<EncodingType>url</EncodingType>")
+    head.append(f"<IsTruncated>{'true' if truncated else 'false'}</IsTruncated>")
+    rows = "".join(
+        f"<Part><PartNumber>{p.part_number}</PartNumber>"
+        f"{_element('LastModified', iso8601(p.last_modified))}"
+        f"{_element('ETag', p.etag)}<Size>{p.size}</Size></Part>"
+        for p in parts
+    )
+    return _document("ListPartsResult", "".join(head) + rows)
+
+
+def list_multipart_uploads(
+    bucket: str,
+    uploads: list[UploadInfo],
+    common_prefixes: list[str],
+    *,
+    prefix: str,
+    delimiter: str,
+    key_marker: str,
+    upload_id_marker: str,
+    next_markers: tuple[str, str] | None,
+    max_uploads: int,
+    truncated: bool,
+    encode: bool,
+) -> bytes:
+    head = [
+        _element("Bucket", bucket),
+        _element("KeyMarker", _url(key_marker, encode)),
+        _element("UploadIdMarker", upload_id_marker),
+    ]
+    if next_markers is not None:
+        head.append(_element("NextKeyMarker", _url(next_markers[0], encode)))
+        head.append(_element("NextUploadIdMarker", next_markers[1]))
+    head.append(_element("Prefix", _url(prefix, encode)))
+    if delimiter:
+        head.append(_element("Delimiter", _url(delimiter, encode)))
+    head.append(f"<MaxUploads>{max_uploads}</MaxUploads>")
+    if encode:
+        head.append("<EncodingType>url</EncodingType>")
+    head.append(f"<IsTruncated>{'true' if truncated else 'false'}</IsTruncated>")
+    rows = "".join(
+        f"<Upload>{_element('Key', _url(u.key, encode))}{_element('UploadId', u.upload_id)}"
+        f"<Initiator>{_OWNER}</Initiator><Owner>{_OWNER}</Owner>"
+        f"<StorageClass>STANDARD</StorageClass>"
+        f"{_element('Initiated', iso8601(u.initiated))}</Upload>"
+        for u in uploads
+    )
+    rolled = "".join(
+        f"<CommonPrefixes>{_element('Prefix', _url(p, encode))}</CommonPrefixes>"
+        for p in common_prefixes
+    )
+    return _document("ListMultipartUploadsResult", "".join(head) + rows + rolled)
