@@ -45,6 +45,8 @@ import hmac
 import re
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
 
+from aiohttp.http_exceptions import PayloadEncodingError
+
 from gateway.s3.checksums import (
     MALFORMED_TRAILER,
     MALFORMED_TRAILER_MESSAGE,
@@ -245,9 +247,14 @@ class RequestBody:
             trailers = decoder.trailers  # filled in by the time the pieces run out
         else:
             pieces = _plain(self._source, self.length)
-        async for piece in pieces:
-            self._verifier.update(piece)
-            yield piece
+        try:
+            async for piece in pieces:
+                self._verifier.update(piece)
+                yield piece
+        except (ConnectionError, PayloadEncodingError):
+            # The client went away or broke the HTTP framing mid-body: an incomplete
+            # body, not an internal error.
+            raise _incomplete() from None
         self.checksums = self._verifier.finish(trailers)
 
 

