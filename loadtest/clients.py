@@ -12,12 +12,14 @@ not a shared registry.
 
 from __future__ import annotations
 
+import http.client
 import os
 import random
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
+from urllib.parse import urlsplit
 
 import boto3
 from botocore.config import Config
@@ -203,3 +205,39 @@ def train(task: dict[str, Any]) -> dict[str, Any]:
             time.sleep(task["compute"])  # the accelerator's step
     total = time.perf_counter() - start
     return _result(lats, sizes, oks, wait=wait, total=total)
+
+
+def _read_url(url: str, start_at: float, timeout: float) -> dict[str, Any]:
+    """GET ``url`` whole into one fixed 1 MiB buffer, overwritten and never kept."""
+    parts = urlsplit(url)
+    buffer = memoryview(bytearray(READ_CHUNK))
+    _until(start_at)
+    begin = time.time()
+    size, status, error = 0, 0, ""
+    connection = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=timeout)
+    try:
+        connection.request("GET", parts.path + ("?" + parts.query if parts.query else ""))
+        response = connection.getresponse()
+        status = response.status
+        while count := response.readinto(buffer):  # bounded by the body's length
+            size += count
+    except (OSError, http.client.HTTPException) as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    finally:
+        connection.close()
+    return {"begin": begin, "end": time.time(), "size": size, "status": status, "error": error}
+
+
+def stream_urls(task: dict[str, Any]) -> dict[str, Any]:
+    """One client thread per URL, all starting at ``start_at``, each reading its URL whole.
+
+    The lean client of the ``rss`` workload: plain HTTP (presigned URLs), no SDK,
+    no body held; 8 such streams cost one generator process a few MiB.
+    """
+    urls = task["urls"]
+    with ThreadPoolExecutor(len(urls)) as pool:
+        return {
+            "clients": list(
+                pool.map(lambda url: _read_url(url, task["start_at"], task["timeout"]), urls)
+            )
+        }

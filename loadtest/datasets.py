@@ -2,16 +2,21 @@
 
 ``images``: many small objects (64-256 KiB) under ~100 prefixes, as an image
 dataset of one file per sample. ``shards``: a few large objects (64-256 MiB),
-as tar/webdataset or parquet shards. Contents and sizes derive from one seed,
-so two runs read the same bytes. ``Scale`` holds every size knob of a run.
+as tar/webdataset or parquet shards. ``rss``: one very large object per client
+of the ``rss`` workload (1 GiB at full scale), made only when that workload
+runs. Contents and sizes derive from one seed, so two runs read the same bytes.
+``Scale`` holds every size knob of a run.
 """
 
 from __future__ import annotations
 
+import io
 import random
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import boto3
 from boto3.s3.transfer import TransferConfig
@@ -21,6 +26,7 @@ KiB, MiB = 1024, 1024**2
 BUCKET = "hoard-loadtest"
 IMAGES = "images/"
 SHARDS = "shards/"
+RSS = "rss/"
 ORIGIN_KEY, ORIGIN_SECRET = "origin-access", "origin-secret"
 
 
@@ -43,6 +49,8 @@ class Scale:
     train_compute: float  # seconds of emulated accelerator time per batch
     train_images: int  # images per reader per train epoch
     phase_timeout: float  # seconds any one (target, workload) may take
+    rss_clients: int  # clients of the rss workload, each streaming its own object
+    rss_size: int  # size of each of those objects
 
     def describe(self) -> dict[str, object]:
         return asdict(self)
@@ -53,13 +61,14 @@ SCALES = {
         name="quick", prefixes=4, per_prefix=6, image_min=64 * KiB, image_max=256 * KiB,
         shard_sizes=(4 * MiB, 2 * MiB, 2 * MiB), range_size=1 * MiB, readers=2, threads=4,
         epochs=3, herd_clients=64, herd_processes=2, wrk_seconds=1.0, train_batch=4, train_compute=0.005,
-        train_images=12, phase_timeout=60,
+        train_images=12, phase_timeout=60, rss_clients=8, rss_size=32 * MiB,
     ),
     "full": Scale(
         name="full", prefixes=100, per_prefix=30, image_min=64 * KiB, image_max=256 * KiB,
         shard_sizes=(256 * MiB, 128 * MiB, 64 * MiB, 64 * MiB), range_size=8 * MiB, readers=2,
         threads=8, epochs=3, herd_clients=64, herd_processes=4, wrk_seconds=10.0, train_batch=32,
-        train_compute=0.1, train_images=640, phase_timeout=600,
+        train_compute=0.1, train_images=640, phase_timeout=600, rss_clients=8,
+        rss_size=1024 * MiB,
     ),
 }  # fmt: skip
 
@@ -78,6 +87,7 @@ class Dataset:
     images: tuple[Obj, ...]
     shards: tuple[Obj, ...]
     local_root: Path  # local_root / bucket / key is the file
+    rss: tuple[Obj, ...] = ()  # only when the rss workload runs
 
     @property
     def stream_object(self) -> Obj:
@@ -92,18 +102,25 @@ class Dataset:
         """Same size as ``herd_object``, read by one client as the herd's baseline."""
         return self.shards[-2]
 
+    @property
+    def total_bytes(self) -> int:
+        return sum(o.size for o in (*self.images, *self.shards, *self.rss))
+
     def summary(self) -> dict[str, object]:
-        return {
+        summary: dict[str, object] = {
             "bucket": self.bucket,
             "images": len(self.images),
             "images_bytes": sum(o.size for o in self.images),
             "shards": [o.size for o in self.shards],
             "shards_bytes": sum(o.size for o in self.shards),
         }
+        if self.rss:
+            summary["rss"] = f"{len(self.rss)} x {self.rss[0].size / MiB:g} MiB"
+        return summary
 
 
-def plan(scale: Scale, seed: int) -> Dataset:
-    """Keys and sizes only (no bytes yet): deterministic in ``seed``."""
+def plan(scale: Scale, seed: int, rss: bool = False) -> Dataset:
+    """Keys and sizes only (no bytes yet): deterministic in ``seed``; ``rss`` objects if asked."""
     rng = random.Random(seed)
     images = tuple(
         Obj(f"{IMAGES}p{p:03d}/img{i:05d}.jpg", rng.randint(scale.image_min, scale.image_max))
@@ -113,24 +130,62 @@ def plan(scale: Scale, seed: int) -> Dataset:
     shards = tuple(
         Obj(f"{SHARDS}shard-{n:03d}.tar", size) for n, size in enumerate(scale.shard_sizes)
     )
-    return Dataset(BUCKET, images, shards, Path())
+    big = tuple(
+        Obj(f"{RSS}object-{n:03d}.bin", scale.rss_size)
+        for n in range(scale.rss_clients if rss else 0)
+    )
+    return Dataset(BUCKET, images, shards, Path(), big)
 
 
-def write_local(dataset: Dataset, root: Path, seed: int) -> Dataset:
-    """Write every object under ``root/bucket/``; returns the dataset with ``local_root`` set."""
-    for obj in (*dataset.images, *dataset.shards):
+class Synthetic(io.RawIOBase):
+    """The bytes of one ``rss`` object, made as they are read (never held whole).
+
+    Seeded and cheap (a GiB in well under a second, where ``randbytes`` takes
+    seconds): one 8 MiB random block per object, rotated by a different offset
+    for every 8 MiB, so no two blocks of a cache are the same.
+    """
+
+    STEP = 8 * MiB
+
+    def __init__(self, key: str, size: int, seed: int) -> None:
+        super().__init__()
+        self.base = random.Random(f"{seed}:{key}").randbytes(self.STEP)
+        self.size = size
+        self.pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = min(len(buffer), self.size - self.pos)
+        if left <= 0:
+            return 0
+        index, offset = divmod(self.pos, self.STEP)
+        shift = (offset + index * 1_048_583) % self.STEP
+        n = min(left, self.STEP - offset, self.STEP - shift)
+        buffer[:n] = self.base[shift : shift + n]
+        self.pos += n
+        return n
+
+
+def write_local(dataset: Dataset, root: Path, seed: int, rss: bool = False) -> Dataset:
+    """Write every object under ``root/bucket/`` (the ``rss`` ones if asked); sets ``local_root``."""
+    for obj in (*dataset.images, *dataset.shards, *(dataset.rss if rss else ())):
         path = root / dataset.bucket / obj.key
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists() and path.stat().st_size == obj.size:
             continue
         with open(path, "wb") as handle:
+            if obj.key.startswith(RSS):
+                shutil.copyfileobj(Synthetic(obj.key, obj.size, seed), handle, 8 * MiB)
+                continue
             rng = random.Random(f"{seed}:{obj.key}")
             left = obj.size
             while left > 0:  # bounded: size / 8 MiB iterations
                 step = min(left, 8 * MiB)
                 handle.write(rng.randbytes(step))
                 left -= step
-    return Dataset(dataset.bucket, dataset.images, dataset.shards, root)
+    return Dataset(dataset.bucket, dataset.images, dataset.shards, root, dataset.rss)
 
 
 def origin_client(endpoint: str, pool: int = 16):
@@ -142,8 +197,11 @@ def origin_client(endpoint: str, pool: int = 16):
     )  # fmt: skip
 
 
-def seed_origin(dataset: Dataset, moto_url: str) -> None:
-    """Upload the local copy to the origin (moto directly, not through the counting proxy)."""
+def seed_origin(dataset: Dataset, moto_url: str, seed: int) -> None:
+    """Upload the dataset to the origin (moto directly, not through the counting proxy).
+
+    Images and shards come from the local copy; ``rss`` objects are made as they are sent.
+    """
     client = origin_client(moto_url)
     client.create_bucket(Bucket=dataset.bucket)
 
@@ -158,3 +216,16 @@ def seed_origin(dataset: Dataset, moto_url: str) -> None:
         list(pool.map(put, dataset.images))
     with ThreadPoolExecutor(2) as pool:
         list(pool.map(put, dataset.shards))
+
+    def stream(obj: Obj) -> None:
+        # Made as they are sent. A composite checksum (CRC32 per part) lets moto complete
+        # the upload without joining the parts in memory (see motoserver.py).
+        client.upload_fileobj(
+            io.BufferedReader(Synthetic(obj.key, obj.size, seed), 8 * MiB), dataset.bucket,
+            obj.key, ExtraArgs={"ChecksumAlgorithm": "CRC32"},
+            Config=TransferConfig(multipart_threshold=64 * MiB, multipart_chunksize=64 * MiB,
+                                  max_concurrency=4),
+        )  # fmt: skip
+
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(stream, dataset.rss))

@@ -93,6 +93,43 @@ def peak_rss(roots: list[int]) -> int | None:
     return total if seen else None
 
 
+def tree(roots: list[int]) -> list[int]:
+    """``roots`` and all their descendants."""
+    return sorted({p for root in roots for p in [root, *children(root)]})
+
+
+def memory(pid: int) -> tuple[str, int, int] | None:
+    """(command name, VmRSS, VmHWM) of one process in bytes; None once it has gone."""
+    fields: dict[str, str] = {}
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            for line in handle:
+                name, _, value = line.partition(":")
+                if name in ("Name", "VmRSS", "VmHWM"):
+                    fields[name] = value.strip()
+    except OSError:
+        return None
+    if "VmHWM" not in fields:  # a zombie
+        return None
+    kib = {k: int(fields.get(k, "0 kB").split()[0]) * 1024 for k in ("VmRSS", "VmHWM")}
+    return fields.get("Name", "?"), kib["VmRSS"], kib["VmHWM"]
+
+
+def reset_peak(pids: list[int]) -> bool:
+    """Reset VmHWM to the current RSS (``clear_refs`` 5, Linux 4.0+, own processes or root).
+
+    True if every process took it: a peak read later is then the peak since now.
+    """
+    done = bool(pids)
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/clear_refs", "w") as handle:
+                handle.write("5")
+        except OSError:
+            done = False
+    return done
+
+
 @dataclass(frozen=True)
 class Pinning:
     """Which CPUs the server under test and the load generators may use.

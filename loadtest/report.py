@@ -16,6 +16,7 @@ from typing import Any
 
 MB = 1e6
 MiB = 1024**2
+RSS_TARGET_MIB = 150  # the issue's per-worker allowance over the memory tier
 PEERS = {"hoard": ("nginx", "static", "direct"), "hoard-cluster": ("nginx-3", "static", "direct")}
 
 
@@ -163,6 +164,28 @@ def goals(rows: list[Row], meta: dict[str, Any]) -> list[tuple[str, str, str]]:
     if hoard_stream and direct_stream and direct_stream.mb_per_s:
         ratio = hoard_stream.mb_per_s / direct_stream.mb_per_s
         check("stream cold: hoard ≥ 2x direct", ratio, ratio >= 2, f"{ratio:.2f}x")
+    for target in ("hoard", "hoard-cluster", "nginx", "nginx-3", "static"):
+        streamed = [r for r in rows if r.target == target and r.workload == "rss" and r.measured
+                    and r.extra.get("rss_worker_mib") is not None]  # fmt: skip
+        if not streamed:
+            continue
+        worst = max(streamed, key=lambda r: r.extra["rss_worker_mib"])
+        worker, tier = worst.extra["rss_worker_mib"], worst.extra.get("memory_tier_mib")
+        clients = (
+            f"{worst.extra.get('clients')} clients x {_fmt(worst.extra.get('object_mib'), 0)} MiB"
+        )
+        shown = f"{worker:,.0f} MiB per worker ({worst.phase}; sum {worst.extra['rss_sum_mib']:,.0f} MiB)"
+        if tier is None:  # a peer without a memory tier: for reference
+            check(f"rss ({clients}): {target} peak RSS per worker (reference)", worker, None, shown)
+            continue
+        over = worker - tier
+        allowance = RSS_TARGET_MIB + tier
+        used = worst.extra.get("tier_used_mib")
+        check(f"rss ({clients}): {target} peak RSS per worker ≤ {RSS_TARGET_MIB} MiB + memory tier "
+              f"({tier:,.0f} MiB)", over, over <= RSS_TARGET_MIB,
+              f"{shown}: {worker / allowance:.2f}x of {allowance:,.0f} MiB; per worker - tier = "
+              f"{over:,.0f} MiB (≤ {RSS_TARGET_MIB})"
+              + (f"; tier in use {used:,.0f} MiB" if used is not None else ""))  # fmt: skip
     trained = _find(rows, "hoard", "train", "epoch 2")
     if trained:
         share = trained.extra.get("data_wait_share")
@@ -203,6 +226,28 @@ def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
         for e in table:
             cells = " | ".join(_fmt(e[f"{subject}/{p}"]) for p in peers)
             lines.append(f"| {e['workload']} | {e['phase']} | {e['unit']} | {cells} |")
+    streamed = [r for r in rows if r.workload == "rss" and r.measured]
+    if streamed:
+        lines += ["", "## Peak RSS while clients stream large objects (rss)", "",
+                  "Peak per process since the phase began; per worker = the largest process, "
+                  "sum = every process of the target. The issue's target: per worker - memory "
+                  f"tier ≤ {RSS_TARGET_MIB} MiB.", "",
+                  "| target | phase | clients x MiB | wall s | MB/s | RSS per worker at start MiB "
+                  "| peak RSS per worker MiB | sum MiB | processes | memory tier MiB (in use) "
+                  f"| per worker - tier MiB | ÷ ({RSS_TARGET_MIB} MiB + tier) | errors |",
+                  "|" + "---|" * 13]  # fmt: skip
+        for r in streamed:
+            e = r.extra
+            tier, over = e.get("memory_tier_mib"), e.get("worker_minus_tier_mib")
+            used = f" ({_fmt(e['tier_used_mib'], 0)})" if "tier_used_mib" in e else ""
+            share = None if tier is None else e["rss_worker_mib"] / (RSS_TARGET_MIB + tier)
+            lines.append(
+                f"| {r.target} | {r.phase} | {e.get('clients')} x {_fmt(e.get('object_mib'), 0)} "
+                f"| {r.wall_s:.1f} | {r.mb_per_s:,.1f} | {_fmt(e.get('rss_start_mib'), 0)} "
+                f"| {_fmt(e.get('rss_worker_mib'), 0)} | {_fmt(e.get('rss_sum_mib'), 0)} "
+                f"| {e.get('processes', '—')} | {_fmt(tier, 0)}{used} | {_fmt(over, 0)} "
+                f"| {_fmt(share)} | {r.errors} |"
+            )
     checks = goals(rows, meta)
     if checks:
         lines += ["", "## Targets of the load-test issue", "", "| goal | measured | verdict |",

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadtest import report, workloads, wrkload
+from loadtest import report, rssload, workloads, wrkload
 from loadtest.datasets import SCALES, plan, seed_origin, write_local
 from loadtest.origin import Origin
 from loadtest.procs import Pinning
@@ -34,6 +34,7 @@ WORKLOADS: dict[str, Callable[[Session], list[Row]]] = {
     "stream": workloads.stream,
     "train": workloads.train,
     "capacity": wrkload.capacity,
+    "rss": rssload.rss,
 }
 
 
@@ -88,12 +89,15 @@ def describe(row: Row) -> str:
     if not row.measured:
         failed = f"{row.errors} failed requests; " if row.errors else ""
         return f"  {row.target:14} {row.workload:9} {row.phase:11} NO RESULT: {failed}{row.note}"
+    worker = row.extra.get("rss_worker_mib")
     return (
         f"  {row.target:14} {row.workload:9} {row.phase:11} {row.wall_s:7.2f}s "
         f"{row.objects_per_s:8,.0f} obj/s {row.mb_per_s:8,.1f} MB/s  p99 {row.p99_ms:7.1f} ms  "
         f"origin G/H/L {o.get('GET', 0)}/{o.get('HEAD', 0)}/{o.get('LIST', 0)} "
         f"{o.get('bytes', 0) / MB:,.1f} MB" + (f"  errors {row.errors}" if row.errors else "")
-    )
+        + (f"  peak RSS/worker {worker:,.0f} MiB (sum {row.extra['rss_sum_mib']:,.0f})"
+           if worker is not None else "")
+    )  # fmt: skip
 
 
 def run(options: Options) -> dict[str, Path]:
@@ -124,14 +128,18 @@ def run(options: Options) -> dict[str, Path]:
                               **({"warning": net.warning} if net.warning else {})}  # fmt: skip
             print(f"origin: {meta['origin']}\npinning: {meta['pinning']}", flush=True)
             started = time.monotonic()
-            dataset = write_local(plan(scale, options.seed), workdir / "static", options.seed)
-            seed_origin(dataset, origin.moto_url)
+            big = "rss" in options.workloads  # 8 very large objects, for rss only
+            dataset = write_local(
+                plan(scale, options.seed, rss=big), workdir / "static", options.seed,
+                rss=big and "static" in options.targets,
+            )  # fmt: skip
+            seed_origin(dataset, origin.moto_url, options.seed)
             meta["dataset"] = dataset.summary()
             print(
                 f"dataset: {meta['dataset']} (seeded in {time.monotonic() - started:.1f}s)",
                 flush=True,
             )
-            total = sum(o.size for o in (*dataset.images, *dataset.shards))
+            total = dataset.total_bytes
             ctx = Context(origin.endpoint, dataset, workdir, pinning, max(4 * total, 2 * 1024**3))
             bench = Bench(origin, dataset, scale, pinning, options.seed, workdir)
             for name in options.targets:

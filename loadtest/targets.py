@@ -69,6 +69,10 @@ class Target:
     def pids(self) -> list[int]:
         return [proc.pid for proc in self.procs if proc.poll() is None]
 
+    def memory_tier(self) -> int | None:
+        """Bytes of the in-memory cache tier a worker may hold, if the target has one."""
+        return None
+
     def workdir(self, tag: str) -> Path:
         path = self.ctx.workdir / "targets" / f"{self.name}-{tag}"
         shutil.rmtree(path, ignore_errors=True)
@@ -153,6 +157,15 @@ class Hoard(Target):
     def __init__(self, name: str, ctx: Context, nodes: int = 1):
         super().__init__(name, ctx, access_key=HOARD_KEY, secret_key=HOARD_SECRET)
         self.nodes = nodes
+        self.config_paths: list[Path] = []
+
+    def memory_tier(self) -> int | None:
+        """``cache.memory`` of the config written for the first node, as the gateway reads it."""
+        if not self.config_paths:
+            return None
+        from gateway.config import load_settings  # the repository's own: loadtest lives beside it
+
+        return load_settings(self.config_paths[0]).cache.memory
 
     def unavailable(self) -> str | None:
         return cluster_support() if self.nodes > 1 else None
@@ -187,10 +200,12 @@ class Hoard(Target):
     def start(self) -> None:
         ports = [free_port() for _ in range(self.nodes)]
         self.endpoints = []
+        self.config_paths = []
         for node, port in enumerate(ports):
             directory = self.workdir(str(node))
             config_path = directory / "hoard.yaml"
             config_path.write_text(yaml.safe_dump(self.config(port, directory, ports)))
+            self.config_paths.append(config_path)
             log = open(directory / "hoard.log", "ab")  # noqa: SIM115 - lives as long as hoard
             proc = subprocess.Popen(
                 [*self.ctx.pinning.server_prefix(), sys.executable, "-m", "gateway", "serve",

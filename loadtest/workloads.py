@@ -14,6 +14,7 @@ deadline is cut off (the pool is terminated) and reported as an error.
 | ``stream`` | one client reads the 256 MiB shard whole, cold and then warm |
 | ``train`` | readers with a prefetching loader and a fixed compute time per batch; share of time waiting for data |
 | ``capacity`` | wrk over presigned URLs (``wrkload.py``) |
+| ``rss`` | 8 lean clients each stream a 1 GiB object whole, cold and warm; server memory per process (``rssload.py``) |
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from loadtest.procs import Pinning, peak_rss
 from loadtest.report import Row, percentile
 from loadtest.targets import Target
 
-ALL = ("epochs", "shards", "herd", "stream", "train", "capacity")
+ALL = ("epochs", "shards", "herd", "stream", "train", "capacity", "rss")
 
 
 @dataclass

@@ -36,15 +36,15 @@ def unavailable() -> str | None:
     return None if shutil.which("wrk") else "wrk not installed (apt-get install wrk)"
 
 
-def presigned_paths(s: Session, objects: tuple[Obj, ...]) -> list[str]:
-    """Path + query of a GET for each object against the target's first endpoint."""
+def presigned_paths(s: Session, objects: tuple[Obj, ...], endpoint: str | None = None) -> list[str]:
+    """Path + query of a GET for each object against ``endpoint`` (the target's first)."""
     bucket = s.bench.dataset.bucket
     if not s.target.can_list:  # static files: no signature to check
         return [f"/{bucket}/{o.key}" for o in objects]
     import boto3
 
     client = boto3.client(
-        "s3", endpoint_url=s.target.endpoints[0], region_name="us-east-1",
+        "s3", endpoint_url=endpoint or s.target.endpoints[0], region_name="us-east-1",
         aws_access_key_id=s.target.access_key, aws_secret_access_key=s.target.secret_key,
         config=Config(s3={"addressing_style": "path"}),
     )  # fmt: skip

@@ -19,9 +19,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-# shards and train reuse the machinery of epochs; left out to keep this short.
+# shards and train reuse the machinery of epochs; left out to keep this short. rss has a
+# test of its own (Hoard only), so this one stays within its time.
 WORKLOADS = ("epochs", "herd", "stream")
 LIMIT = 55  # seconds for the whole run
+RSS_LIMIT = 45  # seconds for the rss run (8 x 32 MiB, Hoard only)
 
 
 def _run(args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
@@ -67,3 +69,26 @@ def test_quick_run_gives_numbers_for_every_target(tmp_path: Path) -> None:
             measured = [r for r in mine if r["wall_s"] > 0 and r["objects"] > 0]
             assert measured, f"{target} x {workload} gave no numbers: {mine}\n{done.stdout[-3000:]}"
     assert list(tmp_path.glob("*.md"))
+
+
+@pytest.mark.timeout(RSS_LIMIT + 30)
+def test_quick_rss_reports_memory_per_worker(tmp_path: Path) -> None:
+    """``rss`` on Hoard: 8 streams cold and warm, peak RSS per process and the memory tier."""
+    pytest.importorskip("moto.server", reason="moto[server] is needed for the origin")
+
+    done = _run(
+        ["run", "--scale", "quick", "--origin", "loopback", "--out", str(tmp_path),
+         "--targets", "hoard", "--workloads", "rss"],
+        RSS_LIMIT,
+    )  # fmt: skip
+
+    assert done.returncode == 0, done.stdout[-4000:]
+    report = json.loads(next(tmp_path.glob("*.json")).read_text())
+    rows = {r["phase"]: r for r in report["rows"] if r["workload"] == "rss"}
+    assert set(rows) == {"cold", "warm"}, done.stdout[-3000:]
+    for row in rows.values():
+        assert row["objects"] == 8 and row["errors"] == 0, row
+        assert row["extra"]["rss_worker_mib"] > 0, row
+        assert row["extra"]["memory_tier_mib"] > 0, row  # cache.memory, as Hoard reads it
+    goals = [g for g in report["goals"] if g["goal"].startswith("rss")]
+    assert goals and goals[0]["verdict"] in ("met", "MISSED"), report["goals"]
