@@ -1,0 +1,415 @@
+"""Peer fills: a node streams a block it owns to another node, over ``/_hoard/peer/``.
+
+``GET /_hoard/peer/block/{digest}?origin=&bucket=&key=&etag=&index=&first=&last=&offset=&length=``
+answers bytes [offset, offset+length) of the block (``first``..``last``: its range in
+the object) with 200 and ``Content-Length: length``, streamed as the owner gets them
+from its tiers or its own coalesced origin fill. Errors before the first byte are
+JSON with an ``X-Hoard-Error`` code: 404 ``NoSuchKey``, 412 ``OriginChanged`` (the ETag
+moved), 503 ``Unavailable``, 400 for a bad query. The client trusts the code, not
+the status: a 404 from a node without this endpoint is "unavailable", not "no key".
+``POST /_hoard/peer/invalidate?sha256={hex of body}`` with a JSON list of ``{origin,
+bucket, key}`` or ``{origin, bucket, prefix}`` drops them → 204.
+
+Each request carries ``X-Hoard-Date`` (epoch seconds or RFC 3339) and
+``X-Hoard-Signature: hex(HMAC-SHA256(secret, METHOD "\\n" path?query "\\n" date))``
+over the target as sent, checked in constant time with 5 minutes of skew; missing,
+wrong or expired is 403 before anything is read. ``sha256`` binds an invalidation's
+body to the signature. A server without a secret refuses everything.
+
+Not guaranteed: secrecy (bytes travel in clear: keep peers on a private network or
+give them https URLs); freshness (a captured request replays within the skew window,
+which can only re-read a block or re-drop entries); completeness (after the first
+byte a failure cuts the connection, the client raises ``PeerUnavailable`` after
+yielding what arrived, and the caller resumes elsewhere at that byte); cleanup of
+an abandoned ``read_block`` that is not closed (``contextlib.aclosing``): its
+connection then stays open until the garbage collector finalizes the generator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+from dataclasses import asdict, dataclass, fields
+from datetime import datetime
+from typing import TYPE_CHECKING, Protocol
+from urllib.parse import parse_qsl, quote, urlsplit
+
+import aiohttp
+from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
+from yarl import URL
+
+from gateway import errors
+from gateway.cache.block import BlockId
+
+if TYPE_CHECKING:  # types only: blocks.py may well come to import this module
+    from gateway.blocks import Piece
+
+    Pieces = AsyncIterator[Piece]
+
+log = logging.getLogger(__name__)
+
+PREFIX = "/_hoard/peer/"
+DATE_HEADER = "X-Hoard-Date"
+SIGNATURE_HEADER = "X-Hoard-Signature"
+ERROR_HEADER = "X-Hoard-Error"
+MAX_SKEW = 300.0  # seconds of clock difference tolerated between nodes
+_READ_BUFFER = 256 * 1024  # client-side buffer per connection: bounds memory per stream
+_EPOCH = re.compile(r"[0-9]{1,12}(\.[0-9]{1,9})?")
+_INT = re.compile(r"[0-9]{1,19}")
+_FIELDS = ("origin", "bucket", "key", "prefix")  # of an Invalidation; others are ignored
+
+
+class PeerError(Exception):
+    """A peer did not serve a block. Not a ``HoardError``: never shown to S3 clients as is."""
+
+
+class PeerUnavailable(PeerError):
+    """Unreachable, timed out, refused or failed, after yielding ``received`` bytes."""
+
+    def __init__(self, message: str, received: int = 0) -> None:
+        super().__init__(message)
+        self.received = received
+
+
+class PeerNotFound(PeerError):
+    """The owner's origin says the object does not exist."""
+
+
+class PeerChanged(PeerError):
+    """The owner's origin has another ETag for the object."""
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRequest:
+    origin: str
+    bucket: str
+    key: str
+    etag: str
+    index: int
+    first: int  # inclusive byte range of the block within the object
+    last: int
+    offset: int  # the part wanted, relative to the block
+    length: int
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.first <= self.last and self.index >= 0 and self.offset >= 0):
+            raise ValueError(f"bad block bounds in {self}")
+        if not (self.length >= 1 and self.offset + self.length <= self.last - self.first + 1):
+            raise ValueError(f"range outside the block in {self}")
+
+    @property
+    def block_id(self) -> BlockId:
+        return BlockId(self.origin, self.bucket, self.key, self.etag, self.index)
+
+    def target(self) -> str:
+        """The path and query that ask a peer for this; keys may hold any character."""
+        query = "&".join(f"{f.name}={_quote(str(getattr(self, f.name)))}" for f in fields(self))
+        return f"{PREFIX}block/{self.block_id.digest}?{query}"
+
+    @classmethod
+    def from_query(cls, query: str) -> BlockRequest:
+        """Parse a raw query; ``ValueError`` or ``KeyError`` if it is not one of ours."""
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=True,
+                          encoding="utf-8", errors="surrogatepass")  # fmt: skip
+        values = dict(pairs)  # a repeated name keeps its last value; all were signed
+        texts = {f.name: values[f.name] for f in fields(cls)}
+        ints = {n: _int(texts.pop(n)) for n in ("index", "first", "last", "offset", "length")}
+        return cls(**texts, **ints)
+
+
+@dataclass(frozen=True, slots=True)
+class Invalidation:
+    """One key, or every key under a prefix ("" is the whole bucket), to drop."""
+
+    origin: str
+    bucket: str
+    key: str | None = None
+    prefix: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.key is None) == (self.prefix is None):
+            raise ValueError("an invalidation names a key or a prefix, not both or neither")
+        optional = [v for v in (self.key, self.prefix) if v is not None]
+        if not all(isinstance(v, str) for v in (self.origin, self.bucket, *optional)):
+            raise TypeError("the fields of an invalidation are strings")
+
+
+class PieceSender(Protocol):  # gateway.s3.body.BodySender is one
+    async def send(self, request: web.Request, writer: AbstractStreamWriter, piece: Piece) -> None:
+        """Send ``piece``; release a FileSegment whether or not it was sent."""
+
+
+def sign(secret: str, method: str, target: str, date: str) -> str:
+    """The hex signature of one request; ``target`` is the path and query as sent."""
+    message = f"{method}\n{target}\n{date}".encode("utf-8", "surrogateescape")
+    return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
+
+
+def _same(expected: str, given: str) -> bool:
+    # Constant time, on bytes: compare_digest refuses str that is not ASCII.
+    return hmac.compare_digest(expected.encode(), given.encode("utf-8", "surrogateescape"))
+
+
+def _quote(text: str) -> str:
+    return quote(text.encode("utf-8", "surrogatepass"), safe="")
+
+
+def _int(text: str) -> int:
+    if not _INT.fullmatch(text):  # int() would take " 1", "+1" and "1_0"
+        raise ValueError(f"not a non-negative integer: {text!r}")
+    return int(text)
+
+
+def _parse_date(text: str) -> float | None:
+    if _EPOCH.fullmatch(text):
+        return float(text)
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return moment.timestamp() if moment.tzinfo is not None else None
+
+
+def _error(status: int, code: str, message: str) -> web.Response:
+    body = {"error": code, "message": message}
+    return web.json_response(body, status=status, headers={ERROR_HEADER: code})
+
+
+def _status_of(exc: Exception) -> web.Response:
+    """A failure before the first byte, as the status the requesting node acts on."""
+    if isinstance(exc, errors.NotFound):
+        return _error(404, "NoSuchKey", str(exc))
+    if isinstance(exc, errors.OriginChanged | errors.PreconditionFailed):
+        return _error(412, "OriginChanged", str(exc))
+    if not isinstance(exc, errors.HoardError | OSError):
+        log.error("peer block read failed", exc_info=exc)
+    # AccessDenied lands here too: a 403 would read as a bad signature, and the
+    # requesting node learns the real answer when it falls back to the origin.
+    return _error(503, "Unavailable", str(exc) or type(exc).__name__)
+
+
+class PeerServer:
+    """Answers this node's peer endpoints from injected callables."""
+
+    def __init__(
+        self,
+        secret: str,
+        read_block: Callable[[BlockRequest], AsyncIterator[Piece]],
+        invalidate: Callable[[list[Invalidation]], Awaitable[None]],
+        body_sender: PieceSender | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._secret = secret
+        self._read_block = read_block
+        self._invalidate = invalidate
+        self._sender = body_sender  # None: FileSegments are read in a thread and written
+        self._clock = clock
+
+    async def handle(self, request: web.Request, path: str) -> web.StreamResponse:
+        """Answer one request whose path is under ``/_hoard/peer/``."""
+        if not self._authentic(request):
+            return _error(403, "AccessDenied", "missing, wrong or expired cluster signature")
+        if path.startswith(f"{PREFIX}block/") and request.method == "GET":
+            return await self._serve_block(request, path.removeprefix(f"{PREFIX}block/"))
+        if path == f"{PREFIX}invalidate" and request.method == "POST":
+            return await self._serve_invalidate(request)
+        return _error(404, "NoSuchEndpoint", f"no peer endpoint {request.method} {path}")
+
+    def _authentic(self, request: web.Request) -> bool:
+        date = request.headers.get(DATE_HEADER, "")
+        moment = _parse_date(date)
+        if not self._secret or moment is None or abs(self._clock() - moment) > MAX_SKEW:
+            return False
+        expected = sign(self._secret, request.method, request.raw_path, date)
+        return _same(expected, request.headers.get(SIGNATURE_HEADER, ""))
+
+    async def _serve_block(self, request: web.Request, digest: str) -> web.StreamResponse:
+        try:
+            block = BlockRequest.from_query(request.raw_path.partition("?")[2])
+        except (ValueError, KeyError) as exc:
+            return _error(400, "InvalidRequest", f"bad block request: {exc!r}")
+        if block.block_id.digest != digest:
+            return _error(400, "InvalidRequest", "the digest does not name the queried block")
+        async with aclosing(aiter(self._read_block(block))) as pieces:
+            # The first piece is awaited before the headers go out, so a block that
+            # cannot be had is still a status the requesting node can act on.
+            try:
+                first = await anext(pieces)
+            except StopAsyncIteration:
+                return _error(503, "Unavailable", "the owner produced no bytes")
+            except Exception as exc:
+                return _status_of(exc)
+            response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+            response.content_length = block.length
+            await self._stream(request, response, first, pieces)
+        return response
+
+    async def _stream(
+        self, request: web.Request, response: web.StreamResponse, first: Piece, pieces: Pieces
+    ) -> None:
+        try:
+            try:
+                writer = await response.prepare(request)
+            except BaseException:
+                if not isinstance(first, bytes | memoryview):
+                    first.release()  # it never reached a sender, which releases segments
+                raise
+            sent = await self._send(request, writer, first)
+            async for piece in pieces:
+                sent += await self._send(request, writer, piece)
+            if sent != response.content_length:
+                raise errors.OriginUnavailable(f"the block read gave {sent} bytes")
+            await response.write_eof()
+        except (ConnectionResetError, TimeoutError):
+            log.debug("peer went away mid-block")
+            _drop(request)
+        except Exception:
+            # The headers are out: a cut connection is the only honest signal left.
+            log.exception("peer block read failed mid-body")
+            _drop(request)
+
+    async def _send(self, request: web.Request, writer: AbstractStreamWriter, piece: Piece) -> int:
+        if isinstance(piece, bytes | memoryview):
+            await writer.write(piece)
+            return piece.nbytes if isinstance(piece, memoryview) else len(piece)
+        if self._sender is not None:
+            await self._sender.send(request, writer, piece)
+            return piece.count
+        try:  # no sendfile: one read of at most a block, in a thread
+            data = await asyncio.to_thread(os.pread, piece.fd, piece.count, piece.offset)
+        finally:
+            piece.release()
+        await writer.write(data)
+        return len(data)
+
+    async def _serve_invalidate(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        if not _same(hashlib.sha256(body).hexdigest(), request.query.get("sha256", "")):
+            return _error(403, "AccessDenied", "the body does not match the signed digest")
+        try:
+            # Unknown fields are ignored: a newer node may send more in a rolling upgrade.
+            items = [Invalidation(**{n: i[n] for n in _FIELDS if n in i}) for i in json.loads(body)]
+        except (ValueError, TypeError) as exc:
+            return _error(400, "InvalidRequest", f"bad invalidation: {exc!r}")
+        try:
+            await self._invalidate(items)
+        except Exception as exc:
+            log.exception("peer invalidation failed")
+            return _error(503, "Unavailable", str(exc) or type(exc).__name__)
+        return web.Response(status=204)
+
+
+def _drop(request: web.Request) -> None:
+    if request.transport is not None:
+        request.transport.abort()
+
+
+class PeerClient:
+    """Asks other nodes for blocks and invalidations, over one pooled session."""
+
+    def __init__(
+        self,
+        secret: str,
+        *,
+        connect_timeout: float = 2.0,
+        read_timeout: float = 10.0,
+        max_connections: int = 64,
+    ) -> None:
+        if not secret:
+            raise ValueError("peer requests need cluster.secret")
+        self._secret = secret
+        # "connect" includes the wait for a pooled connection: an overloaded pool
+        # falls back along the ranking instead of queueing; sock_read bounds a stall.
+        self._timeout = aiohttp.ClientTimeout(connect=connect_timeout, sock_read=read_timeout)
+        self._max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:  # built on first use: a session needs the running loop
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._max_connections),
+                timeout=self._timeout,
+                cookie_jar=aiohttp.DummyCookieJar(),
+                auto_decompress=False,
+                read_bufsize=_READ_BUFFER,
+            )
+        return self._session
+
+    def _signed(self, method: str, peer_url: str, target: str) -> tuple[URL, dict[str, str]]:
+        base, date = peer_url.rstrip("/"), str(int(time.time()))
+        signature = sign(self._secret, method, urlsplit(base).path + target, date)
+        # encoded=True: yarl must send the target byte for byte as it was signed.
+        return URL(base + target, encoded=True), {DATE_HEADER: date, SIGNATURE_HEADER: signature}
+
+    async def read_block(self, peer_url: str, request: BlockRequest) -> AsyncIterator[bytes]:
+        """The requested bytes from ``peer_url``, each chunk yielded as it arrives.
+
+        Raises ``PeerNotFound`` (404) or ``PeerChanged`` (412) before any byte, and
+        ``PeerUnavailable`` (connection error, timeout, any other answer, a short
+        body) before or after some. Nothing is sent before the first iteration.
+        """
+        url, headers = self._signed("GET", peer_url, request.target())
+        received = 0
+        try:
+            async with self._client().get(url, headers=headers) as response:
+                await _check(response, request.length)
+                try:
+                    while chunk := await response.content.readany():
+                        received += len(chunk)
+                        yield chunk
+                finally:
+                    if received != request.length:  # abandoned or short: not reusable
+                        response.close()
+            if received != request.length:
+                raise PeerUnavailable(f"{peer_url} sent {received} of {request.length} bytes")
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            message = f"{peer_url}: {type(exc).__name__}: {exc}"
+            raise PeerUnavailable(message, received) from exc
+
+    async def invalidate(
+        self, peer_url: str, items: list[Invalidation], timeout: float = 2.0
+    ) -> bool:
+        """Ask ``peer_url`` to drop ``items``: True once it has, False on any failure."""
+        body = json.dumps([asdict(item) for item in items]).encode()
+        target = f"{PREFIX}invalidate?sha256={hashlib.sha256(body).hexdigest()}"
+        url, headers = self._signed("POST", peer_url, target)
+        headers["Content-Type"] = "application/json"
+        try:
+            async with self._client().post(
+                url, data=body, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)
+            ) as response:
+                if response.status == 204:
+                    return True
+                log.warning("peer %s refused an invalidation: %s", peer_url, response.status)
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            log.warning("peer %s unreachable for an invalidation: %r", peer_url, exc)
+        return False
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+async def _check(response: aiohttp.ClientResponse, length: int) -> None:
+    """Raise what an answer other than 200 with ``length`` bytes means to the caller."""
+    if response.status == 200:
+        if response.content_length != length:
+            raise PeerUnavailable(f"peer answers {response.content_length} bytes, not {length}")
+        return
+    code = response.headers.get(ERROR_HEADER, "")
+    message = (await response.content.read(1024)).decode("utf-8", "replace")
+    if response.status == 404 and code == "NoSuchKey":
+        raise PeerNotFound(message)
+    if response.status == 412 and code == "OriginChanged":
+        raise PeerChanged(message)
+    raise PeerUnavailable(f"peer answered {response.status} {code}: {message}")
