@@ -119,6 +119,11 @@ class CacheConfig(_Strict):
     metadata_entries: int = Field(default=100_000, ge=1)
     listing_keys: int = Field(default=1_000_000, ge=1)
     whole_listing_limit: int = Field(default=100_000, ge=1)
+    # Write-through: a PutObject up to this size also lands in the block cache (mounts
+    # opt out with write_through: false), holding at most write_through_buffer bytes of
+    # uploads in memory at once per worker; an upload that finds no room is not cached.
+    write_through_max: Size = parse_size("64MiB")
+    write_through_buffer: Size = parse_size("256MiB")
 
     @field_validator("block_size")
     @classmethod
@@ -164,6 +169,8 @@ class MountConfig(_Strict):
     metadata_ttl: Duration = 60.0
     negative_ttl: Duration = 10.0
     readonly: bool = False
+    # Objects written through this bucket (up to cache.write_through_max) are cached too.
+    write_through: bool = True
 
 
 class ClusterConfig(_Strict):

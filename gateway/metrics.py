@@ -104,6 +104,11 @@ class Metrics:
             ["origin"],
             registry=self.registry,
         )
+        self.write_through_bytes = Counter(
+            "hoard_write_through_bytes_total",
+            "Object bytes a write through Hoard also placed in the block cache.",
+            registry=self.registry,
+        )
         self.coalesced_waiters = Counter(
             "hoard_coalesced_waiters_total",
             "Block reads that joined a fill already in flight instead of asking the origin.",

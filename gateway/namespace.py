@@ -2,9 +2,9 @@
 
 A *mount* maps a gateway bucket (what clients see) onto an origin, a bucket of
 that origin and a key prefix inside it, with a policy (metadata TTLs,
-read-only). With a ``default_origin``, a bucket that is not mounted passes
-through by its own name, so a user who only changes ``AWS_ENDPOINT_URL`` sees
-their usual buckets.
+read-only, write-through). With a ``default_origin``, a bucket that is not
+mounted passes through by its own name, so a user who only changes
+``AWS_ENDPOINT_URL`` sees their usual buckets.
 
 Keys are translated here and only here: ``origin_key`` adds the mount prefix,
 ``client_key`` strips it. Nothing below knows a gateway bucket name; nothing
@@ -33,6 +33,8 @@ class Mount:
     metadata_ttl: float = 60.0
     negative_ttl: float = 10.0
     readonly: bool = False
+    # Largest object whose bytes a PutObject also puts in the block cache; 0: none.
+    write_through_max: int = 64 * 1024 * 1024
     mounted: bool = True  # False for a bucket passed through by default_origin
 
     def origin_key(self, key: str) -> str:
@@ -45,9 +47,19 @@ class Mount:
 class Namespace:
     """Resolves gateway bucket names to mounts."""
 
-    def __init__(self, mounts: list[Mount], default_origin: Origin | None = None) -> None:
+    def __init__(
+        self,
+        mounts: list[Mount],
+        default_origin: Origin | None = None,
+        *,
+        write_through_max: int = 64 * 1024 * 1024,
+        write_through_buffer: int = 256 * 1024 * 1024,
+    ) -> None:
         self._mounts = {mount.bucket: mount for mount in mounts}
         self._default_origin = default_origin
+        self._write_through_max = write_through_max  # for buckets passed through
+        # Bytes of uploads held in memory for write-through at once (the writer's budget).
+        self.write_through_buffer = write_through_buffer
         self._started = datetime.now(UTC).replace(microsecond=0)
 
     @classmethod
@@ -66,10 +78,16 @@ class Namespace:
                     metadata_ttl=cfg.metadata_ttl,
                     negative_ttl=cfg.negative_ttl,
                     readonly=cfg.readonly,
+                    write_through_max=settings.cache.write_through_max if cfg.write_through else 0,
                 )
             )
         default = origins[settings.default_origin] if settings.default_origin else None
-        return cls(mounts, default)
+        return cls(
+            mounts,
+            default,
+            write_through_max=settings.cache.write_through_max,
+            write_through_buffer=settings.cache.write_through_buffer,
+        )
 
     def resolve(self, bucket: str) -> Mount:
         """The mount serving ``bucket``; ``NoSuchBucket`` if there is none."""
@@ -79,7 +97,11 @@ class Namespace:
         if self._default_origin is None or not bucket:
             raise errors.NoSuchBucket(bucket)
         return Mount(
-            bucket=bucket, origin=self._default_origin, origin_bucket=bucket, mounted=False
+            bucket=bucket,
+            origin=self._default_origin,
+            origin_bucket=bucket,
+            write_through_max=self._write_through_max,
+            mounted=False,
         )
 
     def mounts(self) -> list[Mount]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from gateway import errors
@@ -30,7 +30,7 @@ from gateway.metrics import Metrics
 from gateway.namespace import Mount, Namespace
 from gateway.origins.base import BucketInfo, ListPage, ObjectInfo
 
-__all__ = ["FileSegment", "ObjectRead", "Piece", "RangeSpec", "Reader"]
+__all__ = ["FileSegment", "ObjectRead", "Piece", "RangeSpec", "Reader", "Watch"]
 
 Precondition = Callable[[ObjectInfo], None]
 _SEQUENTIAL_MEMORY = 4096  # objects whose last read position is remembered for read-ahead
@@ -105,6 +105,30 @@ class ObjectRead:
             await pieces.aclose()  # type: ignore[attr-defined]
 
 
+class Watch:
+    """Whether a key was invalidated since watching began (``changed``); ``close()`` when done.
+
+    What a per-key generation counter would tell ("bumped since I looked?"),
+    kept only for keys someone watches: bounded by the write-throughs in
+    flight, not by every key ever written.
+    """
+
+    __slots__ = ("_registry", "changed", "key")
+
+    def __init__(self, key: tuple[str, str, str], registry: dict[tuple[str, str, str], set[Watch]]):
+        self.key = key  # (origin, origin bucket, origin key)
+        self.changed = False
+        self._registry = registry
+        registry.setdefault(key, set()).add(self)
+
+    def close(self) -> None:
+        watching = self._registry.get(self.key)
+        if watching is not None:
+            watching.discard(self)
+            if not watching:
+                del self._registry[self.key]
+
+
 class Reader:
     """Answers reads for gateway buckets from the cache, filling it from origins."""
 
@@ -119,6 +143,7 @@ class Reader:
         self.block_size = block_size
         self.read_ahead = read_ahead
         self._read_ends: OrderedDict[BlockId, int] = OrderedDict()
+        self._watches: dict[tuple[str, str, str], set[Watch]] = {}
 
     async def list_buckets(self) -> list[BucketInfo]:
         return await self.namespace.list_buckets()
@@ -194,6 +219,7 @@ class Reader:
         mount = self.namespace.resolve(bucket)
         origin, origin_bucket = _scope(mount)
         okey_prefix = mount.origin_key(prefix)
+        self._changed(_scope(mount), okey_prefix, prefix=True)
         self.metadata.invalidate_prefix(_scope(mount), okey_prefix)
         if self.store is not None:
             await self.store.drop(_scope(mount), okey_prefix)
@@ -213,6 +239,7 @@ class Reader:
         """A write changed ``key``: forget its metadata, its listings and its blocks."""
         mount = self.namespace.resolve(bucket)
         scope, okey = _scope(mount), mount.origin_key(key)
+        self._changed(scope, okey)  # first: a write-through under way must not land after this
         self.metadata.invalidate_key(scope, okey)
         if self.store is not None:
             await self.store.drop(scope, okey, exact=True)
@@ -226,9 +253,69 @@ class Reader:
     async def invalidate_prefix(self, bucket: str, prefix: str) -> None:
         """A bucket-level change: forget metadata under ``prefix`` (blocks stay valid by ETag)."""
         mount = self.namespace.resolve(bucket)
+        self._changed(_scope(mount), mount.origin_key(prefix), prefix=True)
         self.metadata.invalidate_prefix(_scope(mount), mount.origin_key(prefix))
         if self.store is not None:
             await self.store.drop(_scope(mount), mount.origin_key(prefix))
+
+    # -- write-through -------------------------------------------------------------------
+
+    def watch(self, bucket: str, key: str) -> Watch:
+        """Start noticing invalidations of ``key`` (see ``write_through``)."""
+        mount = self.namespace.resolve(bucket)
+        return Watch((*_scope(mount), mount.origin_key(key)), self._watches)
+
+    async def write_through(
+        self, bucket: str, key: str, etag: str, data: Iterable[bytes], size: int, watch: Watch
+    ) -> int:
+        """Cache the bytes a write just stored at the origin; returns the bytes cached.
+
+        ``data`` is the object as it was sent, in pieces, ``etag`` what the
+        origin answered the write with. An S3 PUT answer carries no
+        Last-Modified or Content-Type, so one origin HEAD learns the metadata.
+        Nothing is cached when the HEAD shows another version (a write landed
+        in between) or ``watch`` saw the key invalidated meanwhile (a later
+        write through Hoard). Blocks go first and metadata last, so a reader
+        that finds the metadata finds the blocks; a reader that comes earlier
+        fills from the origin as usual.
+
+        Not guaranteed: a write through another worker process between the
+        HEAD and the end is not seen by ``watch`` (the HEAD's ETag check
+        still catches one that landed before the HEAD).
+        """
+        mount = self.namespace.resolve(bucket)
+        okey = mount.origin_key(key)
+        info = await self._origin_head(mount, okey)
+        if watch.changed or _bare(info.etag) != _bare(etag) or info.size != size:
+            return 0
+        cached = 0
+        for index, block in enumerate(_blocks(data, self.block_size)):
+            if watch.changed:  # checked right before each store: no await in between
+                return cached
+            ref = self._ref(mount, okey, info, index)
+            stored = self.blocks.memory.put(ref.block, block)
+            if self.blocks.disk is not None:
+                stored = await self.blocks.disk.put(ref.block, block) or stored
+            if stored:
+                cached += len(block)
+                self.metrics.write_through_bytes.inc(len(block))
+        if watch.changed:
+            return cached  # the blocks stay: named by this ETag, they are right for it
+        scope = _scope(mount)
+        self.metadata.put_head(scope, okey, info, _policy(mount))
+        if self.store is not None:
+            self.store.save(scope, okey, info)
+        return cached
+
+    def _changed(self, scope: tuple[str, str], okey: str, *, prefix: bool = False) -> None:
+        """Tell every watch on ``okey`` (or, with ``prefix``, under it) that it changed."""
+        if prefix:
+            found = [w for k, ws in self._watches.items() if k[:2] == scope and
+                     k[2].startswith(okey) for w in ws]  # fmt: skip
+        else:
+            found = list(self._watches.get((*scope, okey), ()))
+        for watch in found:
+            watch.changed = True
 
     def stats(self) -> dict[str, object]:
         memory = self.blocks.memory
@@ -359,6 +446,28 @@ def _scope(mount: Mount) -> tuple[str, str]:
 
 def _policy(mount: Mount) -> Policy:
     return Policy(ttl=mount.metadata_ttl, negative_ttl=mount.negative_ttl)
+
+
+def _bare(etag: str) -> str:
+    return etag.strip().strip('"').lower()
+
+
+def _blocks(pieces: Iterable[bytes], block_size: int) -> Iterator[bytes]:
+    """The bytes of ``pieces`` cut into blocks of ``block_size`` (the last may be shorter)."""
+    held: list[memoryview] = []
+    have = 0
+    for piece in pieces:
+        view = memoryview(piece)
+        while view:
+            part = view[: block_size - have]
+            held.append(part)
+            have += len(part)
+            view = view[len(part) :]
+            if have == block_size:
+                yield b"".join(held)
+                held, have = [], 0
+    if held:
+        yield b"".join(held)
 
 
 def _strip_prefix(page: ListPage, mount: Mount) -> ListPage:

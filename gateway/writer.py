@@ -17,6 +17,14 @@ the forwarder does, and return plain values (``PutResult``, ``PartInfo``,
 ``UploadInfo``) for ``s3/writes.py`` to answer with. Read-only mounts are
 refused before a byte of a body is read; invalidation follows each success.
 
+Write-through: the bytes of a PutObject (up to the mount's
+``write_through_max``) are teed off as they stream to the origin — the same
+pieces, at the same moments — into memory bounded by one ``Budget`` per
+process, which refuses rather than waits. After the origin's 2xx and the
+invalidation, and after the client has its answer, a background task hands
+them to ``Reader.write_through`` (one origin HEAD, then blocks and metadata),
+which drops them if the key was invalidated again meanwhile.
+
 Not guaranteed: XML answers that name keys (ListParts, ListMultipartUploads,
 ListObjectVersions) are passed as the origin wrote them, so under a mount
 with a key prefix they show origin keys (the posix path translates them);
@@ -28,8 +36,10 @@ can slip in between.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
+import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Protocol, runtime_checkable
 from urllib.parse import quote, unquote
@@ -41,7 +51,9 @@ from gateway.origins.posix_write import PartInfo, PutResult, UploadInfo
 from gateway.origins.s3_forward import ForwardRequest, ForwardResponse
 from gateway.reader import Reader
 
-__all__ = ["ForwardResponse", "PartInfo", "PutResult", "UploadInfo", "Writer"]
+__all__ = ["Budget", "Capture", "ForwardResponse", "PartInfo", "PutResult", "UploadInfo", "Writer"]
+
+log = logging.getLogger(__name__)
 
 # Called with the object a write would replace (None if there is none); raises to refuse.
 WriteCheck = Callable[[ObjectInfo | None], None]
@@ -131,10 +143,121 @@ class Attributes:
         }
 
 
+class Budget:
+    """Bytes of uploads held in memory for write-through at once: granted at once or refused.
+
+    Never waits: an upload that finds no room is simply not written through.
+    Not thread-safe: one event loop owns it (so the bound is per worker process).
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.used = 0
+
+    def take(self, size: int) -> bool:
+        if self.used + size > self.capacity:
+            return False
+        self.used += size
+        return True
+
+    def give(self, size: int) -> None:
+        self.used -= size
+
+
+class Capture:
+    """The bytes of one upload, kept as they pass to the origin, while they fit.
+
+    ``tee(body)`` yields every piece of ``body`` unchanged and when ``body``
+    yields it; the piece is kept by reference (pieces are immutable bytes).
+    Room is taken from ``budget`` up front for a declared length, else as
+    pieces arrive; keeping stops for good, and bytes and room are given back,
+    once the upload outgrows ``limit`` or the budget refuses. ``pieces()`` is
+    the whole body only if the body ran to its end — for a verified body, the
+    end comes only after every check has passed. ``release()`` when done.
+    """
+
+    def __init__(self, budget: Budget, limit: int, declared: int | None) -> None:
+        self._budget = budget
+        self._limit = limit
+        self._kept: list[bytes] | None = []
+        self._reserved = 0
+        self.size = 0
+        self.complete = False
+        if declared is not None:
+            if declared > limit or not budget.take(declared):
+                self._kept = None
+            else:
+                self._reserved = declared
+
+    @property
+    def keeping(self) -> bool:
+        return self._kept is not None
+
+    def tee(self, body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        return _Tee(body, self)
+
+    def keep(self, piece: bytes) -> None:
+        if self._kept is None:
+            return
+        size = self.size + len(piece)
+        grow = size - self._reserved
+        if size > self._limit or (grow > 0 and not self._budget.take(grow)):
+            self.release()
+            return
+        self._reserved = max(self._reserved, size)
+        self._kept.append(piece if isinstance(piece, bytes) else bytes(piece))
+        self.size = size
+
+    def pieces(self) -> list[bytes] | None:
+        return self._kept if self.complete else None
+
+    def release(self) -> None:
+        self._kept = None
+        self._budget.give(self._reserved)
+        self._reserved = 0
+
+
+class _Tee:
+    """``body``, with each piece also kept by a ``Capture``.
+
+    A plain iterator, not an async generator: an abandoned async generator is
+    finalised later by a task of its own (see ``origins/s3_forward.py``).
+    """
+
+    def __init__(self, body: AsyncIterator[bytes], capture: Capture) -> None:
+        self._body = aiter(body)
+        self._capture = capture
+
+    def __aiter__(self) -> _Tee:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            piece = await anext(self._body)
+        except StopAsyncIteration:
+            self._capture.complete = True
+            raise
+        self._capture.keep(piece)
+        return piece
+
+
 class Writer:
     def __init__(self, namespace: Namespace, reader: Reader) -> None:
         self.namespace = namespace
         self.reader = reader
+        self.budget = Budget(namespace.write_through_buffer)
+        self._tasks: set[asyncio.Task[None]] = set()  # write-throughs under way
+
+    async def settle(self) -> None:
+        """Wait until the write-throughs under way have ended."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def close(self) -> None:
+        """Stop the write-throughs under way (at shutdown)."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def forward(
         self,
@@ -148,11 +271,14 @@ class Writer:
         content_length: int | None,
         mutating: bool,
         touched_keys: list[str] | None = None,
+        write_through: bool = False,
     ) -> ForwardResponse:
         """Send one request to the origin of ``bucket``; invalidate on success.
 
         ``touched_keys`` names the keys a mutation changes besides ``key``
-        (DeleteObjects lists them in its body).
+        (DeleteObjects lists them in its body). ``write_through``: the request
+        stores ``body`` whole as ``key`` (a plain PutObject), so its bytes may
+        also be cached; the ETag comes from the origin's answer.
         """
         mount = self.namespace.resolve(bucket)
         if mutating and mount.readonly:
@@ -165,19 +291,31 @@ class Writer:
         outgoing = dict(headers)
         if "x-amz-copy-source" in {name.lower() for name in outgoing}:
             _translate_copy_source(outgoing, self.namespace, mount)
-        answer = await origin.forward(
-            ForwardRequest(
-                method=method,
-                bucket=mount.origin_bucket,
-                key=mount.origin_key(key) if key is not None else None,
-                query=_translate_query(query, mount),
-                headers=outgoing,
-                body=body,
-                content_length=content_length,
+        capture = None
+        if write_through and key is not None and body is not None:
+            capture = self._capture(mount, content_length)
+            body = capture.tee(body) if capture is not None else body
+        try:
+            answer = await origin.forward(
+                ForwardRequest(
+                    method=method,
+                    bucket=mount.origin_bucket,
+                    key=mount.origin_key(key) if key is not None else None,
+                    query=_translate_query(query, mount),
+                    headers=outgoing,
+                    body=body,
+                    content_length=content_length,
+                )
             )
-        )
-        if mutating and 200 <= answer.status < 300:
-            await self._invalidate(bucket, key, touched_keys or [])
+            if mutating and 200 <= answer.status < 300:
+                await self._invalidate(bucket, key, touched_keys or [])
+                etag = next((v for n, v in answer.headers if n.lower() == "etag"), None)
+                if capture is not None and key is not None and etag is not None:
+                    self._write_through_later(bucket, key, etag, capture)
+                    capture = None  # the task owns it now
+        finally:
+            if capture is not None:
+                capture.release()
         return answer
 
     # -- origins written through their own API (posix) ---------------------------------
@@ -222,14 +360,25 @@ class Writer:
         body: AsyncIterator[bytes],
         attrs: Attributes,
         check: WriteCheck | None = None,
+        length: int | None = None,
     ) -> PutResult:
-        """Store ``body`` as ``key``; nothing is stored if the body raises midway."""
+        """Store ``body`` (``length`` bytes, if known) as ``key``; nothing if it raises midway."""
         mount, origin = self._writable(bucket)
         okey = mount.origin_key(key)
         if check is not None:
             check(await self._current(origin, mount.origin_bucket, okey))
-        result = await origin.put_object(mount.origin_bucket, okey, body, **attrs.kwargs())
-        await self._invalidate(bucket, key, [])
+        capture = self._capture(mount, length)
+        try:
+            if capture is not None:
+                body = capture.tee(body)
+            result = await origin.put_object(mount.origin_bucket, okey, body, **attrs.kwargs())
+            await self._invalidate(bucket, key, [])
+            if capture is not None:
+                self._write_through_later(bucket, key, result.etag, capture)
+                capture = None  # the task owns it now
+        finally:
+            if capture is not None:
+                capture.release()
         return result
 
     async def copy_object(
@@ -358,6 +507,43 @@ class Writer:
         mount, origin = self._writable(bucket, mutating=False)
         found = await origin.list_multipart_uploads(mount.origin_bucket, mount.origin_key(prefix))
         return [dataclasses.replace(u, key=mount.client_key(u.key)) for u in found]
+
+    # -- write-through ---------------------------------------------------------------
+
+    def _capture(self, mount: Mount, length: int | None) -> Capture | None:
+        """A capture of an upload to ``mount`` if it may be written through and has room."""
+        if mount.write_through_max <= 0 or length == 0:
+            return None
+        capture = Capture(self.budget, mount.write_through_max, length)
+        return capture if capture.keeping else None
+
+    def _write_through_later(self, bucket: str, key: str, etag: str, capture: Capture) -> None:
+        """Cache the captured upload in the background; the task now owns ``capture``.
+
+        Called after this write's own invalidation: the watch starts before
+        the task's HEAD, so any later write of the key through this process
+        is noticed (one between the two shows in the HEAD's ETag).
+        """
+        pieces = capture.pieces()
+        if pieces is None or capture.size == 0:
+            capture.release()
+            return
+        watch = self.reader.watch(bucket, key)
+
+        async def run() -> None:
+            try:
+                await self.reader.write_through(bucket, key, etag, pieces, capture.size, watch)
+            except errors.HoardError as exc:
+                log.info("write-through of a %d-byte object skipped: %s", capture.size, exc)
+            except Exception:
+                log.exception("write-through of a %d-byte object failed", capture.size)
+            finally:
+                watch.close()
+                capture.release()
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _invalidate(self, bucket: str, key: str | None, touched: list[str]) -> None:
         if key is None and not touched:

@@ -35,6 +35,7 @@ _NOT_FORWARDED = frozenset({
 _NOT_RETURNED = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive",
                            "date", "server"})  # fmt: skip
 _MUTATING = frozenset({"PUT", "POST", "DELETE"})
+_SSE_CUSTOMER = "x-amz-server-side-encryption-customer-"
 _DELETE_LIMIT = 2 * 1024 * 1024  # a DeleteObjects body names at most 1000 keys
 _DELETE_KEY = re.compile(rb"<Key>(.*?)</Key>", re.DOTALL)
 
@@ -76,6 +77,7 @@ async def passthrough(call: Call) -> web.StreamResponse:
         else (0 if request.method in ("PUT", "POST") else None),
         mutating=request.method in _MUTATING,
         touched_keys=touched,
+        write_through=body is not None and _stores_whole_object(call),
     )
     try:
         response = web.StreamResponse(status=answer.status)
@@ -92,6 +94,21 @@ async def passthrough(call: Call) -> web.StreamResponse:
     finally:
         await answer.aclose()
     return response
+
+
+def _stores_whole_object(call: Call) -> bool:
+    """A PutObject of a body (no sub-resource, no copy): what the origin stores is the body.
+
+    Not with an SSE-C key: the origin serves such an object only to a caller
+    who sends the key, so its bytes must not be served from the cache.
+    """
+    headers = call.request.headers
+    return (
+        call.route.operation == "PutObject"
+        and not writes.has_subresource(call.query)
+        and "x-amz-copy-source" not in headers
+        and not any(name.lower().startswith(_SSE_CUSTOMER) for name in headers)
+    )
 
 
 async def _verified_before_last_byte(pieces: RequestBody) -> AsyncIterator[bytes]:

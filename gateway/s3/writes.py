@@ -238,7 +238,9 @@ async def put_object(call: Call) -> web.StreamResponse:
     check = _write_check(headers, call.key)
     body = _body(call)
     attrs = _attributes(headers, body.content_encoding)
-    result = await call.writer.put_object(call.bucket, call.key, aiter(body), attrs, check)
+    result = await call.writer.put_object(
+        call.bucket, call.key, aiter(body), attrs, check, length=body.length
+    )
     return web.Response(headers={"ETag": result.etag, **_checksum_headers(body, full_object=True)})
 
 
@@ -463,8 +465,13 @@ def handler_for(call: Call) -> Handler | None:
     if found is None:
         return None
     takes, handler = found
-    for name in call.query:
+    return None if has_subresource(call.query, takes) else handler
+
+
+def has_subresource(query: Mapping[str, str], takes: frozenset[str] = frozenset()) -> bool:
+    """Whether ``query`` names a sub-resource (?tagging, ?acl, ?retention…) beyond ``takes``."""
+    for name in query:
         lower = name.lower()
         if name not in takes and lower not in _ANY_OPERATION and not lower.startswith("x-amz-"):
-            return None  # a sub-resource: ?tagging, ?acl, ?retention…
-    return handler
+            return True
+    return False
