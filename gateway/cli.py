@@ -157,7 +157,8 @@ def build(settings: Settings, metrics_dir: Path | None = None) -> web.Applicatio
         settings.credentials, settings.allow_anonymous, domains=settings.virtual_host_domains
     )
     body = BodySender()
-    front = S3Front(reader, Writer(namespace, reader), auth, settings.virtual_host_domains, body)
+    writer = Writer(namespace, reader)
+    front = S3Front(reader, writer, auth, settings.virtual_host_domains, body)
     access = AccessLog(as_json=settings.log_format == "json", enabled=settings.access_log)
     app = build_app(
         front, metrics, settings.virtual_host_domains, Admin(reader, auth, metrics), access
@@ -176,6 +177,7 @@ def build(settings: Settings, metrics_dir: Path | None = None) -> web.Applicatio
         await store.start()
 
     async def stop(app: web.Application) -> None:
+        await writer.close()  # pending write-throughs, before the tiers they write to
         await blocks.close()
         await asyncio.gather(*(origin.close() for origin in namespace.origins()))
         await disk.close()
