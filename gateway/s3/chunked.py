@@ -258,6 +258,20 @@ class RequestBody:
         self.checksums = self._verifier.finish(trailers)
 
 
+XML_BODY_LIMIT = 4 * 1024 * 1024  # a Complete of 10,000 parts is about 1 MiB
+
+
+async def read_whole(body: AsyncIterable[bytes], limit: int = XML_BODY_LIMIT) -> bytes:
+    """A small (XML) request body, verified and read whole; MalformedXML past ``limit``."""
+    pieces, size = [], 0
+    async for piece in body:
+        size += len(piece)
+        if size > limit:
+            raise S3Error(Code.MalformedXML, "The XML body is too large.")
+        pieces.append(bytes(piece))
+    return b"".join(pieces)
+
+
 # --- the signature chain ---------------------------------------------------------------
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Mapping
 
 from aiohttp import web
 
@@ -48,8 +49,9 @@ def _max_keys(call: Call) -> int:
     return value
 
 
-def _encode_keys(call: Call) -> bool:
-    encoding = call.query.get("encoding-type")
+def url_encoding_requested(query: Mapping[str, str]) -> bool:
+    """``encoding-type=url`` asked for; InvalidArgument for any other encoding."""
+    encoding = query.get("encoding-type")
     if encoding is None:
         return False
     if encoding.lower() != "url":
@@ -79,7 +81,7 @@ async def list_objects_v2(call: Call) -> web.StreamResponse:
         start_after=start_after,
         continuation_token=token,
         next_token=next_token,
-        encode=_encode_keys(call),
+        encode=url_encoding_requested(call.query),
     )
     return web.Response(body=body, content_type=XML_TYPE)
 
@@ -99,6 +101,6 @@ async def list_objects_v1(call: Call) -> web.StreamResponse:
         delimiter=delimiter,
         max_keys=max_keys,
         marker=marker,
-        encode=_encode_keys(call),
+        encode=url_encoding_requested(call.query),
     )
     return web.Response(body=body, content_type=XML_TYPE)

@@ -22,7 +22,7 @@ from aiohttp import web
 
 from gateway.s3 import writes
 from gateway.s3.call import Call
-from gateway.s3.chunked import RequestBody
+from gateway.s3.chunked import RequestBody, read_whole
 from gateway.s3.errors import Code, S3Error
 
 # Client headers that describe the client's own request to Hoard, not the object.
@@ -36,7 +36,6 @@ _NOT_RETURNED = frozenset({"content-length", "transfer-encoding", "connection", 
                            "date", "server"})  # fmt: skip
 _MUTATING = frozenset({"PUT", "POST", "DELETE"})
 _SSE_CUSTOMER = "x-amz-server-side-encryption-customer-"
-_DELETE_LIMIT = 2 * 1024 * 1024  # a DeleteObjects body names at most 1000 keys
 _DELETE_KEY = re.compile(rb"<Key>(.*?)</Key>", re.DOTALL)
 
 
@@ -60,7 +59,7 @@ async def passthrough(call: Call) -> web.StreamResponse:
             headers["Content-Encoding"] = decoded.content_encoding
         body, length = await _verified_before_last_byte(decoded), decoded.length
         if call.route.operation == "DeleteObjects":
-            raw = await _read_small(body)
+            raw = await read_whole(body)
             touched = _deleted_keys(raw)
             body, length = _once(raw), len(raw)
     elif request.method in ("PUT", "POST") and request.headers.get("Content-Encoding"):
@@ -132,17 +131,6 @@ async def _verified_before_last_byte(pieces: RequestBody) -> AsyncIterator[bytes
         yield previous  # the source has ended: every check has passed
 
     return held()
-
-
-async def _read_small(body) -> bytes:
-    parts: list[bytes] = []
-    size = 0
-    async for piece in body:
-        size += len(piece)
-        if size > _DELETE_LIMIT:
-            raise S3Error(Code.MalformedXML, "The Delete request body is too large.")
-        parts.append(bytes(piece))
-    return b"".join(parts)
 
 
 async def _once(data: bytes):

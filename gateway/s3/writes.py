@@ -40,9 +40,10 @@ from gateway.origins.base import ObjectInfo
 from gateway.s3 import xml_writes
 from gateway.s3.buckets import XML_TYPE
 from gateway.s3.call import Call
-from gateway.s3.chunked import RequestBody
+from gateway.s3.chunked import RequestBody, read_whole
 from gateway.s3.conditionals import Conditions
 from gateway.s3.errors import Code, S3Error, from_domain
+from gateway.s3.listing import url_encoding_requested
 from gateway.writer import Attributes, SourceCheck, UploadInfo, WriteCheck
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,6 @@ Handler = Callable[[Call], Awaitable[web.StreamResponse]]
 MAX_OBJECT_SIZE = 5 * 1024**3  # one PutObject, one part
 MAX_METADATA_SIZE = 2048  # user metadata: names and values, UTF-8 bytes
 LIST_LIMIT = 1000  # max-parts and max-uploads are capped here, as S3 does
-_XML_LIMIT = 4 * 1024 * 1024  # a complete of 10,000 parts is about 1 MiB
 _REPRESENTATION = ("Cache-Control", "Content-Disposition", "Content-Language", "Expires")
 # What makes copying an object onto itself legal besides a REPLACE directive.
 _SELF_COPY_CHANGES = ("x-amz-storage-class", "x-amz-website-redirect-location",
@@ -83,17 +83,6 @@ def _body(call: Call) -> RequestBody:
 
 def _xml_body(call: Call) -> RequestBody:
     return RequestBody(call.request.content, call.request.headers, call.principal.context)
-
-
-async def _read_small(body: RequestBody) -> bytes:
-    """A verified XML body, read whole (at most ``_XML_LIMIT`` bytes)."""
-    pieces, size = [], 0
-    async for piece in body:
-        size += len(piece)
-        if size > _XML_LIMIT:
-            raise S3Error(Code.MalformedXML, "The XML body is too large.")
-        pieces.append(piece)
-    return b"".join(pieces)
 
 
 def _checksum_headers(body: RequestBody, *, full_object: bool = False) -> dict[str, str]:
@@ -217,13 +206,6 @@ def _part_number(query: Mapping[str, str]) -> int:
     return int(raw)
 
 
-def _encode_keys(query: Mapping[str, str]) -> bool:
-    encoding = query.get("encoding-type")
-    if encoding is not None and encoding.lower() != "url":
-        raise S3Error(Code.InvalidArgument, "Invalid Encoding Method specified in Request")
-    return encoding is not None
-
-
 def _xml(body: bytes) -> web.Response:
     return web.Response(body=body, content_type=XML_TYPE)
 
@@ -278,7 +260,7 @@ async def delete_objects(call: Call) -> web.StreamResponse:
     body = _xml_body(call)
     if body.expected.md5 is None and body.expected.algorithm is None:
         raise S3Error(Code.InvalidRequest, "Missing required header for this request: Content-MD5")
-    request = xml_writes.parse_delete(await _read_small(body))
+    request = xml_writes.parse_delete(await read_whole(body))
     deletable = [(key, v) for key, v in request.objects if v is None or v == "null"]
     outcomes = await call.writer.delete_objects(call.bucket, [key for key, _ in deletable])
     found = dict(zip(deletable, outcomes, strict=True))
@@ -344,7 +326,7 @@ async def _upload_part_copy(call: Call, upload_id: str, number: int) -> web.Stre
 
 async def complete_multipart_upload(call: Call) -> web.StreamResponse:
     check = _write_check(call.request.headers, call.key)
-    parts = xml_writes.parse_complete(await _read_small(_xml_body(call)))
+    parts = xml_writes.parse_complete(await read_whole(_xml_body(call)))
     upload_id = call.query["uploadId"]
     result = await call.writer.complete_multipart_upload(
         call.bucket, call.key, upload_id, parts, check
@@ -362,7 +344,7 @@ async def abort_multipart_upload(call: Call) -> web.StreamResponse:
 async def list_parts(call: Call) -> web.StreamResponse:
     max_parts = min(_integer(call.query, "max-parts", LIST_LIMIT), LIST_LIMIT)
     marker = _integer(call.query, "part-number-marker", 0)
-    encode = _encode_keys(call.query)
+    encode = url_encoding_requested(call.query)
     upload_id = call.query["uploadId"]
     parts = await call.writer.list_parts(call.bucket, call.key, upload_id)
     after = [part for part in parts if part.part_number > marker]
@@ -385,7 +367,7 @@ async def list_multipart_uploads(call: Call) -> web.StreamResponse:
     key_marker = query.get("key-marker", "")
     id_marker = query.get("upload-id-marker", "") if key_marker else ""  # S3 ignores it alone
     max_uploads = min(_integer(query, "max-uploads", LIST_LIMIT), LIST_LIMIT)
-    encode = _encode_keys(query)
+    encode = url_encoding_requested(query)
     found = await call.writer.list_multipart_uploads(call.bucket, prefix)
     uploads: list[UploadInfo] = []
     prefixes: list[str] = []
