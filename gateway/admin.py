@@ -8,6 +8,9 @@ these are for operators and tools, not S3 clients.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from aiohttp import web
 
 from gateway import errors
@@ -19,10 +22,17 @@ from gateway.s3.front import request_view
 
 
 class Admin:
-    def __init__(self, reader: Reader, auth: Authenticator, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        reader: Reader,
+        auth: Authenticator,
+        metrics: Metrics,
+        cluster: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
         self._reader = reader
         self._auth = auth
         self._metrics = metrics
+        self._cluster = cluster  # the membership snapshot, in a cluster
 
     async def handle(self, request: web.Request, path: str) -> web.StreamResponse:
         try:
@@ -35,9 +45,20 @@ class Admin:
             return web.json_response({"error": "AccessDenied"}, status=403)
         if path == "/_hoard/stats" and request.method == "GET":
             return web.json_response(self._reader.stats())
+        if path == "/_hoard/cluster" and request.method == "GET":
+            return web.json_response(self._cluster_view())
         if path == "/_hoard/cache" and request.method == "DELETE":
             return await self._drop(request)
         return web.json_response({"error": "NotFound"}, status=404)
+
+    def _cluster_view(self) -> dict[str, Any]:
+        """Members, health, last-seen (this node's view) and this node's cached bytes."""
+        blocks = self._reader.blocks
+        cached = {"memory": blocks.memory.used,
+                  "disk": blocks.disk.stats().used_bytes if blocks.disk else 0}  # fmt: skip
+        if self._cluster is None:
+            return {"enabled": False, "live": [], "members": [], "cache_bytes": cached}
+        return {"enabled": True, **self._cluster(), "cache_bytes": cached}
 
     async def _drop(self, request: web.Request) -> web.StreamResponse:
         bucket = request.query.get("bucket", "")

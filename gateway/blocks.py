@@ -15,6 +15,13 @@ claims: the worker that loses the claim tails the winner's part file.
 
 Concurrent fills are bounded (``fill_slots``) because each holds its block in
 memory while it runs.
+
+In a cluster (``placement`` given) a block this node does not own is read from
+memory or disk if it happens to be there, else through a *peer fill*: one per
+block on this node (``remote``, a group apart from origin fills so that two
+nodes asking each other never wait on each other's flights), streamed from the
+owner and kept in the memory tier only, never on disk. ``local=True`` (a peer
+asking this node) always takes the owner's path: tiers, then the origin.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from gateway.cache.block import BlockId
 from gateway.cache.disk import BlockWriter, DiskTier, FillAbandoned
 from gateway.cache.memory import MemoryTier
 from gateway.cache.singleflight import Flight, FlightGroup
+from gateway.cluster.placement import Placement
 from gateway.metrics import Metrics
 from gateway.origins.base import ObjectStream, Origin
 
@@ -72,20 +80,40 @@ class BlockSource:
         disk: DiskTier | None,
         metrics: Metrics,
         fill_slots: int = 16,
+        placement: Placement | None = None,
     ) -> None:
         self.memory = memory
         self.disk = disk
         self.metrics = metrics
+        self.placement = placement
         self.fills: FlightGroup[BlockId] = FlightGroup()
+        self.remote: FlightGroup[BlockId] = FlightGroup()  # peer fills (not owned here)
         self._slots = asyncio.Semaphore(fill_slots)
+        # Peer fills have slots of their own: sharing them with origin fills would let
+        # two nodes wait on each other, each with its slots held by requests to the other.
+        self._peer_slots = asyncio.Semaphore(fill_slots)
         self._background: set[asyncio.Task[None]] = set()
 
+    @property
+    def clustered(self) -> bool:
+        """Whether blocks may be owned by another live node."""
+        return self.placement is not None and self.placement.clustered
+
+    def owns(self, ref: BlockRef) -> bool:
+        return self.placement is None or self.placement.owns(ref.block.digest)
+
     async def pieces(
-        self, ref: BlockRef, offset: int, length: int, sources: set[str] | None = None
+        self,
+        ref: BlockRef,
+        offset: int,
+        length: int,
+        sources: set[str] | None = None,
+        local: bool = False,
     ) -> AsyncIterator[Piece]:
         """The bytes [offset, offset+length) of the block, from the fastest tier that has them.
 
-        ``sources`` collects the tiers used (for the request's log line).
+        ``sources`` collects the tiers used (for the request's log line);
+        ``local`` serves as an owner whatever the ranking says (a peer's request).
         """
         seen = sources if sources is not None else set()
         cached = self.memory.get(ref.block)
@@ -101,6 +129,12 @@ class BlockSource:
                 self.metrics.served(disk=length)
                 yield FileSegment(found.fd, found.data_offset + offset, length, found.close)
                 return
+        if not local and self.fills.get(ref.block) is None and not self.owns(ref):
+            seen.add("peer")
+            async for piece in self._peer_fill(ref).read(offset, length):
+                self.metrics.served(peer=len(piece))
+                yield piece
+            return
         flight = self.fill(ref)
         seen.add("origin")
         async for piece in flight.read(offset, length):
@@ -121,8 +155,38 @@ class BlockSource:
     def read_ahead(self, refs: list[BlockRef]) -> None:
         """Start fills of the next blocks in the background unless they are cached."""
         for ref in refs:
-            if self.memory.get(ref.block) is None and self.fills.get(ref.block) is None:
-                self._spawn(self._prefetch(ref))
+            if self.memory.get(ref.block) is not None or self.fills.get(ref.block) is not None:
+                continue
+            if not self.owns(ref):
+                if self.remote.get(ref.block) is None and self.memory.admits(ref.length):
+                    self._peer_fill(ref)  # into the memory tier only
+                continue
+            self._spawn(self._prefetch(ref))
+
+    def _peer_fill(self, ref: BlockRef) -> Flight:
+        """The peer fill of a block owned elsewhere, started unless one is running."""
+        flight, started = self.remote.join_or_start(
+            ref.block, ref.length, lambda f: self._fill_from_peers(ref, f)
+        )
+        if not started:
+            self.metrics.coalesced_waiters.inc()
+        return flight
+
+    async def _fill_from_peers(self, ref: BlockRef, flight: Flight) -> None:
+        assert self.placement is not None
+        async with self._peer_slots:
+            await self.placement.fetch(ref, flight)
+            if flight.received < ref.length:  # every owner failed: the rest from the origin
+                start = ref.first + flight.received
+                async with await self._open(ref, start) as stream:
+                    if (stream.start, stream.end) != (start, ref.last):
+                        raise errors.OriginUnavailable("the origin ignored a block's range")
+                    async for chunk in stream.chunks():
+                        flight.append(chunk)
+                        self.metrics.origin_bytes.labels(ref.block.origin).inc(len(chunk))
+            flight.finish()
+            if flight.received == ref.length and self.memory.admits(ref.length):
+                self.memory.put(ref.block, flight.data())
 
     async def _prefetch(self, ref: BlockRef) -> None:
         if self.disk is not None:
@@ -175,11 +239,12 @@ class BlockSource:
         flight.append(data)
         return True
 
-    async def _open(self, ref: BlockRef) -> ObjectStream:
+    async def _open(self, ref: BlockRef, start: int | None = None) -> ObjectStream:
         block = ref.block
+        first = ref.first if start is None else start
         with self.metrics.origin_call(block.origin, "GetObject"):
             return await ref.origin.get_object(
-                block.bucket, block.key, (ref.first, ref.last), if_match=block.etag
+                block.bucket, block.key, (first, ref.last), if_match=block.etag
             )
 
     async def _copy(
@@ -237,6 +302,7 @@ class BlockSource:
 
     async def close(self) -> None:
         await self.fills.close()
+        await self.remote.close()
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)

@@ -19,18 +19,22 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
+from gateway import errors
 from gateway.accesslog import AccessLog
 from gateway.admin import Admin
-from gateway.blocks import BlockSource
+from gateway.blocks import BlockRef, BlockSource, Piece
 from gateway.cache.disk import DiskTier
 from gateway.cache.memory import MemoryTier
 from gateway.cache.metadata import MetadataCache
 from gateway.cache.metadata_store import MetadataStore
+from gateway.cluster.node import ClusterNode
+from gateway.cluster.peers import BlockRequest, Invalidation
 from gateway.config import (
     ConfigError,
     Credential,
@@ -143,7 +147,10 @@ def build(settings: Settings, metrics_dir: Path | None = None) -> web.Applicatio
         on_evict=lambda n: metrics.cache_evictions.labels("disk").inc(n),
         on_corrupt=metrics.corrupt_blocks.inc,
     )  # fmt: skip
-    blocks = BlockSource(memory, disk, metrics, cache.fill_concurrency)
+    body = BodySender()
+    cluster = _cluster(settings, metrics, namespace, lambda: blocks, lambda: reader, body)
+    placement = cluster.placement if cluster is not None else None
+    blocks = BlockSource(memory, disk, metrics, cache.fill_concurrency, placement)
     metadata = MetadataCache(
         max_heads=cache.metadata_entries, max_listing_keys=cache.listing_keys,
         whole_listing_limit=cache.whole_listing_limit,
@@ -156,13 +163,14 @@ def build(settings: Settings, metrics_dir: Path | None = None) -> web.Applicatio
     auth = Authenticator(
         settings.credentials, settings.allow_anonymous, domains=settings.virtual_host_domains
     )
-    body = BodySender()
-    writer = Writer(namespace, reader)
+    writer = Writer(namespace, reader, cluster.broadcast if cluster is not None else None)
     front = S3Front(reader, writer, auth, settings.virtual_host_domains, body)
     access = AccessLog(as_json=settings.log_format == "json", enabled=settings.access_log)
+    admin = Admin(reader, auth, metrics, cluster.snapshot if cluster is not None else None)
     app = build_app(
-        front, metrics, settings.virtual_host_domains, Admin(reader, auth, metrics), access
-    )
+        front, metrics, settings.virtual_host_domains, admin, access,
+        cluster.server if cluster is not None else None,
+    )  # fmt: skip
     metrics.cache_limit_bytes.labels("memory").set(cache.memory)
     metrics.cache_limit_bytes.labels("disk").set(cache.size)
 
@@ -175,9 +183,13 @@ def build(settings: Settings, metrics_dir: Path | None = None) -> web.Applicatio
     async def start(app: web.Application) -> None:
         await disk.start()
         await store.start()
+        if cluster is not None:
+            await cluster.start()
 
     async def stop(app: web.Application) -> None:
         await writer.close()  # pending write-throughs, before the tiers they write to
+        if cluster is not None:
+            await cluster.close()
         await blocks.close()
         await asyncio.gather(*(origin.close() for origin in namespace.origins()))
         await disk.close()
@@ -188,6 +200,35 @@ def build(settings: Settings, metrics_dir: Path | None = None) -> web.Applicatio
     app.on_startup.insert(0, start)
     app.on_cleanup.append(stop)
     return app
+
+
+def _cluster(
+    settings: Settings,
+    metrics: Metrics,
+    namespace: Namespace,
+    blocks: Callable[[], BlockSource],
+    reader: Callable[[], Reader],
+    body: BodySender,
+) -> ClusterNode | None:
+    """This node's cluster part, or None for a single node (no peers, no DNS)."""
+    if not settings.cluster.enabled:
+        return None
+    origins = {origin.name: origin for origin in namespace.origins()}
+
+    async def read_block(request: BlockRequest) -> AsyncIterator[Piece]:
+        """A peer asks this node, as the block's owner: its tiers, else its origin fill."""
+        origin = origins.get(request.origin)
+        if origin is None:
+            raise errors.OriginUnavailable(f"no origin named {request.origin!r} here")
+        ref = BlockRef(request.block_id, origin, request.first, request.last)
+        async for piece in blocks().pieces(ref, request.offset, request.length, local=True):
+            yield piece
+
+    async def invalidate(items: list[Invalidation]) -> None:
+        await reader().invalidate_origin(items)
+
+    _, port = split_listen(settings.listen)
+    return ClusterNode(settings.cluster, port, metrics, read_block, invalidate, body)
 
 
 def _metadata_event(metrics: Metrics, kind: str, state: str) -> None:

@@ -179,6 +179,22 @@ class ClusterConfig(_Strict):
     dns: str = ""
     replicas: int = Field(default=1, ge=1)
     secret: SecretStr | None = None
+    # Failure detection: a peer leaves after fail_after failed probes or requests
+    # (probe_interval apart), and returns after rejoin_after successes.
+    probe_interval: Duration = 1.0
+    probe_timeout: Duration = 1.0
+    fail_after: int = Field(default=2, ge=1)
+    rejoin_after: int = Field(default=3, ge=1)
+    # A peer's silence before a block read falls back to the next node or the origin:
+    # longer than an owner may wait for its own origin's first byte under load.
+    peer_read_timeout: Duration = 30.0
+    # The longest a write waits for other nodes to drop the key before answering.
+    invalidation_timeout: Duration = 2.0
+
+    @property
+    def enabled(self) -> bool:
+        """A cluster needs this node's URL and somewhere to find the others."""
+        return bool(self.self and (self.peers or self.dns))
 
 
 class Settings(BaseSettings):
@@ -297,6 +313,9 @@ def _check_references(settings: Settings) -> list[str]:
         if mount.bucket in seen:
             problems.append(f"mounts.{index}.bucket: bucket {mount.bucket!r} is mounted twice")
         seen.add(mount.bucket)
+    cluster = settings.cluster
+    if cluster.enabled and (cluster.secret is None or not cluster.secret.get_secret_value()):
+        problems.append("cluster.secret: a cluster (cluster.self with peers or dns) needs a secret")
     access_keys = [c.access_key for c in settings.credentials]
     if len(set(access_keys)) != len(access_keys):
         problems.append("credentials: an access_key appears twice")

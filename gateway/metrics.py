@@ -147,6 +147,43 @@ class Metrics:
             multiprocess_mode="max",
         )
 
+        # The cluster: block reads from peers (labels: operation, outcome — bounded).
+        self.peer_requests = Counter(
+            "hoard_peer_requests_total",
+            "Requests to other cluster nodes, by operation (block, invalidate).",
+            ["operation"],
+            registry=self.registry,
+        )
+        self.peer_errors = Counter(
+            "hoard_peer_errors_total",
+            "Requests to other cluster nodes that failed, by operation and kind.",
+            ["operation", "kind"],
+            registry=self.registry,
+        )
+        self.peer_bytes = Counter(
+            "hoard_peer_bytes_total",
+            "Block bytes received from other cluster nodes.",
+            registry=self.registry,
+        )
+        self.peer_duration = Histogram(
+            "hoard_peer_request_duration_seconds",
+            "Time from a peer request to its last byte, by operation.",
+            ["operation"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.membership_changes = Counter(
+            "hoard_cluster_membership_changes_total",
+            "Changes of this node's view of the live cluster members.",
+            registry=self.registry,
+        )
+        self.live_members = Gauge(
+            "hoard_cluster_live_members",
+            "Cluster members this node sees as live, itself included.",
+            registry=self.registry,
+            multiprocess_mode="max",
+        )
+
     @contextlib.contextmanager
     def origin_call(self, origin: str, operation: str) -> Iterator[None]:
         """Count one origin request, its latency to the answer, and its failure if any."""

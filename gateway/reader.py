@@ -26,6 +26,7 @@ from gateway.blocks import BlockRef, BlockSource, FileSegment, Piece
 from gateway.cache.block import BlockId, block_bounds, block_plan
 from gateway.cache.metadata import MetadataCache, Policy
 from gateway.cache.metadata_store import MetadataStore
+from gateway.cluster.peers import Invalidation
 from gateway.metrics import Metrics
 from gateway.namespace import Mount, Namespace
 from gateway.origins.base import BucketInfo, ListPage, ObjectInfo
@@ -238,7 +239,31 @@ class Reader:
     async def invalidate(self, bucket: str, key: str) -> None:
         """A write changed ``key``: forget its metadata, its listings and its blocks."""
         mount = self.namespace.resolve(bucket)
-        scope, okey = _scope(mount), mount.origin_key(key)
+        await self._invalidate_key(_scope(mount), mount.origin_key(key))
+
+    async def invalidate_prefix(self, bucket: str, prefix: str) -> None:
+        """A bucket-level change: forget metadata under ``prefix`` (blocks stay valid by ETag)."""
+        mount = self.namespace.resolve(bucket)
+        await self._invalidate_prefix(_scope(mount), mount.origin_key(prefix))
+
+    async def invalidate_origin(self, items: list[Invalidation]) -> None:
+        """Another node's write: the same drops, named by origin, origin bucket and key."""
+        for item in items:
+            scope = (item.origin, item.bucket)
+            if item.key is not None:
+                await self._invalidate_key(scope, item.key)
+            else:
+                await self._invalidate_prefix(scope, item.prefix or "")
+
+    def invalidation(self, bucket: str, key: str | None) -> Invalidation:
+        """What to tell other nodes about a change of ``key`` (None: the whole bucket)."""
+        mount = self.namespace.resolve(bucket)
+        origin, origin_bucket = _scope(mount)
+        if key is None:
+            return Invalidation(origin, origin_bucket, prefix=mount.origin_key(""))
+        return Invalidation(origin, origin_bucket, key=mount.origin_key(key))
+
+    async def _invalidate_key(self, scope: tuple[str, str], okey: str) -> None:
         self._changed(scope, okey)  # first: a write-through under way must not land after this
         self.metadata.invalidate_key(scope, okey)
         if self.store is not None:
@@ -250,13 +275,11 @@ class Reader:
         if self.blocks.disk is not None:
             await self.blocks.disk.drop_object(origin, origin_bucket, okey)
 
-    async def invalidate_prefix(self, bucket: str, prefix: str) -> None:
-        """A bucket-level change: forget metadata under ``prefix`` (blocks stay valid by ETag)."""
-        mount = self.namespace.resolve(bucket)
-        self._changed(_scope(mount), mount.origin_key(prefix), prefix=True)
-        self.metadata.invalidate_prefix(_scope(mount), mount.origin_key(prefix))
+    async def _invalidate_prefix(self, scope: tuple[str, str], oprefix: str) -> None:
+        self._changed(scope, oprefix, prefix=True)
+        self.metadata.invalidate_prefix(scope, oprefix)
         if self.store is not None:
-            await self.store.drop(_scope(mount), mount.origin_key(prefix))
+            await self.store.drop(scope, oprefix)
 
     # -- write-through -------------------------------------------------------------------
 
@@ -344,8 +367,9 @@ class Reader:
         scope = _scope(mount)
         if byte_range is not None and byte_range.suffix is not None:
             fetch = lambda: self._origin_head(mount, okey)  # noqa: E731 - the size is unknown
-        elif self.metadata.has_entry(scope, okey):
-            fetch = lambda: self._origin_head(mount, okey)  # noqa: E731 - a refresh needs no bytes
+        elif self.metadata.has_entry(scope, okey) or self.blocks.clustered:
+            # A refresh needs no bytes; in a cluster the first block may be owned elsewhere.
+            fetch = lambda: self._origin_head(mount, okey)  # noqa: E731
         else:
             index = (byte_range.first or 0) // self.block_size if byte_range else 0
             fetch = lambda: self._first_block(mount, okey, index)  # noqa: E731

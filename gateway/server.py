@@ -2,7 +2,8 @@
 
 S3 addressing (path- or virtual-hosted-style, sub-resources in the query)
 does not fit a URL router, so every request lands in ``dispatch``, which
-sends ``/_hoard/...`` and an unsigned ``GET /metrics`` to the admin handlers
+sends ``/_hoard/peer/...`` to the cluster's peer server (signed with the
+cluster secret), the rest of ``/_hoard/...`` and an unsigned ``GET /metrics`` to the admin handlers
 and everything else to the S3 front. ``_hoard`` can never be a bucket (S3
 bucket names have no underscore); ``metrics`` can, so only an unsigned GET of
 exactly ``/metrics`` with no query is the scrape endpoint, and a signed
@@ -20,6 +21,8 @@ from aiohttp import web
 
 from gateway.accesslog import AccessLog
 from gateway.admin import Admin
+from gateway.cluster.peers import PREFIX as PEER_PREFIX
+from gateway.cluster.peers import PeerServer
 from gateway.metrics import Metrics
 from gateway.s3.front import S3Front
 from gateway.s3.routing import split_host
@@ -66,7 +69,12 @@ async def _add_request_id(request: web.Request, response: web.StreamResponse) ->
 
 
 def build_app(
-    front: S3Front, metrics: Metrics, domains: list[str], admin: Admin, access: AccessLog
+    front: S3Front,
+    metrics: Metrics,
+    domains: list[str],
+    admin: Admin,
+    access: AccessLog,
+    peers: PeerServer | None = None,
 ) -> web.Application:
     """The gateway application. Everything it needs is passed in, built by ``cli.py``."""
     app = web.Application(middlewares=[_observe], client_max_size=1024**2)
@@ -74,6 +82,9 @@ def build_app(
 
     async def dispatch(request: web.Request) -> web.StreamResponse:
         path = request.raw_path.split("?", 1)[0]
+        if peers is not None and path.startswith(PEER_PREFIX):
+            request["operation"] = "Peer"
+            return await peers.handle(request, path)  # signed by the cluster secret
         if path.startswith("/_hoard/"):
             return await _open_endpoints(request, path) or await admin.handle(request, path)
         if _is_scrape(request, path, domains):

@@ -40,11 +40,12 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Protocol, runtime_checkable
 from urllib.parse import quote, unquote
 
 from gateway import errors
+from gateway.cluster.peers import Invalidation
 from gateway.namespace import Mount, Namespace
 from gateway.origins.base import ObjectInfo
 from gateway.origins.posix_write import PartInfo, PutResult, UploadInfo
@@ -53,6 +54,7 @@ from gateway.reader import Reader
 
 __all__ = ["Budget", "Capture", "ForwardResponse", "PartInfo", "PutResult", "UploadInfo", "Writer"]
 
+Broadcast = Callable[[list[Invalidation]], Awaitable[None]]  # to every other live node
 log = logging.getLogger(__name__)
 
 # Called with the object a write would replace (None if there is none); raises to refuse.
@@ -242,9 +244,12 @@ class _Tee:
 
 
 class Writer:
-    def __init__(self, namespace: Namespace, reader: Reader) -> None:
+    def __init__(
+        self, namespace: Namespace, reader: Reader, broadcast: Broadcast | None = None
+    ) -> None:
         self.namespace = namespace
         self.reader = reader
+        self._broadcast = broadcast  # a cluster: tell the other nodes, bounded wait
         self.budget = Budget(namespace.write_through_buffer)
         self._tasks: set[asyncio.Task[None]] = set()  # write-throughs under way
 
@@ -548,9 +553,14 @@ class Writer:
     async def _invalidate(self, bucket: str, key: str | None, touched: list[str]) -> None:
         if key is None and not touched:
             await self.reader.invalidate_prefix(bucket, "")  # a bucket-level change
-            return
-        for name in ([key] if key is not None else []) + touched:
-            await self.reader.invalidate(bucket, name)
+            items = [self.reader.invalidation(bucket, None)]
+        else:
+            names = ([key] if key is not None else []) + touched
+            for name in names:
+                await self.reader.invalidate(bucket, name)
+            items = [self.reader.invalidation(bucket, name) for name in names]
+        if self._broadcast is not None:
+            await self._broadcast(items)
 
 
 async def _delete(origin: Writable, bucket: str, key: str) -> None:

@@ -1,0 +1,126 @@
+"""Where one node gets the blocks it does not own: from their owners, then the origin.
+
+``Placement`` joins the three cluster mechanisms for ``blocks.py``: it ranks the
+live members of ``Membership`` for a block digest (a new ``Ranking`` only when
+the membership version moved), says whether this node is among the first
+``replicas`` (an owner, which serves from its tiers and fills from the origin),
+and otherwise fills a flight from the nodes ranked before this one, in order.
+
+Failover resumes at the byte where the previous source stopped: a peer that
+fails after ``n`` bytes leaves ``flight.received`` at ``n``, the next peer is
+asked for the rest of the block, and so is the origin after the last peer. A
+failed peer is reported to ``Membership`` (passive failure detection); an
+answer such as "no such key" proves the peer alive and ends the fill.
+
+Not guaranteed: that a block is fetched from the origin once when views of
+the live set disagree (each node asks the owner it sees; see ``__init__``).
+The nodes ranked after this one are not asked: this node is the next owner
+when the ones before it leave, and its origin fill is where the block belongs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import aclosing
+from typing import TYPE_CHECKING
+
+from gateway import errors
+from gateway.cluster.membership import Membership
+from gateway.cluster.peers import (
+    BlockRequest,
+    PeerChanged,
+    PeerClient,
+    PeerNotFound,
+    PeerUnavailable,
+)
+from gateway.cluster.rendezvous import Ranking
+from gateway.metrics import Metrics
+
+if TYPE_CHECKING:  # blocks.py imports this module
+    from gateway.blocks import BlockRef
+    from gateway.cache.singleflight import Flight
+
+log = logging.getLogger(__name__)
+
+
+class Placement:
+    """This node's view of block ownership, and peer fills along it."""
+
+    def __init__(
+        self, membership: Membership, client: PeerClient, metrics: Metrics, replicas: int = 1
+    ) -> None:
+        self.membership = membership
+        self.client = client
+        self.metrics = metrics
+        self.replicas = replicas
+        self._version = -1
+        self._ranking = Ranking([membership.self_url])
+
+    @property
+    def self_url(self) -> str:
+        return self.membership.self_url
+
+    def _current(self) -> Ranking:
+        if self._version != self.membership.version:
+            self._ranking = Ranking(self.membership.live())
+            self._version = self.membership.version
+        return self._ranking
+
+    @property
+    def clustered(self) -> bool:
+        """Whether another node is live: only then can a block be owned elsewhere."""
+        return len(self._current()) > 1
+
+    def ranked(self, digest: str) -> list[str]:
+        """The live nodes for a block digest, best first."""
+        return [node.name for node in self._current().rank(digest)]
+
+    def owns(self, digest: str) -> bool:
+        ranking = self._current()
+        if len(ranking) == 1:
+            return True
+        return any(n.name == self.self_url for n in ranking.owners(digest, self.replicas))
+
+    async def fetch(self, ref: BlockRef, flight: Flight) -> None:
+        """Append ``ref``'s block to ``flight`` from the nodes ranked before this one.
+
+        Returns with ``flight.received`` short of the block when every one of
+        them failed (the caller continues from the origin); raises ``NoSuchKey``
+        or ``OriginChanged`` when an owner's origin said so.
+        """
+        for url in self.ranked(ref.block.digest):
+            if url == self.self_url or flight.received >= ref.length:
+                return
+            try:
+                await self._from_peer(url, ref, flight)
+            except PeerUnavailable as exc:
+                log.warning("peer fill of block %s from %s stopped at byte %d: %s",
+                            ref.block.digest, url, flight.received, exc)  # fmt: skip
+                self.metrics.peer_errors.labels("block", "unavailable").inc()
+                self.membership.report_failure(url)
+                continue
+            except PeerNotFound:
+                self.metrics.peer_errors.labels("block", "not_found").inc()
+                raise errors.NoSuchKey(ref.block.key) from None
+            except PeerChanged:
+                self.metrics.peer_errors.labels("block", "changed").inc()
+                raise errors.OriginChanged(f"{ref.block.key} changed at the origin") from None
+            self.membership.report_success(url)
+            return
+
+    async def _from_peer(self, url: str, ref: BlockRef, flight: Flight) -> None:
+        block = ref.block
+        request = BlockRequest(
+            block.origin, block.bucket, block.key, block.etag, block.index, ref.first, ref.last,
+            offset=flight.received, length=ref.length - flight.received,
+        )  # fmt: skip
+        self.metrics.peer_requests.labels("block").inc()
+        started = time.perf_counter()
+        try:
+            async with aclosing(self.client.read_block(url, request)) as chunks:
+                async for chunk in chunks:
+                    flight.append(chunk)
+                    self.metrics.peer_bytes.inc(len(chunk))
+        finally:
+            self.metrics.peer_duration.labels("block").observe(time.perf_counter() - started)

@@ -1,0 +1,237 @@
+"""Three Hoard processes as one cluster, proved by counting what reaches the origin.
+
+Every node reads moto through one ``OriginProxy``; the nodes name each other in
+``cluster.peers`` and share a secret. Blocks are 8 MiB.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import datetime
+
+import aiohttp
+import pytest
+import requests
+
+from gateway.cli import main
+from gateway.cluster.peers import DATE_HEADER, SIGNATURE_HEADER, BlockRequest, sign
+from tests.conftest import ORIGIN_KEY, ORIGIN_SECRET
+from tests.harness import HoardProcess
+from tests.origin_proxy import OriginProxy
+from tests.rawhttp import signed_send
+
+MiB = 1024 * 1024
+BLOCK = 8 * MiB
+SECRET = "cluster-test-secret"
+
+
+def _config(proxy: OriginProxy) -> dict:
+    return {
+        "origins": {"moto": {"type": "s3", "endpoint": proxy.endpoint, "access_key": ORIGIN_KEY,
+                             "secret_key": ORIGIN_SECRET, "addressing_style": "path",
+                             "max_attempts": 2}},
+        "default_origin": "moto",
+        "allow_anonymous": True,
+        "access_log": False,
+        "cache": {"block_size": "8MiB", "size": "1GiB", "memory": "64MiB"},
+    }  # fmt: skip
+
+
+def start_cluster(tmp_path, proxy: OriginProxy, count: int = 3) -> list[HoardProcess]:
+    nodes = [HoardProcess(tmp_path / f"node{i}", _config(proxy)) for i in range(count)]
+    peers = [node.endpoint for node in nodes]
+    for node in nodes:
+        node.config["cluster"] = {"self": node.endpoint, "peers": peers, "secret": SECRET,
+                                  "probe_interval": "0.25s", "probe_timeout": "0.5s",
+                                  "fail_after": 2, "rejoin_after": 2}  # fmt: skip
+    started: list[HoardProcess] = []
+    try:
+        for node in nodes:
+            started.append(node.start())
+        _wait_live(nodes, count)
+    except BaseException:
+        for node in started:
+            node.stop()
+        raise
+    return nodes
+
+
+def cluster_view(node: HoardProcess) -> dict:
+    answer = signed_send(node.port, "GET", "/_hoard/cluster")
+    assert answer.status == 200, answer.body
+    return json.loads(answer.body)
+
+
+def _wait_live(nodes: list[HoardProcess], count: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(len(cluster_view(node)["live"]) == count for node in nodes):
+            return
+        time.sleep(0.1)
+    raise AssertionError([cluster_view(node)["live"] for node in nodes])
+
+
+@pytest.fixture(scope="module")
+def proxy(moto_endpoint) -> Iterator[OriginProxy]:
+    running = OriginProxy(moto_endpoint).start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, proxy) -> Iterator[list[HoardProcess]]:
+    nodes = start_cluster(tmp_path_factory.mktemp("cluster"), proxy)
+    yield nodes
+    for node in nodes:
+        assert node.stop() == 0, node.log()
+
+
+@pytest.fixture
+def bucket(origin_client) -> str:
+    name = f"cl-{uuid.uuid4().hex[:10]}"
+    origin_client.create_bucket(Bucket=name)
+    return name
+
+
+async def _get_all(urls: list[str]) -> list[bytes]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+
+        async def one(url: str) -> bytes:
+            async with session.get(url) as answer:
+                assert answer.status == 200, await answer.text()
+                return await answer.read()
+
+        return await asyncio.gather(*(one(url) for url in urls))
+
+
+def get_many(urls: list[str]) -> list[bytes]:
+    return asyncio.run(_get_all(urls))
+
+
+def test_dataset_round_robin_is_fetched_once_per_cluster(cluster, proxy, origin_client, bucket):
+    sizes = [1 * MiB + 17 * i for i in range(12)] + [2 * BLOCK + 12345 * i for i in range(1, 5)]
+    data = {f"shard-{i:03d}": os.urandom(size) for i, size in enumerate(sizes)}
+    for key, body in data.items():
+        origin_client.put_object(Bucket=bucket, Key=key, Body=body)
+    keys = sorted(data)
+    urls = [f"{cluster[i % 3].endpoint}/{bucket}/{key}" for i, key in enumerate(keys)]
+    total = sum(sizes)
+    proxy.reset()
+    assert get_many(urls) == [data[key] for key in keys]
+    print(f"first pass: {proxy.bytes} origin bytes for {total}, {dict(proxy.counts)}")
+    assert proxy.bytes <= 1.02 * total, (proxy.bytes, total, proxy.counts)
+    proxy.reset()
+    assert get_many(urls) == [data[key] for key in keys]
+    assert sum(proxy.counts.values()) == 0, proxy.counts
+    peer = [_metric(node, 'hoard_bytes_served_total{source="peer"}') for node in cluster]
+    assert sum(peer) > 0
+
+
+def _metric(node: HoardProcess, name: str) -> float:
+    for line in requests.get(f"{node.endpoint}/metrics", timeout=5).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_cold_readers_on_every_node_cost_one_origin_get_per_block(
+    cluster, proxy, origin_client, bucket
+):
+    data = os.urandom(64 * MiB)
+    origin_client.put_object(Bucket=bucket, Key="big", Body=data)
+    proxy.reset()
+    bodies = get_many([f"{node.endpoint}/{bucket}/big" for node in cluster for _ in range(32)])
+    assert all(body == data for body in bodies)
+    print(f"64 MiB x 96 readers: {dict(proxy.counts)}, {proxy.bytes} origin bytes")
+    assert proxy.counts["GetObject"] == 8, proxy.ranges
+    assert proxy.bytes == len(data)
+
+
+def test_a_write_through_one_node_is_seen_by_another(cluster, origin_client, bucket):
+    a, b = cluster[0].client(), cluster[1].client()
+    origin_client.put_object(Bucket=bucket, Key="k", Body=b"old")
+    assert b.get_object(Bucket=bucket, Key="k")["Body"].read() == b"old"  # cached on b
+    assert b.list_objects_v2(Bucket=bucket)["Contents"][0]["Size"] == 3
+    a.put_object(Bucket=bucket, Key="k", Body=b"brand new")
+    assert b.get_object(Bucket=bucket, Key="k")["Body"].read() == b"brand new"
+    assert b.head_object(Bucket=bucket, Key="k")["ContentLength"] == 9
+    assert b.list_objects_v2(Bucket=bucket)["Contents"][0]["Size"] == 9
+    a.delete_object(Bucket=bucket, Key="k")
+    assert b.list_objects_v2(Bucket=bucket).get("KeyCount") == 0
+
+
+def test_peer_endpoint_needs_the_cluster_signature(cluster, origin_client, bucket):
+    data = os.urandom(1000)
+    origin_client.put_object(Bucket=bucket, Key="secret", Body=data)
+    etag = origin_client.head_object(Bucket=bucket, Key="secret")["ETag"]
+    block = BlockRequest("moto", bucket, "secret", etag, 0, 0, 999, 0, 1000)
+    url = cluster[0].endpoint + block.target()
+    date = str(int(time.time()))
+    unsigned = requests.get(url, timeout=5)
+    wrong = requests.get(url, timeout=5, headers={DATE_HEADER: date,
+                         SIGNATURE_HEADER: sign("not-the-secret", "GET", block.target(), date)})  # fmt: skip
+    for answer in (unsigned, wrong):
+        assert answer.status_code == 403
+        assert data not in answer.content
+    good = sign(SECRET, "GET", block.target(), date)
+    right = requests.get(url, timeout=5, headers={DATE_HEADER: date, SIGNATURE_HEADER: good})
+    assert right.status_code == 200 and right.content == data
+
+
+def test_a_killed_node_leaves_and_readers_never_notice(tmp_path, proxy, origin_client, bucket):
+    nodes = start_cluster(tmp_path, proxy)
+    try:
+        data = {f"large-{i}": os.urandom(4 * BLOCK - 1000 * i) for i in range(4)}
+        for key, body in data.items():
+            origin_client.put_object(Bucket=bucket, Key=key, Body=body)
+        keys = sorted(data) * 4
+        survivors = nodes[1:]
+        urls = [f"{survivors[i % 2].endpoint}/{bucket}/{key}" for i, key in enumerate(keys)]
+        proxy.mode, proxy.slow_delay = "slow", 0.01  # cold fills take seconds: kill mid-stream
+
+        async def read_while_killing() -> tuple[list[bytes], float]:
+            reads = asyncio.ensure_future(_get_all(urls))
+            await asyncio.sleep(1.0)
+            assert not reads.done()
+            killed = time.time()
+            nodes[0].stop(signal.SIGKILL)
+            return await reads, killed
+
+        bodies, killed = asyncio.run(read_while_killing())
+        proxy.mode = "ok"
+        assert bodies == [data[key] for key in keys]
+        for node in survivors:
+            assert nodes[0].endpoint not in cluster_view(node)["live"]
+            # When it left, by the survivor's own clock (this process is busy streaming).
+            detection = _left_at(node, nodes[0].endpoint) - killed
+            print(f"killed node left {node.endpoint}'s live set after {detection:.2f}s")
+            assert detection < 2.0  # fail_after 2 x probe_interval 0.25 s, with slack
+    finally:
+        proxy.mode = "ok"
+        for node in nodes:
+            node.stop()
+
+
+def _left_at(node: HoardProcess, url: str) -> float:
+    for line in node.log().splitlines():
+        if f"cluster peer {url} left the live set" in line:
+            stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+            return stamp.timestamp()
+    raise AssertionError(f"{url} never left the live set of {node.endpoint}")
+
+
+def test_a_cluster_without_a_secret_is_a_config_error(tmp_path, capsys):
+    config = tmp_path / "hoard.yaml"
+    config.write_text(
+        "cluster: {self: 'http://127.0.0.1:9000', peers: ['http://127.0.0.1:9001']}\n"
+    )
+    assert main(["serve", "--config", str(config)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == ["hoard: config error: cluster.secret: a cluster (cluster.self with peers "
+                     "or dns) needs a secret"]  # fmt: skip
