@@ -298,6 +298,8 @@ def test_limited_credential_cannot_copy_from_a_bucket_it_may_not_read(hoard, buc
     client(hoard).put_object(Bucket=bucket, Key="secret", Body=b"not for limited")
     limited = s3_client(hoard.endpoint, LIMITED_KEY, LIMITED_SECRET)
     with pytest.raises(botocore.exceptions.ClientError) as excinfo:
-        limited.copy_object(Bucket="frozen", Key="stolen", CopySource={"Bucket": bucket, "Key": "secret"})
+        limited.copy_object(
+            Bucket="frozen", Key="stolen", CopySource={"Bucket": bucket, "Key": "secret"}
+        )
     assert code(excinfo) == "AccessDenied"
     assert not origin_has(origin_client, "frozen-origin", "stolen")
