@@ -23,12 +23,13 @@ from gateway.blocks import BlockSource, FileSegment
 from gateway.cache.disk import DiskTier
 from gateway.cache.memory import MemoryTier
 from gateway.cache.metadata import MetadataCache
+from gateway.capture import Budget, Capture
 from gateway.metrics import Metrics
 from gateway.namespace import Mount, Namespace
 from gateway.origins.base import ObjectInfo
 from gateway.origins.posix import PosixOrigin
 from gateway.reader import Reader
-from gateway.writer import Attributes, Budget, Capture, Writer
+from gateway.writer import Attributes, Writer
 from tests.harness import HoardProcess
 from tests.origin_proxy import OriginProxy
 from tests.test_block_cache import hoard_config
