@@ -220,10 +220,7 @@ class Reader:
         mount = self.namespace.resolve(bucket)
         origin, origin_bucket = _scope(mount)
         okey_prefix = mount.origin_key(prefix)
-        self._changed(_scope(mount), okey_prefix, prefix=True)
-        self.metadata.invalidate_prefix(_scope(mount), okey_prefix)
-        if self.store is not None:
-            await self.store.drop(_scope(mount), okey_prefix)
+        await self._invalidate_prefix((origin, origin_bucket), okey_prefix)
         memory = self.blocks.memory.discard_where(
             lambda b: (
                 b.origin == origin and b.bucket == origin_bucket and b.key.startswith(okey_prefix)

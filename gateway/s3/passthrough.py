@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
+from xml.sax.saxutils import unescape
 
 from aiohttp import web
 
@@ -138,6 +139,4 @@ async def _once(data: bytes):
 
 
 def _deleted_keys(xml_body: bytes) -> list[str]:
-    from xml.sax.saxutils import unescape
-
     return [unescape(match.decode("utf-8", "replace")) for match in _DELETE_KEY.findall(xml_body)]

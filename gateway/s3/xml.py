@@ -90,6 +90,22 @@ def _contents(page: ListPage, encode: bool) -> str:
     return "".join(parts)
 
 
+def _list_bucket_result(
+    head: list[str], page: ListPage, *, max_keys: int, delimiter: str, encode: bool
+) -> bytes:
+    """The part of a ListBucketResult both versions share, after their own leading elements."""
+    head.append(f"<MaxKeys>{max_keys}</MaxKeys>")
+    if delimiter:
+        head.append(_element("Delimiter", _url(delimiter, encode)))
+    if encode:
+        head.append("<EncodingType>url</EncodingType>")
+    head.append(f"<IsTruncated>{'true' if page.is_truncated else 'false'}</IsTruncated>")
+    return (
+        f'{DECLARATION}<ListBucketResult xmlns="{NAMESPACE}">{"".join(head)}'
+        f"{_contents(page, encode)}</ListBucketResult>"
+    ).encode()
+
+
 def list_objects_v2(
     bucket: str,
     page: ListPage,
@@ -110,16 +126,7 @@ def list_objects_v2(
     if next_token is not None:
         head.append(_element("NextContinuationToken", next_token))
     head.append(f"<KeyCount>{len(page.entries) + len(page.common_prefixes)}</KeyCount>")
-    head.append(f"<MaxKeys>{max_keys}</MaxKeys>")
-    if delimiter:
-        head.append(_element("Delimiter", _url(delimiter, encode)))
-    if encode:
-        head.append("<EncodingType>url</EncodingType>")
-    head.append(f"<IsTruncated>{'true' if page.is_truncated else 'false'}</IsTruncated>")
-    return (
-        f'{DECLARATION}<ListBucketResult xmlns="{NAMESPACE}">{"".join(head)}'
-        f"{_contents(page, encode)}</ListBucketResult>"
-    ).encode()
+    return _list_bucket_result(head, page, max_keys=max_keys, delimiter=delimiter, encode=encode)
 
 
 def list_objects_v1(
@@ -140,13 +147,4 @@ def list_objects_v1(
     # S3 sends NextMarker only with a delimiter; without one the last key is the marker.
     if page.is_truncated and delimiter and page.next_marker is not None:
         head.append(_element("NextMarker", _url(page.next_marker, encode)))
-    head.append(f"<MaxKeys>{max_keys}</MaxKeys>")
-    if delimiter:
-        head.append(_element("Delimiter", _url(delimiter, encode)))
-    if encode:
-        head.append("<EncodingType>url</EncodingType>")
-    head.append(f"<IsTruncated>{'true' if page.is_truncated else 'false'}</IsTruncated>")
-    return (
-        f'{DECLARATION}<ListBucketResult xmlns="{NAMESPACE}">{"".join(head)}'
-        f"{_contents(page, encode)}</ListBucketResult>"
-    ).encode()
+    return _list_bucket_result(head, page, max_keys=max_keys, delimiter=delimiter, encode=encode)
