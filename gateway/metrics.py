@@ -26,6 +26,10 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+# Tiers an object byte can come from, and outcomes of a metadata lookup.
+SOURCES = ("memory", "disk", "origin", "peer")
+METADATA_STATES = ("hit", "miss", "stale", "stale_error", "negative")
+
 _LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )  # fmt: skip
@@ -183,6 +187,7 @@ class Metrics:
             registry=self.registry,
             multiprocess_mode="max",
         )
+        self._create_known_series()
 
     @contextlib.contextmanager
     def origin_call(self, origin: str, operation: str) -> Iterator[None]:
@@ -196,6 +201,21 @@ class Metrics:
             raise
         finally:
             self.origin_duration.labels(origin, operation).observe(time.perf_counter() - started)
+
+    def _create_known_series(self) -> None:
+        """Export bounded label sets at 0 from the start.
+
+        A series that first appears with its increase already in it has a
+        ``rate()`` of 0 over its first window: a hit ratio would read 0 right
+        after the first warm hit. Prometheus' advice: initialise what you can.
+        """
+        for source in SOURCES:
+            self.bytes_served.labels(source)
+        for tier in ("memory", "disk"):
+            self.cache_evictions.labels(tier)
+        for kind in ("head", "list"):
+            for state in METADATA_STATES:
+                self.metadata_lookups.labels(kind, state)
 
     def served(self, memory: int = 0, disk: int = 0, origin: int = 0, peer: int = 0) -> None:
         """Count object bytes handed to a client by the tier that supplied them."""
