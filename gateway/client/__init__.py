@@ -1,0 +1,5 @@
+"""Small clients of Hoard's own endpoints (``/_hoard/...``), for the CLI and for training code.
+
+They are synchronous on purpose: the CLI and a data loader's sampler call them
+from plain Python, outside any event loop.
+"""
