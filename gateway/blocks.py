@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -107,38 +108,35 @@ class BlockSource:
         ref: BlockRef,
         offset: int,
         length: int,
-        sources: set[str] | None = None,
+        sources: Counter[str] | None = None,
         local: bool = False,
     ) -> AsyncIterator[Piece]:
         """The bytes [offset, offset+length) of the block, from the fastest tier that has them.
 
-        ``sources`` collects the tiers used (for the request's log line);
-        ``local`` serves as an owner whatever the ranking says (a peer's request).
+        ``sources`` tallies the bytes yielded by tier (for the request's log
+        line and metrics); ``local`` serves as an owner whatever the ranking
+        says (a peer's request).
         """
-        seen = sources if sources is not None else set()
+        seen = sources if sources is not None else Counter()
         cached = self.memory.get(ref.block)
         if cached is not None:
-            seen.add("memory")
-            self.metrics.served(memory=length)
+            seen["memory"] += length
             yield memoryview(cached)[offset : offset + length]
             return
         if self.fills.get(ref.block) is None and self.disk is not None:
             found = await self.disk.get(ref.block)
             if found is not None:
-                seen.add("disk")
-                self.metrics.served(disk=length)
+                seen["disk"] += length
                 yield FileSegment(found.fd, found.data_offset + offset, length, found.close)
                 return
         if not local and self.fills.get(ref.block) is None and not self.owns(ref):
-            seen.add("peer")
             async for piece in self._peer_fill(ref).read(offset, length):
-                self.metrics.served(peer=len(piece))
+                seen["peer"] += len(piece)
                 yield piece
             return
         flight = self.fill(ref)
-        seen.add("origin")
         async for piece in flight.read(offset, length):
-            self.metrics.served(origin=len(piece))
+            seen["origin"] += len(piece)
             yield piece
 
     def fill(self, ref: BlockRef, stream: ObjectStream | None = None) -> Flight:

@@ -134,10 +134,10 @@ def build(settings: Settings, metrics_dir: Path | None = None) -> web.Applicatio
 
     ``metrics_dir`` is set when this process is one of several workers.
     """
-    metrics = Metrics(multiprocess_dir=metrics_dir)
+    namespace = Namespace.from_settings(settings, build_origins(settings))
+    metrics = Metrics(multiprocess_dir=metrics_dir, mounts=namespace.labels())
     shared = metrics_dir is not None
     cache = settings.cache
-    namespace = Namespace.from_settings(settings, build_origins(settings))
     memory = MemoryTier(
         cache.memory, cache.memory_item_max,
         on_evict=lambda n: metrics.cache_evictions.labels("memory").inc(n),
@@ -154,7 +154,7 @@ def build(settings: Settings, metrics_dir: Path | None = None) -> web.Applicatio
     metadata = MetadataCache(
         max_heads=cache.metadata_entries, max_listing_keys=cache.listing_keys,
         whole_listing_limit=cache.whole_listing_limit,
-        on_event=lambda kind, state: _metadata_event(metrics, kind, state),
+        on_event=lambda kind, state, mount: _metadata_event(metrics, kind, state, mount),
     )  # fmt: skip
     store = MetadataStore(
         cache.dir / "metadata.sqlite3", max_rows=10 * cache.metadata_entries, shared=shared
@@ -231,8 +231,8 @@ def _cluster(
     return ClusterNode(settings.cluster, port, metrics, read_block, invalidate, body)
 
 
-def _metadata_event(metrics: Metrics, kind: str, state: str) -> None:
-    metrics.metadata_lookups.labels(kind, state).inc()
+def _metadata_event(metrics: Metrics, kind: str, state: str, mount: str) -> None:
+    metrics.metadata_lookups.labels(kind, state, mount).inc()
     if state == "stale_error":
         log.warning("origin failing: serving stale %s metadata (stale-if-error)", kind)
 

@@ -3,8 +3,10 @@
 Metrics live on a registry owned by one ``Metrics`` object that ``cli.py``
 builds and passes down: no module-level collectors, so tests can build as
 many independent gateways as they like. Labels are bounded sets (operation,
-status, source, origin name from config) — never a key, bucket or other
-client-supplied string.
+status, source, origin and mount names from config) — never a key, bucket or
+other client-supplied string: ``mount`` is a configured mount's bucket,
+``default`` for any bucket passed through to ``default_origin``, and empty for
+requests outside a bucket (see ``Namespace.label``).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
 from prometheus_client import (
@@ -20,11 +22,14 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    ProcessCollector,
     generate_latest,
     multiprocess,
     values,
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 # Tiers an object byte can come from, and outcomes of a metadata lookup.
 SOURCES = ("memory", "disk", "origin", "peer")
@@ -47,40 +52,85 @@ def enable_multiprocess(directory: Path) -> None:
     values.ValueClass = values.MultiProcessValue()
 
 
+class ProcessTreeCollector(Collector):
+    """The standard ``process_*`` metrics of a whole Hoard node.
+
+    With several workers the node is a supervisor and its forked workers;
+    prometheus-client's multiprocess mode cannot share process metrics, so the
+    worker that answers a scrape reads every process of the tree from
+    ``/proc`` and sums them (CPU, memory, file descriptors; the oldest start
+    time; the largest fd limit), as a single-process node would report.
+    """
+
+    _COMBINE = {"process_start_time_seconds": min, "process_max_fds": max}
+
+    def __init__(self, tree: bool) -> None:
+        self._tree = tree
+
+    def _pids(self) -> list[int]:
+        if not self._tree:
+            return [os.getpid()]
+        parent = os.getppid()
+        try:
+            with open(f"/proc/{parent}/task/{parent}/children") as listing:
+                return [parent, *map(int, listing.read().split())]
+        except OSError:  # no /proc children list here: this worker alone
+            return [os.getpid()]
+
+    def collect(self) -> Iterator[Metric]:
+        families: dict[str, Metric] = {}
+        seen: dict[str, list[float]] = {}  # sample name -> its value in each process
+        for pid in self._pids():
+            for family in ProcessCollector(pid=lambda pid=pid: pid, registry=None).collect():
+                families.setdefault(family.name, family)
+                for sample in family.samples:
+                    seen.setdefault(sample.name, []).append(sample.value)
+        for family in families.values():
+            family.samples = [
+                sample._replace(value=self._COMBINE.get(sample.name, sum)(seen[sample.name]))
+                for sample in family.samples
+            ]
+            yield family
+
+
 class Metrics:
     content_type = CONTENT_TYPE_LATEST
 
     def __init__(self, registry: CollectorRegistry | None = None,
-                 multiprocess_dir: Path | None = None) -> None:  # fmt: skip
+                 multiprocess_dir: Path | None = None, mounts: Iterable[str] = ()) -> None:  # fmt: skip
+        """``mounts``: the ``mount`` label values known at start (see ``mount_label``)."""
         self.registry = registry or CollectorRegistry()
+        self._mounts = tuple(mounts)
+        self._process = ProcessTreeCollector(tree=multiprocess_dir is not None)
+        self.registry.register(self._process)
         self._multiprocess_dir = multiprocess_dir
         # Called before each scrape, to set gauges that are cheaper to read than to track.
         self.before_render: list[Callable[[], None]] = []
         self.requests = Counter(
             "hoard_requests_total",
-            "S3 requests answered, by operation and HTTP status.",
-            ["operation", "status"],
+            "S3 requests answered, by operation, HTTP status and mount.",
+            ["operation", "status", "mount"],
             registry=self.registry,
         )
         self.request_duration = Histogram(
             "hoard_request_duration_seconds",
-            "Time from request to the end of the response, by operation.",
-            ["operation"],
+            "Time from request to the end of the response, by operation and mount.",
+            ["operation", "mount"],
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
         self.response_bytes = Counter(
             "hoard_response_bytes_total",
-            "Response body bytes sent to clients, by operation.",
-            ["operation"],
+            "Response body bytes sent to clients, by operation and mount.",
+            ["operation", "mount"],
             registry=self.registry,
         )
 
         self.bytes_served = Counter(
             "hoard_bytes_served_total",
-            "Object bytes handed to clients, by the tier they came from "
-            "(memory, disk, origin, peer).",
-            ["source"],
+            "Object bytes handed to S3 clients, by the tier they came from "
+            "(memory, disk, origin, peer) and mount.",
+            ["source", "mount"],
             registry=self.registry,
         )
         self.origin_requests = Counter(
@@ -132,8 +182,8 @@ class Metrics:
         self.metadata_lookups = Counter(
             "hoard_metadata_lookups_total",
             "Metadata cache lookups by kind (head, list) and outcome "
-            "(hit, miss, stale, stale_error, negative).",
-            ["kind", "state"],
+            "(hit, miss, stale, stale_error, negative; evicted, with no mount) and mount.",
+            ["kind", "state", "mount"],
             registry=self.registry,
         )
         self.cache_bytes = Gauge(
@@ -209,24 +259,20 @@ class Metrics:
         ``rate()`` of 0 over its first window: a hit ratio would read 0 right
         after the first warm hit. Prometheus' advice: initialise what you can.
         """
-        for source in SOURCES:
-            self.bytes_served.labels(source)
         for tier in ("memory", "disk"):
             self.cache_evictions.labels(tier)
-        for kind in ("head", "list"):
-            for state in METADATA_STATES:
-                self.metadata_lookups.labels(kind, state)
+        for mount in self._mounts:
+            for source in SOURCES:
+                self.bytes_served.labels(source, mount)
+            for kind in ("head", "list"):
+                for state in METADATA_STATES:
+                    self.metadata_lookups.labels(kind, state, mount)
 
-    def served(self, memory: int = 0, disk: int = 0, origin: int = 0, peer: int = 0) -> None:
-        """Count object bytes handed to a client by the tier that supplied them."""
-        for source, count in (
-            ("memory", memory),
-            ("disk", disk),
-            ("origin", origin),
-            ("peer", peer),
-        ):
+    def served(self, mount: str, tally: Mapping[str, int]) -> None:
+        """Count object bytes handed to a client, by the tier that supplied them (``SOURCES``)."""
+        for source, count in tally.items():
             if count:
-                self.bytes_served.labels(source).inc(count)
+                self.bytes_served.labels(source, mount).inc(count)
 
     def render(self) -> bytes:
         for refresh in self.before_render:
@@ -235,4 +281,5 @@ class Metrics:
             return generate_latest(self.registry)
         combined = CollectorRegistry()
         multiprocess.MultiProcessCollector(combined, path=str(self._multiprocess_dir))
+        combined.register(self._process)
         return generate_latest(combined)

@@ -21,6 +21,9 @@ from gateway import errors
 from gateway.config import PosixOriginConfig, Settings
 from gateway.origins.base import BucketInfo, Origin
 
+# The metric label shared by buckets that no mount names (passed through or unknown).
+PASSTHROUGH_LABEL = "default"
+
 
 @dataclass(frozen=True, slots=True)
 class Mount:
@@ -36,6 +39,11 @@ class Mount:
     # Largest object whose bytes a PutObject also puts in the block cache; 0: none.
     write_through_max: int = 64 * 1024 * 1024
     mounted: bool = True  # False for a bucket passed through by default_origin
+
+    @property
+    def label(self) -> str:
+        """This mount's ``mount`` metric label (see ``Namespace.label``)."""
+        return self.bucket if self.mounted else PASSTHROUGH_LABEL
 
     def origin_key(self, key: str) -> str:
         return self.prefix + key
@@ -103,6 +111,20 @@ class Namespace:
             write_through_max=self._write_through_max,
             mounted=False,
         )
+
+    def label(self, bucket: str) -> str:
+        """The ``mount`` metric label of a request for ``bucket``: never the client's string.
+
+        A configured mount is named by its bucket; every other bucket shares
+        ``PASSTHROUGH_LABEL`` (there may be any number of them); no bucket: empty.
+        """
+        if bucket in self._mounts:
+            return bucket
+        return PASSTHROUGH_LABEL if bucket else ""
+
+    def labels(self) -> list[str]:
+        """Every ``mount`` label value this namespace can give a request for a bucket."""
+        return [*self._mounts, *([PASSTHROUGH_LABEL] if self._default_origin else [])]
 
     def mounts(self) -> list[Mount]:
         return list(self._mounts.values())

@@ -17,7 +17,7 @@ mixing versions. Blocks are named by ETag, so new metadata means new blocks.
 from __future__ import annotations
 
 import dataclasses
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -70,15 +70,15 @@ class ObjectRead:
     """
 
     def __init__(self, info: ObjectInfo, start: int, end: int, partial: bool,
-                 pieces: AsyncIterator[Piece] | None, sources: set[str] | None = None) -> None:  # fmt: skip
+                 pieces: AsyncIterator[Piece] | None, sources: Counter[str] | None = None) -> None:  # fmt: skip
         self.info = info
         self.start = start
         self.end = end
         self.partial = partial
         self._pieces = pieces
         self._first: Piece | None = None
-        # Tiers the bytes came from (memory, disk, origin), filled in as they are read.
-        self.sources = sources if sources is not None else set()
+        # Bytes by the tier they came from (memory, disk, peer, origin), tallied as read.
+        self.sources = sources if sources is not None else Counter()
 
     @property
     def length(self) -> int:
@@ -184,7 +184,7 @@ class Reader:
         client_info = dataclasses.replace(info, key=key)
         if info.size == 0:
             return ObjectRead(client_info, 0, -1, False, None)
-        sources: set[str] = set()
+        sources: Counter[str] = Counter()
         pieces = self._pieces(mount, okey, info, start, end, sources)
         return ObjectRead(client_info, start, end, byte_range is not None, pieces, sources)
 
@@ -337,6 +337,9 @@ class Reader:
         for watch in found:
             watch.changed = True
 
+    def mount_label(self, bucket: str) -> str:
+        return self.namespace.label(bucket)
+
     def stats(self) -> dict[str, object]:
         memory = self.blocks.memory
         disk = self.blocks.disk.stats() if self.blocks.disk else None
@@ -428,7 +431,7 @@ class Reader:
         return BlockRef(block, mount.origin, first, last)
 
     async def _pieces(
-        self, mount: Mount, okey: str, info: ObjectInfo, start: int, end: int, sources: set[str]
+        self, mount: Mount, okey: str, info: ObjectInfo, start: int, end: int, sources: Counter[str]
     ) -> AsyncIterator[Piece]:
         spans = block_plan(start, end, self.block_size)
         refs = [self._ref(mount, okey, info, span.index) for span in spans]
@@ -466,7 +469,7 @@ def _scope(mount: Mount) -> tuple[str, str]:
 
 
 def _policy(mount: Mount) -> Policy:
-    return Policy(ttl=mount.metadata_ttl, negative_ttl=mount.negative_ttl)
+    return Policy(ttl=mount.metadata_ttl, negative_ttl=mount.negative_ttl, label=mount.label)
 
 
 def _bare(etag: str) -> str:

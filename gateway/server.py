@@ -47,10 +47,13 @@ async def _observe(
     elapsed = time.perf_counter() - started
     operation = request.get("operation", "Admin")
     metrics: Metrics = request.app[STATE]["metrics"]
-    metrics.requests.labels(operation, str(response.status)).inc()
-    metrics.request_duration.labels(operation).observe(elapsed)
+    mount = request.get("mount", "")
+    metrics.requests.labels(operation, str(response.status), mount).inc()
+    metrics.request_duration.labels(operation, mount).observe(elapsed)
     written = response.body_length if response.prepared else 0
-    metrics.response_bytes.labels(operation).inc(written)
+    metrics.response_bytes.labels(operation, mount).inc(written)
+    if "served" in request:
+        metrics.served(mount, request["served"])
     # sendfile bytes bypass aiohttp's count; the declared length is what was sent.
     sent = response.content_length if response.prepared and response.content_length else written
     request.app[STATE]["access_log"].record(

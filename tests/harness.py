@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -15,10 +16,29 @@ import boto3
 import requests
 import yaml
 from botocore.config import Config
+from prometheus_client.parser import text_string_to_metric_families
 
 ACCESS_KEY = "test-access"
 SECRET_KEY = "test-secret-key"
 REPO = Path(__file__).resolve().parent.parent
+
+
+def metric(endpoint: str, selector: str) -> float:
+    """The sum of the samples ``selector`` (``name`` or ``name{label="v",...}``) picks on
+    ``endpoint``'s /metrics: labels not named match anything, as in PromQL."""
+    return sum_samples(requests.get(f"{endpoint}/metrics", timeout=10).text, selector)
+
+
+def sum_samples(exposition: str, selector: str) -> float:
+    """The sum of the samples ``selector`` picks in a Prometheus text exposition."""
+    name, _, rest = selector.partition("{")
+    wanted = dict(re.findall(r'(\w+)="([^"]*)"', rest))
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(exposition)
+        for sample in family.samples
+        if sample.name == name and wanted.items() <= sample.labels.items()
+    )
 
 
 def free_port() -> int:

@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 
 from tests.conftest import ORIGIN_KEY, ORIGIN_SECRET
-from tests.harness import HoardProcess
+from tests.harness import HoardProcess, sum_samples
 from tests.origin_proxy import OriginProxy
 
 MiB = 1024 * 1024
@@ -95,17 +95,18 @@ def test_64_concurrent_cold_gets_cost_one_origin_get_per_block(
         assert get_many([f"{node.endpoint}/{bucket}/shard-40m"] * 8) == [data] * 8
         assert sum(proxy.counts.values()) == 0
         metrics = asyncio.run(_text(f"{node.endpoint}/metrics"))
-        served = _counter(metrics, 'hoard_requests_total{operation="GetObject",status="200"}')
+        served = sum_samples(metrics, 'hoard_requests_total{operation="GetObject",status="200"}')
         assert served == 72  # summed over every worker
+        # Process metrics cover the node's processes: supervisor and workers.
+        assert node.proc is not None
+        pids = [node.proc.pid, *_children(node.proc.pid)]
+        assert len(pids) == (1 if workers == 1 else 1 + workers)
+        own_fds = sum(len(os.listdir(f"/proc/{pid}/fd")) for pid in pids)
+        assert sum_samples(metrics, "process_open_fds") >= own_fds * 0.5
+        if workers > 1:  # one worker alone holds far fewer than the whole tree
+            assert sum_samples(metrics, "process_open_fds") > len(os.listdir(f"/proc/{pids[1]}/fd"))
     finally:
         assert node.stop() == 0
-
-
-def _counter(text: str, name: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[-1])
-    raise AssertionError(f"{name} not in metrics")
 
 
 def test_ranges_across_block_boundaries(node, proxy, origin_client, bucket):
@@ -358,11 +359,17 @@ def test_admin_stats_and_drop(tmp_path, proxy, origin_client, bucket):
         ) == [keep, drop]
         assert proxy.gets("/drop/a") == 1 and proxy.gets("/keep/a") == 0
         metrics = asyncio.run(_text(f"{node.endpoint}/metrics"))
-        assert 'hoard_bytes_served_total{source="origin"}' in metrics
-        assert 'hoard_metadata_lookups_total{kind="head",state="miss"}' in metrics
-        assert 'hoard_cache_bytes{tier="disk"}' in metrics
+        # The drop/a re-read went to the origin, through the "default" (passthrough) mount.
+        assert sum_samples(metrics, 'hoard_bytes_served_total{source="origin",mount="default"}')
+        assert sum_samples(metrics, 'hoard_metadata_lookups_total{kind="head",state="miss"}')
+        assert sum_samples(metrics, 'hoard_cache_bytes{tier="disk"}')
     finally:
         node.stop()
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as listing:
+        return [int(child) for child in listing.read().split()]
 
 
 async def _status(url: str) -> int:

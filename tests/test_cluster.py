@@ -22,7 +22,7 @@ import requests
 from gateway.cli import main
 from gateway.cluster.peers import DATE_HEADER, SIGNATURE_HEADER, BlockRequest, sign
 from tests.conftest import ORIGIN_KEY, ORIGIN_SECRET
-from tests.harness import HoardProcess
+from tests.harness import HoardProcess, metric
 from tests.origin_proxy import OriginProxy
 from tests.rawhttp import signed_send
 
@@ -129,15 +129,8 @@ def test_dataset_round_robin_is_fetched_once_per_cluster(cluster, proxy, origin_
     proxy.reset()
     assert get_many(urls) == [data[key] for key in keys]
     assert sum(proxy.counts.values()) == 0, proxy.counts
-    peer = [_metric(node, 'hoard_bytes_served_total{source="peer"}') for node in cluster]
+    peer = [metric(node.endpoint, 'hoard_bytes_served_total{source="peer"}') for node in cluster]
     assert sum(peer) > 0
-
-
-def _metric(node: HoardProcess, name: str) -> float:
-    for line in requests.get(f"{node.endpoint}/metrics", timeout=5).text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[-1])
-    return 0.0
 
 
 def test_cold_readers_on_every_node_cost_one_origin_get_per_block(

@@ -109,7 +109,9 @@ def events() -> list[tuple[str, str]]:
 
 @pytest.fixture
 def cache(clock: Clock, events: list[tuple[str, str]]) -> MetadataCache:
-    return MetadataCache(clock=clock, on_event=lambda kind, state: events.append((kind, state)))
+    return MetadataCache(
+        clock=clock, on_event=lambda kind, state, _mount: events.append((kind, state))
+    )
 
 
 def listing(cache: MetadataCache, lister: Lister, prefix: str = "", delimiter: str = "",
@@ -471,7 +473,7 @@ async def test_prefix_over_the_limit_stops_early_and_caches_pages(
 
 
 async def test_heads_are_bounded_least_recently_used_first(clock: Clock, events: list) -> None:
-    cache = MetadataCache(max_heads=3, clock=clock, on_event=lambda *e: events.append(e))
+    cache = MetadataCache(max_heads=3, clock=clock, on_event=lambda *e: events.append(e[:2]))
     for key in ("k1", "k2", "k3"):
         cache.put_head(SCOPE, key, info(key), POLICY)
     await cache.head(SCOPE, "k1", POLICY, Fetch(info("k1")))  # k2 is now the oldest
@@ -484,7 +486,7 @@ async def test_heads_are_bounded_least_recently_used_first(clock: Clock, events:
 
 
 async def test_listings_are_bounded_by_total_keys(clock: Clock, events: list) -> None:
-    cache = MetadataCache(max_listing_keys=5, clock=clock, on_event=lambda *e: events.append(e))
+    cache = MetadataCache(max_listing_keys=5, clock=clock, on_event=lambda *e: events.append(e[:2]))
     lister = Lister(["a/1", "a/2", "a/3", "b/1", "b/2", "c/1", "c/2"])
     await listing(cache, lister, "a/")
     await listing(cache, lister, "b/")

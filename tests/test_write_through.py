@@ -13,11 +13,12 @@ import asyncio
 import os
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
-import requests
+from prometheus_client import generate_latest
 
 from gateway.blocks import BlockSource, FileSegment
 from gateway.cache.disk import DiskTier
@@ -30,7 +31,7 @@ from gateway.origins.base import ObjectInfo
 from gateway.origins.posix import PosixOrigin
 from gateway.reader import Reader
 from gateway.writer import Attributes, Writer
-from tests.harness import HoardProcess
+from tests.harness import HoardProcess, metric, sum_samples
 from tests.origin_proxy import OriginProxy
 from tests.test_block_cache import hoard_config
 
@@ -137,7 +138,8 @@ async def _wired(tmp_path: Path, block_size: int = 64 * 1024, buffer: int = 8 * 
     return origin, reader, Writer(namespace, reader), metrics
 
 
-async def _read(reader: Reader, key: str) -> bytes:
+async def _read(reader: Reader, key: str, sources: Counter[str] | None = None) -> bytes:
+    """The object's bytes; ``sources`` gets the bytes by tier they came from."""
     read = await reader.open_object("b", key)
     out = bytearray()
     try:
@@ -149,11 +151,14 @@ async def _read(reader: Reader, key: str) -> bytes:
                 out += piece
     finally:
         await read.aclose()
+    if sources is not None:
+        sources.update(read.sources)
     return bytes(out)
 
 
 def _count(metrics: Metrics, name: str, **labels: str) -> float:
-    return metrics.registry.get_sample_value(name, labels) or 0.0
+    selector = name + "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+    return sum_samples(generate_latest(metrics.registry).decode(), selector)
 
 
 async def test_write_through_serves_the_next_read_without_the_origin(tmp_path) -> None:
@@ -164,13 +169,14 @@ async def test_write_through_serves_the_next_read_without_the_origin(tmp_path) -
     await writer.settle()
     assert writer.budget.used == 0
     assert _count(metrics, "hoard_write_through_bytes_total") == len(data)
-    assert await _read(reader, "ckpt") == data
+    sources: Counter[str] = Counter()
+    assert await _read(reader, "ckpt", sources) == data
     origin_gets = _count(
         metrics, "hoard_origin_requests_total", origin="disk", operation="GetObject"
     )
     heads = _count(metrics, "hoard_origin_requests_total", origin="disk", operation="HeadObject")
     assert (origin_gets, heads) == (0, 1)  # the one HEAD learned the metadata
-    assert _count(metrics, "hoard_bytes_served_total", source="origin") == 0
+    assert sources["origin"] == 0 and sources["memory"] + sources["disk"] == len(data)
     await reader.blocks.disk.close()
 
 
@@ -236,13 +242,6 @@ def bucket(origin_client) -> str:
     return name
 
 
-def _metric(endpoint: str, name: str) -> float:
-    for line in requests.get(f"{endpoint}/metrics", timeout=10).text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[-1])
-    return 0.0
-
-
 def _wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -255,10 +254,10 @@ WRITTEN = "hoard_write_through_bytes_total"
 
 def _settled(endpoint: str) -> None:
     """Until the bytes written through stop changing for a moment."""
-    last = _metric(endpoint, WRITTEN)
+    last = metric(endpoint, WRITTEN)
     while True:
         time.sleep(0.2)
-        now = _metric(endpoint, WRITTEN)
+        now = metric(endpoint, WRITTEN)
         if now == last:
             return
         last = now
@@ -271,7 +270,7 @@ def test_put_then_get_costs_no_origin_get(tmp_path, proxy, origin_client, bucket
         data = os.urandom(20 * MiB)
         proxy.reset()
         etag = client.put_object(Bucket=bucket, Key="ckpt/step-100", Body=data)["ETag"]
-        _wait_for(lambda: _metric(node.endpoint, WRITTEN) == len(data))
+        _wait_for(lambda: metric(node.endpoint, WRITTEN) == len(data))
         # The PUT itself and the one HEAD that learned Last-Modified and Content-Type.
         assert dict(proxy.counts) == {"PUT": 1, "HeadObject": 1}
         proxy.reset()
@@ -280,7 +279,7 @@ def test_put_then_get_costs_no_origin_get(tmp_path, proxy, origin_client, bucket
         assert client.head_object(Bucket=bucket, Key="ckpt/step-100")["ContentLength"] == len(data)
         assert sum(proxy.counts.values()) == 0  # not one origin request
         served = 'hoard_bytes_served_total{source="origin"}'
-        assert _metric(node.endpoint, served) == 0
+        assert metric(node.endpoint, served) == 0
     finally:
         assert node.stop() == 0
 
@@ -294,7 +293,7 @@ def test_an_object_over_write_through_max_is_not_cached(tmp_path, proxy, bucket)
         client.put_object(Bucket=bucket, Key="big", Body=data)
         time.sleep(0.3)  # give a (wrong) write-through a moment to show
         assert dict(proxy.counts) == {"PUT": 1}
-        assert _metric(node.endpoint, WRITTEN) == 0
+        assert metric(node.endpoint, WRITTEN) == 0
         assert client.get_object(Bucket=bucket, Key="big")["Body"].read() == data
         assert proxy.counts["GetObject"] == 13  # every 8 MiB block from the origin
     finally:
@@ -326,13 +325,13 @@ def test_quick_overwrites_read_the_newest_bytes(tmp_path, proxy, origin_client, 
             key = f"k{round_}"
             versions = [os.urandom(9 * MiB + i) for i in range(3)]
             newest = len(versions[-1])
-            before = _metric(node.endpoint, WRITTEN)
+            before = metric(node.endpoint, WRITTEN)
             proxy.reset()
             for version in versions:
                 client.put_object(Bucket=bucket, Key=key, Body=version)
             # Each write-through asks one HEAD; the last one caches the newest bytes.
             _wait_for(lambda: proxy.counts["HeadObject"] == 3)
-            _wait_for(lambda: _metric(node.endpoint, WRITTEN) >= before + newest)  # noqa: B023
+            _wait_for(lambda: metric(node.endpoint, WRITTEN) >= before + newest)  # noqa: B023
             _settled(node.endpoint)
             for _ in range(3):
                 assert client.get_object(Bucket=bucket, Key=key)["Body"].read() == versions[-1]
@@ -355,23 +354,23 @@ def test_posix_put_then_get_is_served_from_the_cache(tmp_path) -> None:
         data = os.urandom(20 * MiB + 5)
         client.put_object(Bucket="scratch", Key="eval/ckpt.pt", Body=data)
         assert (root / "scratch" / "eval" / "ckpt.pt").read_bytes() == data
-        _wait_for(lambda: _metric(node.endpoint, WRITTEN) == len(data))
+        _wait_for(lambda: metric(node.endpoint, WRITTEN) == len(data))
         gets = 'hoard_origin_requests_total{operation="GetObject",origin="nfs"}'
         heads = 'hoard_origin_requests_total{operation="HeadObject",origin="nfs"}'
         before = {
-            name: _metric(node.endpoint, name)
+            name: metric(node.endpoint, name)
             for name in (gets, heads, 'hoard_bytes_served_total{source="disk"}',
                          'hoard_bytes_served_total{source="memory"}')
         }  # fmt: skip
         assert before[gets] == 0 and before[heads] == 1
         assert client.get_object(Bucket="scratch", Key="eval/ckpt.pt")["Body"].read() == data
         cached = sum(
-            _metric(node.endpoint, name) - before[name]
+            metric(node.endpoint, name) - before[name]
             for name in ('hoard_bytes_served_total{source="disk"}',
                          'hoard_bytes_served_total{source="memory"}')
         )  # fmt: skip
         assert cached == len(data)
-        assert _metric(node.endpoint, gets) == 0 and _metric(node.endpoint, heads) == 1
-        assert _metric(node.endpoint, 'hoard_bytes_served_total{source="origin"}') == 0
+        assert metric(node.endpoint, gets) == 0 and metric(node.endpoint, heads) == 1
+        assert metric(node.endpoint, 'hoard_bytes_served_total{source="origin"}') == 0
     finally:
         assert node.stop() == 0

@@ -97,6 +97,7 @@ class Policy:
     negative_ttl: float = 10.0
     stale_while_revalidate: float = math.inf  # past expiry: serve stale while one refresh runs
     stale_if_error: float = math.inf  # past expiry: serve stale when the origin errors
+    label: str = ""  # the mount these lookups are for, passed to ``on_event`` (metrics)
 
 
 @dataclass(slots=True)
@@ -154,7 +155,7 @@ class MetadataCache:
         max_listing_keys: int = 1_000_000,
         whole_listing_limit: int = 100_000,
         clock: Callable[[], float] = time.monotonic,
-        on_event: Callable[[str, str], None] | None = None,
+        on_event: Callable[[str, str, str], None] | None = None,
     ) -> None:
         self._whole_limit = whole_listing_limit
         self._clock = clock
@@ -177,7 +178,7 @@ class MetadataCache:
         k = (scope, key)
         entry = self._tables["head"].get(k)
         if entry is not None and entry.value is None and self._clock() < entry.fresh_until:
-            self._count("head", "negative")
+            self._count("head", "negative", policy.label)
             raise NoSuchKey(key)
         return await self._lookup("head", k, partial(self._load_head, k, policy, fetch), policy)
 
@@ -329,23 +330,24 @@ class MetadataCache:
         entry = table.get(k)
         now = self._clock()
         if entry is not None and now < entry.fresh_until:
-            return self._served(kind, entry.value, "hit")
+            return self._served(kind, entry.value, "hit", policy.label)
         if _usable(entry, now, policy.stale_while_revalidate):
             if (tag, k) not in self._flights:  # exactly one refresh; nobody awaits it
                 self._flight((tag, k), load).add_done_callback(
                     partial(_log_refresh_failure, (tag, k))
                 )
-            return self._served(kind, entry.value, "stale")
+            return self._served(kind, entry.value, "stale", policy.label)
         try:
-            return self._served(kind, await asyncio.shield(self._flight((tag, k), load)), "miss")
+            loaded = await asyncio.shield(self._flight((tag, k), load))
+            return self._served(kind, loaded, "miss", policy.label)
         except OriginUnavailable:
             entry = table.get(k)  # again: invalidation may have dropped it meanwhile
             if _usable(entry, self._clock(), policy.stale_if_error):
-                return self._served(kind, entry.value, "stale_error")
-            self._count(kind, "miss")
+                return self._served(kind, entry.value, "stale_error", policy.label)
+            self._count(kind, "miss", policy.label)
             raise
         except Exception:
-            self._count(kind, "miss")
+            self._count(kind, "miss", policy.label)
             raise
 
     def _flight(self, fk: tuple[str, Any], load: Load) -> asyncio.Task[Any]:
@@ -383,16 +385,16 @@ class MetadataCache:
         for fk in [fk for fk in self._flights if (head if fk[0] == "head" else lists)(fk[1])]:
             del self._flights[fk]
 
-    def _count(self, kind: str, state: str) -> None:
+    def _count(self, kind: str, state: str, label: str = "") -> None:
         if state in _COUNTER:
             self._counts[_COUNTER[state]] += 1
         if self._on_event is not None:
-            self._on_event(kind, state)
+            self._on_event(kind, state, label)
 
-    def _served(self, kind: str, value: T, state: str) -> Lookup[T]:
+    def _served(self, kind: str, value: T, state: str, label: str) -> Lookup[T]:
         # None is a too-big verdict, not an answer: the page lookup after it counts.
         if value is not None:
-            self._count(kind, state)
+            self._count(kind, state, label)
         return Lookup(value, state)
 
 

@@ -80,6 +80,7 @@ class S3Front:
         found: Route = route(request.method, request.host, view.raw_path, query, self._domains)
         request["operation"] = found.operation.split(":")[0]
         request["bucket"] = found.bucket
+        request["mount"] = self._reader.mount_label(found.bucket)
         principal = self._auth.authenticate(view)
         principal.authorize(found.bucket, mutating=request.method in ("PUT", "POST", "DELETE"))
         copy_source = request.headers.get("x-amz-copy-source")

@@ -107,6 +107,7 @@ async def get_object(call: Call) -> web.StreamResponse:
         await _stream(call, response, writer, read)
     finally:
         call.request["source"] = "+".join(sorted(read.sources)) or "-"
+        call.request["served"] = read.sources
         await read.aclose()
     return response
 
