@@ -343,3 +343,19 @@ async def test_retries_stop_when_the_breaker_opens_meanwhile() -> None:
     with pytest.raises(errors.OriginUnavailable):
         await guarded.head_object("b", "k")
     assert origin.calls == 1  # no second try into an open breaker
+
+
+def test_example_config_documents_every_protection_key() -> None:
+    from gateway.config import BreakerConfig, LimitsConfig, RetryConfig, build_settings, read_yaml
+    from tests.harness import REPO
+
+    raw = read_yaml(REPO / "config" / "hoard.yaml", environ={})
+    aws = raw["origins"]["aws"]
+    for key, model in (
+        ("limits", LimitsConfig),
+        ("retry", RetryConfig),
+        ("breaker", BreakerConfig),
+    ):
+        assert set(aws[key]) == set(model.model_fields), key
+        assert model(**aws[key]) == model()  # the example shows the defaults
+    assert build_settings(raw).origins["nfs"].max_attempts == 3
