@@ -61,6 +61,8 @@ class Scripted:
         self.always: errors.HoardError | None = None
         self.tries: dict[str, int] = {}
         self.calls = 0
+        self.broken_bodies = 0  # GETs of a key whose body breaks before its first byte
+        self.streams: list[Body] = []
 
     def _answer(self, key: str) -> None:
         self.calls += 1
@@ -84,7 +86,11 @@ class Scripted:
         return "us-east-1"
 
     async def get_object(self, bucket: str, key: str, byte_range=None, if_match=None) -> Any:
-        raise NotImplementedError
+        self._answer(key)
+        broken = self.tries[key] <= self.broken_bodies
+        stream = Body(key, b"0123456789", broken)
+        self.streams.append(stream)
+        return stream
 
     async def list_objects(self, bucket: str, prefix: str = "", delimiter: str = "",
                            start_after: str = "", max_keys: int = 1000) -> ListPage:  # fmt: skip
@@ -93,6 +99,30 @@ class Scripted:
 
     async def close(self) -> None:
         pass
+
+
+class Body:
+    """A GET's body in two chunks; ``broken``: the connection resets before the first."""
+
+    def __init__(self, key: str, data: bytes, broken: bool) -> None:
+        self.info = ObjectInfo(key, len(data), '"e"', datetime(2024, 1, 1, tzinfo=UTC))
+        self.start, self.end = 0, len(data) - 1
+        self.data, self.broken, self.closed = data, broken, False
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        if self.broken:
+            raise errors.OriginUnavailable("connection reset")
+        yield self.data[:4]
+        yield self.data[4:]
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+    async def __aenter__(self) -> Body:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
 
 def guard(origin: Origin, clock: Clock, metrics: Metrics, **protection: Any) -> OriginGuard:
@@ -255,6 +285,19 @@ async def test_slowdowns_are_retried_and_counted() -> None:
                   operation="HeadObject") == 20  # fmt: skip
     # Full jitter (rand pinned to its top here): 50 ms, then 100 ms, per request.
     assert sorted(set(clock.slept)) == pytest.approx([0.05, 0.1])
+
+
+async def test_a_body_that_breaks_before_its_first_byte_is_retried() -> None:
+    clock, metrics = Clock(), Metrics()
+    origin = Scripted()
+    origin.broken_bodies = 1
+    guarded = guard(origin, clock, metrics, max_attempts=3, limits={"max_concurrency": 1})
+    assert await read(await guarded.get_object("b", "k")) == b"0123456789"
+    assert origin.calls == 2
+    assert [stream.closed for stream in origin.streams] == [True, True]
+    assert guarded.gate.held == 0
+    assert sample(metrics, "hoard_origin_retries_total", origin="scripted",
+                  operation="GetObject") == 1  # fmt: skip
 
 
 async def test_max_attempts_counts_every_try() -> None:

@@ -15,9 +15,10 @@ one per configured origin, built in ``cli.py``. For each request, in order:
    all), the retry budget allows and the breaker has not opened meanwhile
    (``retry.py``). The slot is given back during the backoff.
 
-Body chunks are paced by the bytes/s bucket as they are read. Retries stop at
-the response headers: once a GET has answered, a failure in its body reaches
-the caller (the block fill), which knows what it already has.
+Body chunks are paced by the bytes/s bucket as they are read. A GET's first
+chunk is read inside its try, so a body that fails before its first byte is
+retried like any failed request; after the first byte a failure reaches the
+caller (the block fill), which alone knows what it already has.
 
 Writes are not guarded: everything but the read protocol (``forward``,
 ``put_object`` and the other posix writes) passes through to the wrapped
@@ -202,7 +203,13 @@ class OriginGuard:
         if not holds_slot:
             release()
             return result
-        return GuardedStream(result, release, self._bytes, self._events, self._sleep)
+        stream = GuardedStream(result, release, self._bytes, self._events, self._sleep)
+        try:
+            await stream.prime()  # inside the try: a body that fails at once is retried
+        except BaseException:
+            await stream.aclose()
+            raise
+        return stream
 
     async def _take_slot(self) -> Callable[[], None]:
         """Wait for a concurrency slot and a request token; returns the slot's release."""
@@ -262,6 +269,8 @@ class GuardedStream:
         self._events = events
         self._sleep = sleep
         self._chunks: AsyncIterator[bytes] | None = None
+        self._first: bytes | None = None  # read by prime(), not yet delivered
+        self._ended = False
 
     def chunks(self) -> AsyncIterator[bytes]:
         # Its own iterator, not an async generator: see S3ObjectStream.chunks.
@@ -270,14 +279,28 @@ class GuardedStream:
     def __aiter__(self) -> GuardedStream:
         return self
 
+    async def prime(self) -> None:
+        """Read the first chunk now, so that a failure before any byte is the request's."""
+        self._chunks = aiter(self._inner.chunks())
+        self._first = await self._next()
+
+    async def _next(self) -> bytes | None:
+        assert self._chunks is not None
+        try:
+            return await anext(self._chunks)
+        except StopAsyncIteration:
+            self._ended = True
+            self._release()  # the whole body is read: no longer in flight
+            return None
+
     async def __anext__(self) -> bytes:
         if self._chunks is None:
-            self._chunks = aiter(self._inner.chunks())
-        try:
-            chunk = await anext(self._chunks)
-        except StopAsyncIteration:
-            self._release()  # the whole body is read: no longer in flight
-            raise
+            await self.prime()
+        chunk, self._first = self._first, None
+        if chunk is None and not self._ended:
+            chunk = await self._next()
+        if chunk is None:
+            raise StopAsyncIteration
         delay = self._bucket.reserve(len(chunk))
         if delay > 0:
             self._events.throttled("bytes")
