@@ -14,7 +14,9 @@ a second time. Workers of one node coordinate through the disk tier's fill
 claims: the worker that loses the claim tails the winner's part file.
 
 Concurrent fills are bounded (``fill_slots``) because each holds its block in
-memory while it runs.
+memory while it runs; fills fed by a metadata miss's GET (``fill(ref, stream)``)
+are bounded by the origin's concurrency cap instead (see ``_fill``). Read-ahead
+fills run at background priority (``gateway.priority``).
 
 In a cluster (``placement`` given) a block this node does not own is read from
 memory or disk if it happens to be there, else through a *peer fill*: one per
@@ -33,7 +35,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from gateway import errors
+from gateway import errors, priority
 from gateway.cache.block import BlockId
 from gateway.cache.disk import BlockWriter, DiskTier, FillAbandoned
 from gateway.cache.memory import MemoryTier
@@ -151,15 +153,22 @@ class BlockSource:
         return flight
 
     def read_ahead(self, refs: list[BlockRef]) -> None:
-        """Start fills of the next blocks in the background unless they are cached."""
-        for ref in refs:
-            if self.memory.get(ref.block) is not None or self.fills.get(ref.block) is not None:
-                continue
-            if not self.owns(ref):
-                if self.remote.get(ref.block) is None and self.memory.admits(ref.length):
-                    self._peer_fill(ref)  # into the memory tier only
-                continue
-            self._spawn(self._prefetch(ref))
+        """Start fills of the next blocks in the background unless they are cached.
+
+        They run at background priority: at a busy origin, a client's miss goes first.
+        """
+        with priority.background():  # copied into the tasks started below
+            for ref in refs:
+                self._read_ahead_one(ref)
+
+    def _read_ahead_one(self, ref: BlockRef) -> None:
+        if self.memory.get(ref.block) is not None or self.fills.get(ref.block) is not None:
+            return
+        if not self.owns(ref):
+            if self.remote.get(ref.block) is None and self.memory.admits(ref.length):
+                self._peer_fill(ref)  # into the memory tier only
+            return
+        self._spawn(self._prefetch(ref))
 
     def _peer_fill(self, ref: BlockRef) -> Flight:
         """The peer fill of a block owned elsewhere, started unless one is running."""
@@ -201,17 +210,26 @@ class BlockSource:
         task.add_done_callback(self._background.discard)
 
     async def _fill(self, ref: BlockRef, flight: Flight, stream: ObjectStream | None) -> None:
+        if stream is not None:
+            # The stream already holds an origin concurrency slot (the metadata miss's
+            # GET). Waiting for a fill slot with it while fills holding fill slots wait
+            # for origin slots would deadlock; these are bounded by the origin's cap.
+            try:
+                writer = await self._begin(ref)
+            except BaseException:
+                await stream.aclose()
+                raise
+            await self._copy(ref, stream, flight, writer)
+            return
         async with self._slots:
-            if stream is None and await self._from_disk(ref, flight):
+            if await self._from_disk(ref, flight):
                 return
             writer = await self._begin(ref)
-            if writer is None and self.disk is not None and stream is None:
+            if writer is None and self.disk is not None:
                 if await self._follow(ref, flight):
                     return
                 writer = await self._begin(ref)
-            if stream is None:
-                stream = await self._open(ref)
-            await self._copy(ref, stream, flight, writer)
+            await self._copy(ref, await self._open(ref), flight, writer)
 
     async def _begin(self, ref: BlockRef) -> BlockWriter | None:
         if self.disk is None:

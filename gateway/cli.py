@@ -38,7 +38,6 @@ from gateway.cluster.peers import BlockRequest, Invalidation
 from gateway.config import (
     ConfigError,
     Credential,
-    PosixOriginConfig,
     S3OriginConfig,
     Settings,
     load_settings,
@@ -47,6 +46,7 @@ from gateway.config import (
 from gateway.metrics import Metrics, enable_multiprocess
 from gateway.namespace import Namespace
 from gateway.origins.base import Origin
+from gateway.origins.guard import OriginGuard
 from gateway.origins.posix import PosixOrigin
 from gateway.origins.s3 import S3Origin
 from gateway.reader import Reader
@@ -119,13 +119,16 @@ def generated_credential(cache_dir: Path) -> Credential:
     return Credential(**pair)
 
 
-def build_origins(settings: Settings) -> dict[str, Origin]:
+def build_origins(settings: Settings, metrics: Metrics) -> dict[str, Origin]:
+    """Every configured origin, each behind its guard (limits, retries, circuit breaker)."""
     origins: dict[str, Origin] = {}
     for name, cfg in settings.origins.items():
+        origin: Origin
         if isinstance(cfg, S3OriginConfig):
-            origins[name] = S3Origin(name, cfg)
-        elif isinstance(cfg, PosixOriginConfig):
-            origins[name] = PosixOrigin(name, cfg.path)
+            origin = S3Origin(name, cfg)
+        else:
+            origin = PosixOrigin(name, cfg.path)
+        origins[name] = OriginGuard(origin, cfg, metrics.origin_guard(name))
     return origins
 
 
@@ -134,10 +137,11 @@ def build(settings: Settings, metrics_dir: Path | None = None) -> web.Applicatio
 
     ``metrics_dir`` is set when this process is one of several workers.
     """
-    namespace = Namespace.from_settings(settings, build_origins(settings))
-    metrics = Metrics(multiprocess_dir=metrics_dir, mounts=namespace.labels())
+    metrics = Metrics(multiprocess_dir=metrics_dir)
     shared = metrics_dir is not None
     cache = settings.cache
+    namespace = Namespace.from_settings(settings, build_origins(settings, metrics))
+    metrics.create_mount_series(namespace.labels())
     memory = MemoryTier(
         cache.memory, cache.memory_item_max,
         on_evict=lambda n: metrics.cache_evictions.labels("memory").inc(n),

@@ -140,7 +140,42 @@ class Credential(_Strict):
     readonly: bool = False
 
 
-class S3OriginConfig(_Strict):
+class LimitsConfig(_Strict):
+    """How hard Hoard may press one origin (``origins/guard.py``); 0 means unlimited."""
+
+    # Requests in flight at once (a GET until its body is read or closed). Waiting
+    # client requests go before background ones (warm, prefetch, read-ahead).
+    max_concurrency: int = Field(default=64, ge=1, le=100_000)
+    requests_per_second: float = Field(default=0.0, ge=0)
+    bytes_per_second: Size = 0  # body bytes, throttled by delaying chunks
+
+
+class RetryConfig(_Strict):
+    """Full-jitter exponential backoff, bounded by a retry budget (Finagle's RetryBudget)."""
+
+    base_delay: Duration = 0.05  # the first retry waits up to this, doubling each try
+    max_delay: Duration = 5.0
+    # Retries over the last 10 s may add this share of the requests, plus a floor.
+    budget_ratio: float = Field(default=0.2, ge=0, le=10)
+    budget_min_per_second: float = Field(default=10.0, ge=0)
+
+
+class BreakerConfig(_Strict):
+    """Open after ``failures`` failed requests in a row; probe again after ``open_for``."""
+
+    failures: int = Field(default=5, ge=0)  # 0: never open
+    open_for: Duration = 5.0
+
+
+class _OriginBase(_Strict):
+    # Tries in all per request (1: no retries) on 5xx, SlowDown, timeouts, connection errors.
+    max_attempts: int = Field(default=3, ge=1, le=20)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    retry: RetryConfig = Field(default_factory=RetryConfig)
+    breaker: BreakerConfig = Field(default_factory=BreakerConfig)
+
+
+class S3OriginConfig(_OriginBase):
     type: Literal["s3"]
     endpoint: str | None = None
     region: str = "us-east-1"
@@ -153,7 +188,7 @@ class S3OriginConfig(_Strict):
     read_timeout: Duration = 60.0
 
 
-class PosixOriginConfig(_Strict):
+class PosixOriginConfig(_OriginBase):
     type: Literal["posix"]
     path: Path
 

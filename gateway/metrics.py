@@ -34,6 +34,12 @@ from prometheus_client.registry import Collector
 # Tiers an object byte can come from, and outcomes of a metadata lookup.
 SOURCES = ("memory", "disk", "origin", "peer")
 METADATA_STATES = ("hit", "miss", "stale", "stale_error", "negative")
+# Origin protection: who waits, which limit held a request back, breaker states.
+PRIORITIES = ("client", "background")
+LIMITS = ("concurrency", "requests", "bytes")
+BREAKER_STATES = ("open", "half_open", "closed")
+ORIGIN_OPERATIONS = ("GetObject", "HeadObject", "ListObjectsV2", "HeadBucket",
+                     "GetBucketLocation", "ListBuckets")  # fmt: skip
 
 _LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -97,10 +103,8 @@ class Metrics:
     content_type = CONTENT_TYPE_LATEST
 
     def __init__(self, registry: CollectorRegistry | None = None,
-                 multiprocess_dir: Path | None = None, mounts: Iterable[str] = ()) -> None:  # fmt: skip
-        """``mounts``: the ``mount`` label values known at start (see ``mount_label``)."""
+                 multiprocess_dir: Path | None = None) -> None:  # fmt: skip
         self.registry = registry or CollectorRegistry()
-        self._mounts = tuple(mounts)
         self._process = ProcessTreeCollector(tree=multiprocess_dir is not None)
         self.registry.register(self._process)
         self._multiprocess_dir = multiprocess_dir
@@ -237,7 +241,70 @@ class Metrics:
             registry=self.registry,
             multiprocess_mode="max",
         )
+        self._origin_protection()
         self._create_known_series()
+
+    def _origin_protection(self) -> None:
+        """What ``origins/guard.py`` reports, per origin (labels: origin, priority, limit, state)."""
+        self.origin_in_flight = Gauge(
+            "hoard_origin_in_flight_requests",
+            "Origin requests holding a concurrency slot (a GET until its body is read or closed), "
+            "by origin and priority (client, background).",
+            ["origin", "priority"],
+            registry=self.registry,
+            multiprocess_mode="livesum",
+        )
+        self.origin_queued = Gauge(
+            "hoard_origin_queued_requests",
+            "Origin requests waiting for a concurrency slot, by origin and priority.",
+            ["origin", "priority"],
+            registry=self.registry,
+            multiprocess_mode="livesum",
+        )
+        self.origin_queue_wait = Histogram(
+            "hoard_origin_queue_wait_seconds",
+            "Time an origin request waited for a concurrency slot, by origin and priority.",
+            ["origin", "priority"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.origin_throttled = Counter(
+            "hoard_origin_throttled_total",
+            "Origin requests (or body chunks, for bytes) held back by a limit, by origin and "
+            "limit (concurrency, requests, bytes).",
+            ["origin", "limit"],
+            registry=self.registry,
+        )
+        self.origin_retries = Counter(
+            "hoard_origin_retries_total",
+            "Origin requests tried again after a failure, by origin and operation.",
+            ["origin", "operation"],
+            registry=self.registry,
+        )
+        self.origin_retry_budget_exhausted = Counter(
+            "hoard_origin_retry_budget_exhausted_total",
+            "Failed origin requests not retried because the retry budget was spent.",
+            ["origin", "operation"],
+            registry=self.registry,
+        )
+        self.origin_breaker_open = Gauge(
+            "hoard_origin_breaker_open",
+            "1 while the circuit breaker for an origin is open or half-open, else 0.",
+            ["origin"],
+            registry=self.registry,
+            multiprocess_mode="max",
+        )
+        self.origin_breaker_transitions = Counter(
+            "hoard_origin_breaker_transitions_total",
+            "Circuit breaker state changes, by origin and the state entered "
+            "(open, half_open, closed).",
+            ["origin", "state"],
+            registry=self.registry,
+        )
+
+    def origin_guard(self, origin: str) -> OriginGuardMetrics:
+        """The metrics of one origin's guard, its series exported at 0 from now."""
+        return OriginGuardMetrics(self, origin)
 
     @contextlib.contextmanager
     def origin_call(self, origin: str, operation: str) -> Iterator[None]:
@@ -261,7 +328,10 @@ class Metrics:
         """
         for tier in ("memory", "disk"):
             self.cache_evictions.labels(tier)
-        for mount in self._mounts:
+
+    def create_mount_series(self, mounts: Iterable[str]) -> None:
+        """Export the per-mount series at 0 too, for the ``mount`` labels known at start."""
+        for mount in mounts:
             for source in SOURCES:
                 self.bytes_served.labels(source, mount)
             for kind in ("head", "list"):
@@ -283,3 +353,45 @@ class Metrics:
         multiprocess.MultiProcessCollector(combined, path=str(self._multiprocess_dir))
         combined.register(self._process)
         return generate_latest(combined)
+
+
+class OriginGuardMetrics:
+    """One origin's protection metrics, with the origin label bound (``Metrics.origin_guard``)."""
+
+    def __init__(self, metrics: Metrics, origin: str) -> None:
+        self._m = metrics
+        self._origin = origin
+        for priority in PRIORITIES:
+            metrics.origin_in_flight.labels(origin, priority)
+            metrics.origin_queued.labels(origin, priority)
+            metrics.origin_queue_wait.labels(origin, priority)
+        for limit in LIMITS:
+            metrics.origin_throttled.labels(origin, limit)
+        metrics.origin_breaker_open.labels(origin).set(0)
+        for state in BREAKER_STATES:
+            metrics.origin_breaker_transitions.labels(origin, state)
+        for operation in ORIGIN_OPERATIONS:
+            metrics.origin_retries.labels(origin, operation)
+            metrics.origin_retry_budget_exhausted.labels(origin, operation)
+
+    def in_flight(self, priority: str, delta: int) -> None:
+        self._m.origin_in_flight.labels(self._origin, priority).inc(delta)
+
+    def queued(self, priority: str, delta: int) -> None:
+        self._m.origin_queued.labels(self._origin, priority).inc(delta)
+
+    def waited(self, priority: str, seconds: float) -> None:
+        self._m.origin_queue_wait.labels(self._origin, priority).observe(seconds)
+
+    def throttled(self, limit: str) -> None:
+        self._m.origin_throttled.labels(self._origin, limit).inc()
+
+    def retried(self, operation: str) -> None:
+        self._m.origin_retries.labels(self._origin, operation).inc()
+
+    def budget_exhausted(self, operation: str) -> None:
+        self._m.origin_retry_budget_exhausted.labels(self._origin, operation).inc()
+
+    def breaker(self, state: str) -> None:
+        self._m.origin_breaker_open.labels(self._origin).set(0 if state == "closed" else 1)
+        self._m.origin_breaker_transitions.labels(self._origin, state).inc()

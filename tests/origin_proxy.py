@@ -3,8 +3,10 @@
 Caching is proved by what reaches the origin, so every request through here is
 counted by S3 operation (GetObject, HeadObject, ListObjects, other) and by
 bytes. ``mode`` makes the origin misbehave: ``"down"`` refuses with 503,
-``"slow"`` trickles bodies. It runs its own event loop in a thread on a
-loopback port.
+``"slow"`` trickles bodies, ``"flaky"`` answers 503 SlowDown to the first
+``flaky_failures`` tries of each distinct request (1: half of all requests).
+``max_in_flight`` is the most requests it held at once. It runs its own event
+loop in a thread on a loopback port.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import Counter
+from collections.abc import Callable
 
 import aiohttp
 from aiohttp import web
@@ -44,6 +47,11 @@ class OriginProxy:
         self.bytes = 0
         self.mode = "ok"
         self.slow_delay = 0.05
+        self.flaky_failures = 1
+        self.slow_downs = 0  # 503 SlowDown answers sent in "flaky" mode
+        self._tries: Counter[tuple[str, str, str]] = Counter()  # per distinct request
+        self.in_flight = 0
+        self.max_in_flight = 0
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
@@ -69,6 +77,9 @@ class OriginProxy:
             self.counts.clear()
             self.ranges.clear()
             self.bytes = 0
+            self._tries.clear()
+            self.slow_downs = 0
+            self.max_in_flight = self.in_flight
 
     def gets(self, key_suffix: str = "") -> int:
         return sum(1 for path, _ in self.ranges if path.endswith(key_suffix))
@@ -92,13 +103,47 @@ class OriginProxy:
         if self._runner is not None:
             await self._runner.cleanup()
 
+    def _arrived(self) -> None:
+        with self._lock:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+
+    def _left(self) -> None:
+        with self._lock:
+            self.in_flight -= 1
+
+    def _flaky(self, request: web.Request) -> bool:
+        """In "flaky" mode: whether this try of the request gets a SlowDown."""
+        identity = (request.method, request.raw_path, request.headers.get("Range", ""))
+        with self._lock:
+            self._tries[identity] += 1
+            failing = self._tries[identity] <= self.flaky_failures
+            self.slow_downs += failing
+        return failing
+
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        # In flight from arrival until just before the last bytes go out: the
+        # client cannot have finished with a request (and sent its next) sooner.
+        self._arrived()
+        left = [False]
+
+        def leave() -> None:
+            if not left[0]:
+                left[0] = True
+                self._left()
+
+        try:
+            return await self._answer(request, leave)
+        finally:
+            leave()
+
+    async def _answer(self, request: web.Request, leave: Callable[[], None]) -> web.StreamResponse:
         op = operation(request.method, request.path, dict(request.query))
         with self._lock:
             self.counts[op] += 1
             if op == "GetObject":
                 self.ranges.append((request.path, request.headers.get("Range", "")))
-        if self.mode == "down":
+        if self.mode == "down" or (self.mode == "flaky" and self._flaky(request)):
             return web.Response(status=503, body=_SLOW_DOWN, content_type="application/xml")
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
         body = await request.read()
@@ -110,11 +155,17 @@ class OriginProxy:
             if upstream.content_length is not None:  # HEAD answers carry it too
                 response.content_length = upstream.content_length
             await response.prepare(request)
+            held = b""  # each chunk waits for the next, so the last one is known as last
             async for chunk in upstream.content.iter_chunked(64 * 1024):
                 with self._lock:
                     self.bytes += len(chunk)
                 if self.mode == "slow":
                     await asyncio.sleep(self.slow_delay)
-                await response.write(chunk)
+                if held:
+                    await response.write(held)
+                held = chunk
+            leave()
+            if held:
+                await response.write(held)
             await response.write_eof()
             return response

@@ -5,10 +5,10 @@ a value from ``base.py``, each failure a ``gateway.errors`` exception made in
 ``_translated`` -- the one place that knows how botocore spells "not found",
 "refused" or "unreachable". No botocore or aiohttp exception leaves it.
 
-Retries are botocore's "standard" mode: backoff with jitter on 5xx, SlowDown,
-throttling and connection errors, ``max_attempts`` tries in all. What still
-fails is ``OriginThrottled`` (the origin asked us to slow down) or
-``OriginUnavailable`` (no usable answer). Checksums are "when_required" only:
+botocore makes one try per call: retries (``max_attempts`` tries in all, with
+backoff and a retry budget) are the guard's (``guard.py``), so that they are
+counted and bounded. A failure is ``OriginThrottled`` (the origin asked us to
+slow down) or ``OriginUnavailable`` (no usable answer). Checksums are "when_required" only:
 a ranged GET cannot be checked against a whole-object checksum, and the
 cache checks its own blocks.
 
@@ -19,8 +19,9 @@ of the body; ``aclose()`` before that closes the socket instead, because a
 connection with unread body bytes cannot carry another request.
 
 Not guaranteed:
-- A failure mid-body is not retried here: it surfaces from ``chunks()`` as
-  ``OriginUnavailable``, and the reader retries from the byte where it stopped.
+- A failure mid-body is not retried: it surfaces from ``chunks()`` as
+  ``OriginUnavailable`` and fails that block's fill (the next read starts a
+  new one). The guard retries a body that breaks before its first byte.
 - A 404 from HEAD has no body, so ``head_object`` tells a missing bucket from a
   missing key with one extra HeadBucket, on misses only.
 - An origin that ignores Range and answers 200 is reported as it is
@@ -93,7 +94,7 @@ def _from_client_error(err: ClientError, bucket: str, key: str | None) -> errors
         if size is not None:
             return errors.RangeNotSatisfiable(size)
     if code in _THROTTLE_CODES or status in (429, 503):
-        return errors.OriginThrottled(f"origin throttled after retries: {message}")
+        return errors.OriginThrottled(f"origin throttled: {message}")
     return errors.OriginUnavailable(f"origin answered {status} {code}: {message}")
 
 
@@ -215,8 +216,8 @@ class S3Origin:
             "config": BotoConfig(
                 region_name=cfg.region,
                 signature_version="s3v4",
-                # botocore's "max_attempts" counts retries only; "total_" counts all tries.
-                retries={"mode": "standard", "total_max_attempts": cfg.max_attempts},
+                # One try: the guard retries, within its budget ("total_" counts all tries).
+                retries={"mode": "standard", "total_max_attempts": 1},
                 max_pool_connections=cfg.max_connections,
                 connect_timeout=_timeout(cfg.connect_timeout),
                 read_timeout=_timeout(cfg.read_timeout),
