@@ -280,6 +280,8 @@ class Reader:
 
     async def _invalidate_key(self, scope: tuple[str, str], okey: str) -> None:
         self._changed(scope, okey)  # first: a write-through under way must not land after this
+        if self.router is not None:
+            self.router.invalidated(scope)
         self.metadata.invalidate_key(scope, okey)
         if self.store is not None:
             await self.store.drop(scope, okey, exact=True)
@@ -292,6 +294,8 @@ class Reader:
 
     async def _invalidate_prefix(self, scope: tuple[str, str], oprefix: str) -> None:
         self._changed(scope, oprefix, prefix=True)
+        if self.router is not None:
+            self.router.invalidated(scope)
         self.metadata.invalidate_prefix(scope, oprefix)
         if self.store is not None:
             await self.store.drop(scope, oprefix)

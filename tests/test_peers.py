@@ -358,6 +358,9 @@ async def test_metadata_answers_errors_and_signature(peer) -> None:
     owner.answer = errors.NoSuchKey("dir/k?")
     with pytest.raises(PeerNotFound):
         await client.metadata(url, query, BOUND)
+    owner.answer = errors.NoSuchBucket("data")  # not to be cached as a missing key
+    with pytest.raises(PeerUnavailable):
+        await client.metadata(url, query, BOUND)
     owner.answer = errors.OriginUnavailable("origin down")
     with pytest.raises(PeerUnavailable) as answered:
         await client.metadata(url, query, BOUND)
@@ -367,7 +370,7 @@ async def test_metadata_answers_errors_and_signature(peer) -> None:
     assert not down.value.answered
     with pytest.raises(PeerUnavailable):
         await PeerClient("not-the-secret").metadata(url, query, BOUND)
-    assert len(owner.queries) == 3
+    assert len(owner.queries) == 4
 
 
 async def test_invalidate_can_drop_everything(peer) -> None:

@@ -21,8 +21,14 @@ negative entry. When the owner cannot be reached or answers with an error, the
 asking node asks the origin itself; only a failure to reach it (not an error
 answer: that proves it alive) is reported to membership, as block fills do.
 
-Not guaranteed: one origin call per cluster while views of the live set differ
-or the owner fails; freshness beyond the TTL (the owner may answer with an
+A write's broadcast reaches the nodes in no particular order, so for a moment
+the owner may still hold the old answer when an asking node has already
+dropped it; stored there, it would outlive the write by a TTL. So for
+``settle`` seconds after an invalidation in a scope (origin, bucket) reaches
+this node, its misses in that scope go to the origin, not to the owner.
+
+Not guaranteed: one origin call per cluster while views of the live set differ,
+the owner fails, or a scope was just written to; freshness beyond the TTL (the owner may answer with an
 entry it learned up to a TTL ago, so an entry can be up to two TTLs old when the
 asker's copy expires; writes through Hoard invalidate both copies).
 """
@@ -76,12 +82,28 @@ class MetadataRouter:
     """The asking side: send a metadata miss to its owner, else to the origin."""
 
     def __init__(
-        self, placement: Placement, client: PeerClient, metrics: Metrics, timeout: float
+        self,
+        placement: Placement,
+        client: PeerClient,
+        metrics: Metrics,
+        timeout: float,
+        settle: float,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.placement = placement
         self.client = client
         self.metrics = metrics
         self.timeout = timeout  # an owner may walk a long listing before answering
+        self.settle = settle  # how long a broadcast may take to reach every owner
+        self._clock = clock
+        self._invalidated: dict[tuple[str, str], float] = {}  # scope -> when, within settle
+
+    def invalidated(self, scope: tuple[str, str]) -> None:
+        """An invalidation in ``scope`` reached this node: let the owners catch up."""
+        now = self._clock()
+        for old in [s for s, at in self._invalidated.items() if at + self.settle <= now]:
+            del self._invalidated[old]  # bounded by the scopes written to within settle
+        self._invalidated[scope] = now
 
     async def head(
         self, query: MetadataQuery, origin: Callable[[], Awaitable[ObjectInfo]]
@@ -106,7 +128,10 @@ class MetadataRouter:
         origin: Callable[[], Awaitable[T]],
     ) -> T:
         owner = self.owner(query)
-        if owner == self.placement.self_url:
+        written = self._invalidated.get((query.origin, query.bucket))
+        if owner == self.placement.self_url or (
+            written is not None and self._clock() < written + self.settle
+        ):
             return await origin()
         operation = query.kind  # "head" or "list": bounded labels
         self.metrics.peer_requests.labels(operation).inc()

@@ -77,8 +77,9 @@ class ClusterNode:
         self.placement = Placement(
             self.membership, self.client, metrics, config.replicas, config.handoff_peers
         )
+        settle = config.invalidation_timeout + 1.0  # a broadcast's longest wait, and some
         self.directory = MetadataRouter(
-            self.placement, self.client, metrics, config.metadata_timeout
+            self.placement, self.client, metrics, config.metadata_timeout, settle
         )
         self.backlog = Backlog(config.replay_limit)
         self._replays: dict[str, asyncio.Task[None]] = {}  # running deliveries, by peer

@@ -241,6 +241,8 @@ def _status_of(exc: Exception) -> web.Response:
     """A failure before the first byte, as the status the requesting node acts on."""
     if isinstance(exc, PeerNotCached):
         return _error(404, "NotCached", str(exc))
+    if isinstance(exc, errors.NoSuchBucket):  # not "no such key": the asker asks the origin
+        return _error(404, "NoSuchBucket", str(exc))
     if isinstance(exc, errors.NotFound):
         return _error(404, "NoSuchKey", str(exc))
     if isinstance(exc, errors.OriginChanged | errors.PreconditionFailed):
