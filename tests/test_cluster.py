@@ -23,7 +23,13 @@ import requests
 import yaml
 
 from gateway.cli import main
-from gateway.cluster.peers import DATE_HEADER, SIGNATURE_HEADER, BlockRequest, sign
+from gateway.cluster.peers import (
+    DATE_HEADER,
+    SIGNATURE_HEADER,
+    BlockRequest,
+    MetadataQuery,
+    sign,
+)
 from tests.conftest import ORIGIN_KEY, ORIGIN_SECRET
 from tests.harness import HoardProcess
 from tests.origin_proxy import OriginProxy
@@ -136,6 +142,7 @@ def test_dataset_round_robin_is_fetched_once_per_cluster(cluster, proxy, origin_
     assert proxy.bytes <= 1.02 * total, (proxy.bytes, total, proxy.counts)
     proxy.reset()
     assert get_many(urls) == [data[key] for key in keys]
+    print(f"second pass: {proxy.bytes} origin bytes, {dict(proxy.counts)}")
     assert sum(proxy.counts.values()) == 0, proxy.counts
     peer = [_metric(node, 'hoard_bytes_served_total{source="peer"}') for node in cluster]
     assert sum(peer) > 0
@@ -190,6 +197,14 @@ def test_peer_endpoint_needs_the_cluster_signature(cluster, origin_client, bucke
     good = sign(SECRET, "GET", block.target(), date)
     right = requests.get(url, timeout=5, headers={DATE_HEADER: date, SIGNATURE_HEADER: good})
     assert right.status_code == 200 and right.content == data
+    # The metadata endpoint too: no size or ETag without the signature.
+    meta = MetadataQuery("head", "moto", bucket, "secret", 60.0, 10.0).target()
+    for headers in ({}, {DATE_HEADER: date, SIGNATURE_HEADER: sign("wrong", "GET", meta, date)}):
+        answer = requests.get(cluster[1].endpoint + meta, timeout=5, headers=headers)
+        assert answer.status_code == 403 and etag.strip('"') not in answer.text
+    signed = {DATE_HEADER: date, SIGNATURE_HEADER: sign(SECRET, "GET", meta, date)}
+    answer = requests.get(cluster[1].endpoint + meta, timeout=5, headers=signed)
+    assert answer.status_code == 200 and answer.json()["etag"] == etag
 
 
 def test_a_killed_node_leaves_and_readers_never_notice(tmp_path, proxy, origin_client, bucket):
@@ -202,6 +217,7 @@ def test_a_killed_node_leaves_and_readers_never_notice(tmp_path, proxy, origin_c
         survivors = nodes[1:]
         urls = [f"{survivors[i % 2].endpoint}/{bucket}/{key}" for i, key in enumerate(keys)]
         proxy.mode, proxy.slow_delay = "slow", 0.01  # cold fills take seconds: kill mid-stream
+        proxy.reset()
 
         async def read_while_killing() -> tuple[list[bytes], float]:
             reads = asyncio.ensure_future(_get_all(urls))
@@ -214,6 +230,9 @@ def test_a_killed_node_leaves_and_readers_never_notice(tmp_path, proxy, origin_c
         bodies, killed = asyncio.run(read_while_killing())
         proxy.mode = "ok"
         assert bodies == [data[key] for key in keys]
+        total = sum(len(body) for body in data.values())
+        print(f"SIGKILL mid-read, 16 readers: {proxy.bytes} origin bytes for {total}, "
+              f"{dict(proxy.counts)}")  # fmt: skip
         for node in survivors:
             assert nodes[0].endpoint not in cluster_view(node)["live"]
             # When it left, by the survivor's own clock (this process is busy streaming).
