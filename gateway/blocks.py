@@ -23,7 +23,15 @@ memory or disk if it happens to be there, else through a *peer fill*: one per
 block on this node (``remote``, a group apart from origin fills so that two
 nodes asking each other never wait on each other's flights), streamed from the
 owner and kept in the memory tier only, never on disk. ``local=True`` (a peer
-asking this node) always takes the owner's path: tiers, then the origin.
+asking this node) always takes the owner's path: tiers, then the origin;
+``cached_only=True`` (a new owner asking) stops after the tiers.
+
+An owner's fill asks the nodes ranked after it before the origin (``handoff``):
+after a node joins, the blocks it now owns are still on their previous owners,
+which rank right after it, so growing the cluster does not re-download the
+dataset. What they send is written to this node's disk as an origin fill is;
+a block none of them holds, or the rest of one whose sender failed, comes from
+the origin.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import logging
 import os
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass
 
 from gateway import errors, priority
@@ -40,6 +49,7 @@ from gateway.cache.block import BlockId
 from gateway.cache.disk import BlockWriter, DiskTier, FillAbandoned
 from gateway.cache.memory import MemoryTier
 from gateway.cache.singleflight import Flight, FlightGroup
+from gateway.cluster.peers import PeerNotCached
 from gateway.cluster.placement import Placement
 from gateway.metrics import Metrics
 from gateway.origins.base import ObjectStream, Origin
@@ -112,12 +122,14 @@ class BlockSource:
         length: int,
         sources: Counter[str] | None = None,
         local: bool = False,
+        cached_only: bool = False,
     ) -> AsyncIterator[Piece]:
         """The bytes [offset, offset+length) of the block, from the fastest tier that has them.
 
         ``sources`` tallies the bytes yielded by tier (for the request's log
         line and metrics); ``local`` serves as an owner whatever the ranking
-        says (a peer's request).
+        says (a peer's request); ``cached_only`` raises ``PeerNotCached``
+        instead of filling.
         """
         seen = sources if sources is not None else Counter()
         cached = self.memory.get(ref.block)
@@ -131,6 +143,8 @@ class BlockSource:
                 seen["disk"] += length
                 yield FileSegment(found.fd, found.data_offset + offset, length, found.close)
                 return
+        if cached_only:
+            raise PeerNotCached(f"block {ref.block.digest} is not cached here")
         if not local and self.fills.get(ref.block) is None and not self.owns(ref):
             async for piece in self._peer_fill(ref).read(offset, length):
                 seen["peer"] += len(piece)
@@ -184,13 +198,8 @@ class BlockSource:
         async with self._peer_slots:
             await self.placement.fetch(ref, flight)
             if flight.received < ref.length:  # every owner failed: the rest from the origin
-                start = ref.first + flight.received
-                async with await self._open(ref, start) as stream:
-                    if (stream.start, stream.end) != (start, ref.last):
-                        raise errors.OriginUnavailable("the origin ignored a block's range")
-                    async for chunk in stream.chunks():
-                        flight.append(chunk)
-                        self.metrics.origin_bytes.labels(ref.block.origin).inc(len(chunk))
+                async with await self._open_rest(ref, flight) as stream:
+                    await self._pour(ref, stream.chunks(), flight, None, origin=True)
             flight.finish()
             if flight.received == ref.length and self.memory.admits(ref.length):
                 self.memory.put(ref.block, flight.data())
@@ -229,7 +238,7 @@ class BlockSource:
                 if await self._follow(ref, flight):
                     return
                 writer = await self._begin(ref)
-            await self._copy(ref, await self._open(ref), flight, writer)
+            await self._copy(ref, None, flight, writer)
 
     async def _begin(self, ref: BlockRef) -> BlockWriter | None:
         if self.disk is None:
@@ -255,6 +264,17 @@ class BlockSource:
         flight.append(data)
         return True
 
+    async def _open_rest(self, ref: BlockRef, flight: Flight) -> ObjectStream:
+        """The origin stream of the block's bytes ``flight`` does not have yet."""
+        if not flight.received:
+            return await self._open(ref)
+        start = ref.first + flight.received
+        stream = await self._open(ref, start)
+        if (stream.start, stream.end) != (start, ref.last):
+            await stream.aclose()
+            raise errors.OriginUnavailable("the origin ignored a block's range")
+        return stream
+
     async def _open(self, ref: BlockRef, start: int | None = None) -> ObjectStream:
         block = ref.block
         first = ref.first if start is None else start
@@ -264,16 +284,18 @@ class BlockSource:
             )
 
     async def _copy(
-        self, ref: BlockRef, stream: ObjectStream, flight: Flight, writer: BlockWriter | None
+        self, ref: BlockRef, stream: ObjectStream | None, flight: Flight, writer: BlockWriter | None
     ) -> None:
+        """Fill ``flight`` (and ``writer``) from ``stream``, else from the nodes ranked
+        after this one and then the origin, and land the block in the tiers."""
         committed = False
         try:
-            async with stream:
-                async for chunk in stream.chunks():
-                    flight.append(chunk)
-                    self.metrics.origin_bytes.labels(ref.block.origin).inc(len(chunk))
-                    if writer is not None:
-                        writer = await self._write(writer, chunk)
+            if stream is None and self.placement is not None:
+                async with aclosing(self.placement.handoff(ref)) as handoff:
+                    writer = await self._pour(ref, handoff, flight, writer, origin=False)
+            if flight.received < ref.length:
+                async with stream or await self._open_rest(ref, flight) as origin:
+                    writer = await self._pour(ref, origin.chunks(), flight, writer, origin=True)
             flight.finish()
             if writer is not None:
                 committed = await writer.commit()
@@ -282,6 +304,24 @@ class BlockSource:
         finally:
             if writer is not None and not committed:
                 await writer.abort()
+
+    async def _pour(
+        self,
+        ref: BlockRef,
+        chunks: AsyncIterator[bytes],
+        flight: Flight,
+        writer: BlockWriter | None,
+        origin: bool,
+    ) -> BlockWriter | None:
+        """Append ``chunks`` to ``flight`` and ``writer``; returns the writer, None
+        once the disk failed. ``origin``: count them as origin bytes."""
+        async for chunk in chunks:
+            if origin:
+                self.metrics.origin_bytes.labels(ref.block.origin).inc(len(chunk))
+            flight.append(chunk)
+            if writer is not None:
+                writer = await self._write(writer, chunk)
+        return writer
 
     async def _write(self, writer: BlockWriter, chunk: bytes) -> BlockWriter | None:
         try:

@@ -34,7 +34,7 @@ from gateway.cache.memory import MemoryTier
 from gateway.cache.metadata import MetadataCache
 from gateway.cache.metadata_store import MetadataStore
 from gateway.cluster.node import ClusterNode
-from gateway.cluster.peers import BlockRequest, Invalidation
+from gateway.cluster.peers import BlockRequest, Invalidation, MetadataQuery
 from gateway.config import (
     ConfigError,
     Credential,
@@ -132,10 +132,15 @@ def build_origins(settings: Settings, metrics: Metrics) -> dict[str, Origin]:
     return origins
 
 
-def build(settings: Settings, metrics_dir: Path | None = None) -> web.Application:
+def build(
+    settings: Settings,
+    metrics_dir: Path | None = None,
+    reload: Callable[[], Settings] | None = None,
+) -> web.Application:
     """Wire every object of one gateway process from its settings.
 
-    ``metrics_dir`` is set when this process is one of several workers.
+    ``metrics_dir`` is set when this process is one of several workers;
+    ``reload`` re-reads the config on SIGHUP (only ``cluster.peers`` is applied).
     """
     metrics = Metrics(multiprocess_dir=metrics_dir)
     shared = metrics_dir is not None
@@ -163,7 +168,9 @@ def build(settings: Settings, metrics_dir: Path | None = None) -> web.Applicatio
     store = MetadataStore(
         cache.dir / "metadata.sqlite3", max_rows=10 * cache.metadata_entries, shared=shared
     )
-    reader = Reader(namespace, blocks, metadata, metrics, cache.block_size, cache.read_ahead, store)
+    router = cluster.directory if cluster is not None else None
+    reader = Reader(namespace, blocks, metadata, metrics, cache.block_size, cache.read_ahead,
+                    store, router)  # fmt: skip
     auth = Authenticator(
         settings.credentials, settings.allow_anonymous, domains=settings.virtual_host_domains
     )
@@ -189,6 +196,10 @@ def build(settings: Settings, metrics_dir: Path | None = None) -> web.Applicatio
         await store.start()
         if cluster is not None:
             await cluster.start()
+            if reload is not None:
+                asyncio.get_running_loop().add_signal_handler(
+                    signal.SIGHUP, _reload_peers, cluster, reload
+                )
 
     async def stop(app: web.Application) -> None:
         await writer.close()  # pending write-throughs, before the tiers they write to
@@ -220,19 +231,41 @@ def _cluster(
     origins = {origin.name: origin for origin in namespace.origins()}
 
     async def read_block(request: BlockRequest) -> AsyncIterator[Piece]:
-        """A peer asks this node, as the block's owner: its tiers, else its origin fill."""
+        """A peer asks this node, as the block's owner: its tiers, else (unless only
+        what is cached is wanted) its origin fill."""
         origin = origins.get(request.origin)
         if origin is None:
             raise errors.OriginUnavailable(f"no origin named {request.origin!r} here")
         ref = BlockRef(request.block_id, origin, request.first, request.last)
-        async for piece in blocks().pieces(ref, request.offset, request.length, local=True):
+        async for piece in blocks().pieces(
+            ref, request.offset, request.length, local=True, cached_only=request.cached_only
+        ):
             yield piece
 
     async def invalidate(items: list[Invalidation]) -> None:
         await reader().invalidate_origin(items)
 
+    async def metadata(query: MetadataQuery) -> dict[str, object]:
+        return await reader().answer_peer(query)
+
+    async def drop_all() -> None:
+        await reader().forget_metadata()
+
     _, port = split_listen(settings.listen)
-    return ClusterNode(settings.cluster, port, metrics, read_block, invalidate, body)
+    return ClusterNode(settings.cluster, port, metrics, read_block, invalidate, body,
+                       metadata=metadata, drop_all=drop_all)  # fmt: skip
+
+
+def _reload_peers(cluster: ClusterNode, reload: Callable[[], Settings]) -> None:
+    """SIGHUP: re-read the config and apply its ``cluster.peers`` (nodes joining or
+    leaving a static cluster); the rest of the config needs a restart."""
+    try:
+        peers = reload().cluster.peers
+    except (ConfigError, OSError) as exc:
+        log.error("config reload failed, cluster peers unchanged: %s", exc)
+        return
+    cluster.membership.update_static(peers)
+    log.info("config reloaded: cluster peers are %s", ", ".join(peers) or "none")
 
 
 def _metadata_event(metrics: Metrics, kind: str, state: str, mount: str) -> None:
@@ -267,15 +300,16 @@ def _event_loop(kind: str) -> asyncio.AbstractEventLoop:
     return asyncio.new_event_loop()
 
 
-def serve(settings: Settings) -> None:
+def serve(settings: Settings, reload: Callable[[], Settings] | None = None) -> None:
+    """Run the gateway; ``reload`` re-reads the config on SIGHUP."""
     credential = None
     if not settings.credentials and not settings.allow_anonymous:
         credential = generated_credential(settings.cache.dir)
         settings = settings.model_copy(update={"credentials": [credential]})
     if settings.workers > 1:
-        supervise(settings, _banner(settings, credential))
+        supervise(settings, _banner(settings, credential), reload)
         return
-    app = build(settings)
+    app = build(settings, reload=reload)
 
     async def announce(app: web.Application) -> None:
         print(_banner(settings, credential), flush=True)
@@ -294,15 +328,17 @@ def _run(app: web.Application, settings: Settings, reuse_port: bool) -> None:
     )  # fmt: skip
 
 
-def _worker(settings: Settings, metrics_dir: Path) -> None:
+def _worker(settings: Settings, metrics_dir: Path, reload: Callable[[], Settings] | None) -> None:
     """One of ``workers`` processes: its own event loop on the shared port (SO_REUSEPORT)."""
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, signal.SIG_DFL)  # aiohttp installs its own handlers
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)  # aiohttp and build() install their own handlers
     enable_multiprocess(metrics_dir)
-    _run(build(settings, metrics_dir), settings, reuse_port=True)
+    _run(build(settings, metrics_dir, reload), settings, reuse_port=True)
 
 
-def supervise(settings: Settings, banner: str) -> None:
+def supervise(
+    settings: Settings, banner: str, reload: Callable[[], Settings] | None = None
+) -> None:
     """Start ``workers`` processes, restart any that dies, stop them all on SIGTERM/SIGINT."""
     metrics_dir = settings.cache.dir / f"prometheus-{os.getpid()}"
     shutil.rmtree(metrics_dir, ignore_errors=True)
@@ -312,7 +348,7 @@ def supervise(settings: Settings, banner: str) -> None:
 
     def spawn(index: int) -> multiprocessing.process.BaseProcess:
         process = context.Process(
-            target=_worker, args=(settings, metrics_dir), name=f"hoard-worker-{index}"
+            target=_worker, args=(settings, metrics_dir, reload), name=f"hoard-worker-{index}"
         )
         process.start()
         return process
@@ -325,8 +361,15 @@ def supervise(settings: Settings, banner: str) -> None:
                 os.kill(process.pid, signal.SIGTERM)
 
     workers = [spawn(i) for i in range(settings.workers)]
+
+    def forward(signum: int, frame: object) -> None:
+        for process in workers:  # each worker re-reads the config itself
+            if process.is_alive() and process.pid is not None:
+                os.kill(process.pid, signum)
+
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGHUP, forward)
     print(f"{banner}\n  ({settings.workers} worker processes)", flush=True)
     try:
         while not stopping:
@@ -363,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
         level=settings.log_level.upper(),
         format="%(asctime)s %(process)d %(levelname)s %(name)s %(message)s",
     )
-    serve(settings)
+    serve(settings, reload=lambda: load(args))
     return 0
 
 

@@ -225,6 +225,15 @@ class ClusterConfig(_Strict):
     peer_read_timeout: Duration = 30.0
     # The longest a write waits for other nodes to drop the key before answering.
     invalidation_timeout: Duration = 2.0
+    # The longest a metadata miss waits for its owner node before asking the origin
+    # itself: an owner may walk a long listing (1000 keys per origin page) first.
+    metadata_timeout: Duration = 10.0
+    # An owner missing a block asks this many nodes ranked after it (previous owners
+    # after a join) for a cached copy before the origin; 0 turns that off.
+    handoff_peers: int = Field(default=3, ge=0)
+    # Invalidations remembered per unreachable peer, replayed when it is back; past
+    # this it is told to drop its whole metadata cache instead.
+    replay_limit: int = Field(default=10_000, ge=1)
 
     @property
     def enabled(self) -> bool:

@@ -26,10 +26,11 @@ from gateway.blocks import BlockRef, BlockSource, FileSegment, Piece
 from gateway.cache.block import BlockId, block_bounds, block_plan
 from gateway.cache.metadata import MetadataCache, Policy
 from gateway.cache.metadata_store import MetadataStore
-from gateway.cluster.peers import Invalidation
+from gateway.cluster.directory import MetadataRouter, encode
+from gateway.cluster.peers import Invalidation, MetadataQuery
 from gateway.metrics import Metrics
 from gateway.namespace import Mount, Namespace
-from gateway.origins.base import BucketInfo, ListPage, ObjectInfo
+from gateway.origins.base import BucketInfo, ListPage, ObjectInfo, Origin
 
 __all__ = ["FileSegment", "ObjectRead", "Piece", "RangeSpec", "Reader", "Watch"]
 
@@ -135,8 +136,10 @@ class Reader:
 
     def __init__(self, namespace: Namespace, blocks: BlockSource, metadata: MetadataCache,
                  metrics: Metrics, block_size: int, read_ahead: int = 4,
-                 store: MetadataStore | None = None) -> None:  # fmt: skip
+                 store: MetadataStore | None = None,
+                 router: MetadataRouter | None = None) -> None:  # fmt: skip
         self.namespace = namespace
+        self.router = router  # a cluster: metadata misses go to their owner node
         self.store = store
         self.blocks = blocks
         self.metadata = metadata
@@ -161,7 +164,7 @@ class Reader:
     async def head_object(self, bucket: str, key: str) -> ObjectInfo:
         mount = self.namespace.resolve(bucket)
         okey = mount.origin_key(key)
-        fetch = lambda: self._origin_head(mount, okey)  # noqa: E731
+        fetch = lambda: self._owner_head(mount, okey)  # noqa: E731
         lookup = await self.metadata.head(
             _scope(mount), okey, _policy(mount), lambda: self._stored_or(mount, okey, fetch)
         )
@@ -197,12 +200,16 @@ class Reader:
         max_keys: int = 1000,
     ) -> ListPage:
         mount = self.namespace.resolve(bucket)
+        from_origin = self._origin_pages(mount.origin, mount.origin_bucket)
 
         async def fetch_page(prefix_: str, delimiter_: str, after: str, limit: int) -> ListPage:
-            with self.metrics.origin_call(mount.origin.name, "ListObjectsV2"):
-                return await mount.origin.list_objects(
-                    mount.origin_bucket, prefix_, delimiter_, after, limit
-                )
+            if self.router is None:
+                return await from_origin(prefix_, delimiter_, after, limit)
+            query = MetadataQuery("list", mount.origin.name, mount.origin_bucket, prefix_,
+                                  mount.metadata_ttl, mount.negative_ttl, delimiter_, after, limit)  # fmt: skip
+            return await self.router.page(
+                query, lambda: from_origin(prefix_, delimiter_, after, limit)
+            )
 
         lookup = await self.metadata.listing(
             _scope(mount),
@@ -252,6 +259,17 @@ class Reader:
             else:
                 await self._invalidate_prefix(scope, item.prefix or "")
 
+    async def forget_metadata(self) -> None:
+        """Drop every metadata entry, in memory and on disk (this node missed more
+        invalidations than another node could remember for it). Blocks stay: they
+        are named by ETag, and fresh metadata names the right ones."""
+        for watches in self._watches.values():
+            for watch in watches:
+                watch.changed = True
+        self.metadata.clear()
+        if self.store is not None:
+            await self.store.clear()
+
     def invalidation(self, bucket: str, key: str | None) -> Invalidation:
         """What to tell other nodes about a change of ``key`` (None: the whole bucket)."""
         mount = self.namespace.resolve(bucket)
@@ -262,6 +280,8 @@ class Reader:
 
     async def _invalidate_key(self, scope: tuple[str, str], okey: str) -> None:
         self._changed(scope, okey)  # first: a write-through under way must not land after this
+        if self.router is not None:
+            self.router.invalidated(scope)
         self.metadata.invalidate_key(scope, okey)
         if self.store is not None:
             await self.store.drop(scope, okey, exact=True)
@@ -274,6 +294,8 @@ class Reader:
 
     async def _invalidate_prefix(self, scope: tuple[str, str], oprefix: str) -> None:
         self._changed(scope, oprefix, prefix=True)
+        if self.router is not None:
+            self.router.invalidated(scope)
         self.metadata.invalidate_prefix(scope, oprefix)
         if self.store is not None:
             await self.store.drop(scope, oprefix)
@@ -357,19 +379,62 @@ class Reader:
 
     # -- metadata ----------------------------------------------------------------------
 
+    async def answer_peer(self, query: MetadataQuery) -> dict[str, object]:
+        """Another node's metadata miss, answered as the owner: this node's metadata
+        cache, else one coalesced origin call (never another node). JSON-ready.
+
+        A stale entry is revalidated before it is answered (no stale-while-revalidate
+        here): the asking node would otherwise store it as fresh for a whole TTL.
+        """
+        origin = next((o for o in self.namespace.origins() if o.name == query.origin), None)
+        if origin is None:
+            raise errors.OriginUnavailable(f"no origin named {query.origin!r} here")
+        scope = (query.origin, query.bucket)
+        policy = Policy(ttl=query.ttl, negative_ttl=query.negative_ttl, stale_while_revalidate=0)
+        if query.kind == "head":
+
+            async def head() -> ObjectInfo:
+                with self.metrics.origin_call(origin.name, "HeadObject"):
+                    return await origin.head_object(query.bucket, query.key)
+
+            return encode((await self.metadata.head(scope, query.key, policy, head)).value)
+        lookup = await self.metadata.listing(
+            scope, query.key, query.delimiter, query.start_after, query.max_keys, policy,
+            self._origin_pages(origin, query.bucket),
+        )  # fmt: skip
+        return encode(lookup.value)
+
+    def _origin_pages(
+        self, origin: Origin, origin_bucket: str
+    ) -> Callable[[str, str, str, int], Awaitable[ListPage]]:
+        async def fetch_page(prefix: str, delimiter: str, after: str, limit: int) -> ListPage:
+            with self.metrics.origin_call(origin.name, "ListObjectsV2"):
+                return await origin.list_objects(origin_bucket, prefix, delimiter, after, limit)
+
+        return fetch_page
+
     async def _origin_head(self, mount: Mount, okey: str) -> ObjectInfo:
         with self.metrics.origin_call(mount.origin.name, "HeadObject"):
             return await mount.origin.head_object(mount.origin_bucket, okey)
+
+    async def _owner_head(self, mount: Mount, okey: str) -> ObjectInfo:
+        """A HEAD miss: in a cluster, the key's metadata owner answers (one origin
+        HEAD per cluster, see ``cluster/directory.py``); else the origin."""
+        if self.router is None:
+            return await self._origin_head(mount, okey)
+        query = MetadataQuery("head", mount.origin.name, mount.origin_bucket, okey,
+                              mount.metadata_ttl, mount.negative_ttl)  # fmt: skip
+        return await self.router.head(query, lambda: self._origin_head(mount, okey))
 
     async def _metadata_for_read(
         self, mount: Mount, okey: str, byte_range: RangeSpec | None
     ) -> ObjectInfo:
         scope = _scope(mount)
         if byte_range is not None and byte_range.suffix is not None:
-            fetch = lambda: self._origin_head(mount, okey)  # noqa: E731 - the size is unknown
+            fetch = lambda: self._owner_head(mount, okey)  # noqa: E731 - the size is unknown
         elif self.metadata.has_entry(scope, okey) or self.blocks.clustered:
             # A refresh needs no bytes; in a cluster the first block may be owned elsewhere.
-            fetch = lambda: self._origin_head(mount, okey)  # noqa: E731
+            fetch = lambda: self._owner_head(mount, okey)  # noqa: E731
         else:
             index = (byte_range.first or 0) // self.block_size if byte_range else 0
             fetch = lambda: self._first_block(mount, okey, index)  # noqa: E731
@@ -399,7 +464,7 @@ class Reader:
                 if stored is not None and stored[1] < mount.metadata_ttl:
                     return stored[0]
             if stored is not None:
-                fetch = lambda: self._origin_head(mount, okey)  # noqa: E731 - known object
+                fetch = lambda: self._owner_head(mount, okey)  # noqa: E731 - known object
             info = await fetch()
             self.store.save(scope, okey, info)
             if self.store.shared:

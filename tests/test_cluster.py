@@ -7,9 +7,11 @@ Every node reads moto through one ``OriginProxy``; the nodes name each other in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
+import sqlite3
 import time
 import uuid
 from collections.abc import Iterator
@@ -18,9 +20,16 @@ from datetime import datetime
 import aiohttp
 import pytest
 import requests
+import yaml
 
 from gateway.cli import main
-from gateway.cluster.peers import DATE_HEADER, SIGNATURE_HEADER, BlockRequest, sign
+from gateway.cluster.peers import (
+    DATE_HEADER,
+    SIGNATURE_HEADER,
+    BlockRequest,
+    MetadataQuery,
+    sign,
+)
 from tests.conftest import ORIGIN_KEY, ORIGIN_SECRET
 from tests.harness import HoardProcess, metric
 from tests.origin_proxy import OriginProxy
@@ -31,7 +40,7 @@ BLOCK = 8 * MiB
 SECRET = "cluster-test-secret"
 
 
-def _config(proxy: OriginProxy) -> dict:
+def _config(proxy: OriginProxy, cache: dict | None = None) -> dict:
     return {
         "origins": {"moto": {"type": "s3", "endpoint": proxy.endpoint, "access_key": ORIGIN_KEY,
                              "secret_key": ORIGIN_SECRET, "addressing_style": "path",
@@ -39,22 +48,27 @@ def _config(proxy: OriginProxy) -> dict:
         "default_origin": "moto",
         "allow_anonymous": True,
         "access_log": False,
-        "cache": {"block_size": "8MiB", "size": "1GiB", "memory": "64MiB"},
+        "cache": {"block_size": "8MiB", "size": "1GiB", "memory": "64MiB", **(cache or {})},
     }  # fmt: skip
 
 
-def start_cluster(tmp_path, proxy: OriginProxy, count: int = 3) -> list[HoardProcess]:
-    nodes = [HoardProcess(tmp_path / f"node{i}", _config(proxy)) for i in range(count)]
+def cluster_config(node: HoardProcess, peers: list[str]) -> dict:
+    return {"self": node.endpoint, "peers": peers, "secret": SECRET, "probe_interval": "0.25s",
+            "probe_timeout": "0.5s", "fail_after": 2, "rejoin_after": 2}  # fmt: skip
+
+
+def start_cluster(
+    tmp_path, proxy: OriginProxy, count: int = 3, cache: dict | None = None
+) -> list[HoardProcess]:
+    nodes = [HoardProcess(tmp_path / f"node{i}", _config(proxy, cache)) for i in range(count)]
     peers = [node.endpoint for node in nodes]
     for node in nodes:
-        node.config["cluster"] = {"self": node.endpoint, "peers": peers, "secret": SECRET,
-                                  "probe_interval": "0.25s", "probe_timeout": "0.5s",
-                                  "fail_after": 2, "rejoin_after": 2}  # fmt: skip
+        node.config["cluster"] = cluster_config(node, peers)
     started: list[HoardProcess] = []
     try:
         for node in nodes:
             started.append(node.start())
-        _wait_live(nodes, count)
+        wait_live(nodes, count)
     except BaseException:
         for node in started:
             node.stop()
@@ -68,7 +82,7 @@ def cluster_view(node: HoardProcess) -> dict:
     return json.loads(answer.body)
 
 
-def _wait_live(nodes: list[HoardProcess], count: int, timeout: float = 10.0) -> None:
+def wait_live(nodes: list[HoardProcess], count: int, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if all(len(cluster_view(node)["live"]) == count for node in nodes):
@@ -128,6 +142,7 @@ def test_dataset_round_robin_is_fetched_once_per_cluster(cluster, proxy, origin_
     assert proxy.bytes <= 1.02 * total, (proxy.bytes, total, proxy.counts)
     proxy.reset()
     assert get_many(urls) == [data[key] for key in keys]
+    print(f"second pass: {proxy.bytes} origin bytes, {dict(proxy.counts)}")
     assert sum(proxy.counts.values()) == 0, proxy.counts
     peer = [metric(node.endpoint, 'hoard_bytes_served_total{source="peer"}') for node in cluster]
     assert sum(peer) > 0
@@ -175,6 +190,14 @@ def test_peer_endpoint_needs_the_cluster_signature(cluster, origin_client, bucke
     good = sign(SECRET, "GET", block.target(), date)
     right = requests.get(url, timeout=5, headers={DATE_HEADER: date, SIGNATURE_HEADER: good})
     assert right.status_code == 200 and right.content == data
+    # The metadata endpoint too: no size or ETag without the signature.
+    meta = MetadataQuery("head", "moto", bucket, "secret", 60.0, 10.0).target()
+    for headers in ({}, {DATE_HEADER: date, SIGNATURE_HEADER: sign("wrong", "GET", meta, date)}):
+        answer = requests.get(cluster[1].endpoint + meta, timeout=5, headers=headers)
+        assert answer.status_code == 403 and etag.strip('"') not in answer.text
+    signed = {DATE_HEADER: date, SIGNATURE_HEADER: sign(SECRET, "GET", meta, date)}
+    answer = requests.get(cluster[1].endpoint + meta, timeout=5, headers=signed)
+    assert answer.status_code == 200 and answer.json()["etag"] == etag
 
 
 def test_a_killed_node_leaves_and_readers_never_notice(tmp_path, proxy, origin_client, bucket):
@@ -187,6 +210,7 @@ def test_a_killed_node_leaves_and_readers_never_notice(tmp_path, proxy, origin_c
         survivors = nodes[1:]
         urls = [f"{survivors[i % 2].endpoint}/{bucket}/{key}" for i, key in enumerate(keys)]
         proxy.mode, proxy.slow_delay = "slow", 0.01  # cold fills take seconds: kill mid-stream
+        proxy.reset()
 
         async def read_while_killing() -> tuple[list[bytes], float]:
             reads = asyncio.ensure_future(_get_all(urls))
@@ -199,6 +223,9 @@ def test_a_killed_node_leaves_and_readers_never_notice(tmp_path, proxy, origin_c
         bodies, killed = asyncio.run(read_while_killing())
         proxy.mode = "ok"
         assert bodies == [data[key] for key in keys]
+        total = sum(len(body) for body in data.values())
+        print(f"SIGKILL mid-read, 16 readers: {proxy.bytes} origin bytes for {total}, "
+              f"{dict(proxy.counts)}")  # fmt: skip
         for node in survivors:
             assert nodes[0].endpoint not in cluster_view(node)["live"]
             # When it left, by the survivor's own clock (this process is busy streaming).
@@ -228,3 +255,145 @@ def test_a_cluster_without_a_secret_is_a_config_error(tmp_path, capsys):
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines == ["hoard: config error: cluster.secret: a cluster (cluster.self with peers "
                      "or dns) needs a secret"]  # fmt: skip
+
+
+async def _storm(method: str, urls: list[str]) -> list[int]:
+    """Every request at once; the statuses, in order."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+
+        async def one(url: str) -> int:
+            async with session.request(method, url) as answer:
+                await answer.read()
+                return answer.status
+
+        return await asyncio.gather(*(one(url) for url in urls))
+
+
+def test_list_and_head_storms_over_every_node_reach_the_origin_once(
+    cluster, proxy, origin_client, bucket
+):
+    for i in range(30):
+        origin_client.put_object(Bucket=bucket, Key=f"train/{i:03d}.bin", Body=b"x" * i)
+    spread = [cluster[i % 3].endpoint for i in range(96)]  # 3 nodes x 32 concurrent
+    proxy.reset()
+    lists = [f"{node}/{bucket}?list-type=2&prefix=train/" for node in spread]
+    assert asyncio.run(_storm("GET", lists)) == [200] * 96
+    print(f"3 x 32 identical LISTs: {dict(proxy.counts)}, {proxy.bytes} origin bytes")
+    assert proxy.counts == {"ListObjects": 1}, proxy.counts
+    # A miss is one origin HEAD; the S3 origin tells NoSuchKey from NoSuchBucket with a
+    # HeadBucket after it, so the negative answer (cached as such on every node) costs two.
+    for name, status, origin in (
+        ("train/007.bin", 200, {"HeadObject": 1}),
+        ("train/missing.bin", 404, {"HeadObject": 1, "HeadBucket": 1}),
+    ):
+        proxy.reset()
+        heads = [f"{node}/{bucket}/{name}" for node in spread]
+        assert asyncio.run(_storm("HEAD", heads)) == [status] * 96
+        print(f"3 x 32 HEADs of one key ({status}): {dict(proxy.counts)}")
+        assert proxy.counts == origin, proxy.counts
+    # Every node now answers from its own cache: no origin, no owner.
+    proxy.reset()
+    assert asyncio.run(_storm("GET", lists[:3])) == [200] * 3
+    assert asyncio.run(_storm("HEAD", heads[:3])) == [404] * 3
+    assert sum(proxy.counts.values()) == 0, proxy.counts
+
+
+def _dataset(origin_client, bucket: str, sizes: list[int]) -> dict[str, bytes]:
+    data = {f"part-{i:03d}": os.urandom(size) for i, size in enumerate(sizes)}
+    for key, body in data.items():
+        origin_client.put_object(Bucket=bucket, Key=key, Body=body)
+    return data
+
+
+def _read_round_robin(nodes: list[HoardProcess], bucket: str, data: dict[str, bytes]) -> None:
+    keys = sorted(data)
+    urls = [f"{nodes[i % len(nodes)].endpoint}/{bucket}/{key}" for i, key in enumerate(keys)]
+    assert get_many(urls) == [data[key] for key in keys]
+
+
+def _reconfigure(node: HoardProcess, peers: list[str]) -> None:
+    """Rewrite the node's config file with ``peers`` and have it re-read it (SIGHUP)."""
+    node.config["cluster"] = cluster_config(node, peers)
+    (node.workdir / f"hoard-{node.port}.yaml").write_text(yaml.safe_dump(node.config))
+    assert node.proc is not None
+    node.proc.send_signal(signal.SIGHUP)
+
+
+def test_a_fourth_node_joins_a_warm_cluster_without_refetching(
+    tmp_path, proxy, origin_client, bucket
+):
+    small = {"block_size": "1MiB"}  # many blocks from little data: shares are statistical
+    nodes = start_cluster(tmp_path, proxy, cache=small)
+    newcomer = HoardProcess(tmp_path / "node3", _config(proxy, small))
+    try:
+        data = _dataset(origin_client, bucket, [MiB * (1 + i % 4) + 999 * i for i in range(20)])
+        total = sum(len(body) for body in data.values())
+        proxy.reset()
+        _read_round_robin(nodes, bucket, data)
+        print(f"warm-up, 3 nodes: {proxy.bytes} origin bytes for {total}, {dict(proxy.counts)}")
+        peers = [node.endpoint for node in [*nodes, newcomer]]
+        newcomer.config["cluster"] = cluster_config(newcomer, peers)
+        newcomer.start()
+        for node in nodes:
+            _reconfigure(node, peers)  # the running nodes learn of it at run time
+        wait_live([*nodes, newcomer], 4)
+        proxy.reset()
+        _read_round_robin([*nodes, newcomer], bucket, data)
+        handed = metric(newcomer.endpoint, 'hoard_peer_requests_total{operation="handoff"}')
+        print(f"re-read, 4 nodes: {proxy.bytes} origin bytes for {total} "
+              f"({proxy.bytes / total:.2%}), {dict(proxy.counts)}, {handed:.0f} handoff asks")  # fmt: skip
+        assert proxy.bytes <= 0.02 * total, (proxy.bytes, total, proxy.counts)
+        assert handed > 0  # the newcomer owns blocks, and got them from their old owners
+        proxy.reset()
+        _read_round_robin([*nodes, newcomer], bucket, data)
+        assert proxy.counts["GetObject"] == 0, proxy.counts
+    finally:
+        for node in [*nodes, newcomer]:
+            node.stop()
+
+
+def test_a_restarted_node_rejoins_serves_and_gets_the_invalidations_it_missed(
+    tmp_path, proxy, origin_client, bucket
+):
+    nodes = start_cluster(tmp_path, proxy)
+    a, _, c = nodes
+    try:
+        data = _dataset(origin_client, bucket, [MiB + 7 * i for i in range(6)] + [2 * BLOCK + 5])
+        total = sum(len(body) for body in data.values())
+        origin_client.put_object(Bucket=bucket, Key="k", Body=b"old")
+        _read_round_robin([c], bucket, data)
+        assert c.client().head_object(Bucket=bucket, Key="k")["ContentLength"] == 3
+        _wait_stored(c, bucket, "k")  # a restart would serve it from c's metadata store
+        c.stop(signal.SIGKILL)
+        a.client().put_object(Bucket=bucket, Key="k", Body=b"brand new")  # c misses it
+        c.start()
+        wait_live(nodes, 3)
+        proxy.reset()
+        _read_round_robin([c, *nodes], bucket, data)
+        print(f"restarted node re-reads: {proxy.bytes} origin bytes for {total}, "
+              f"{dict(proxy.counts)}")  # fmt: skip
+        assert proxy.bytes == 0, proxy.counts  # its disk survived; the others still own theirs
+        deadline = time.monotonic() + 10
+        while c.client().head_object(Bucket=bucket, Key="k")["ContentLength"] != 9:
+            assert time.monotonic() < deadline, "c still serves metadata it missed"
+            time.sleep(0.1)
+        assert metric(a.endpoint, 'hoard_peer_requests_total{operation="replay"}') >= 1
+        assert c.client().get_object(Bucket=bucket, Key="k")["Body"].read() == b"brand new"
+        listed = c.client().list_objects_v2(Bucket=bucket, Prefix="k")["Contents"]
+        assert [(e["Key"], e["Size"]) for e in listed] == [("k", 9)]
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+def _wait_stored(node: HoardProcess, bucket: str, key: str, timeout: float = 10.0) -> None:
+    """Until ``key``'s metadata is in the node's on-disk store (flushed every 0.5 s)."""
+    path = node.workdir / "cache" / "metadata.sqlite3"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.closing(sqlite3.connect(path, timeout=5)) as db:
+            query = "SELECT 1 FROM objects WHERE bucket=? AND key=?"
+            if db.execute(query, (bucket, key)).fetchone():
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"{key} never reached {path}")

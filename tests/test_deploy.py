@@ -679,11 +679,11 @@ def _quantity(value: str) -> int:
     return int(number) * _QUANTITY.get(unit or "", 1)
 
 
-def _k8s_settings(monkeypatch: pytest.MonkeyPatch, pod_name: str) -> Settings:
-    """The ConfigMap's hoard.yaml loaded as in pod ``pod_name``: the Secret's values as env."""
+def _k8s_settings(monkeypatch: pytest.MonkeyPatch, pod_ip: str) -> Settings:
+    """The ConfigMap's hoard.yaml loaded as in the pod at ``pod_ip``: the Secret's values as env."""
     for name in [k for k in os.environ if k.startswith("HOARD_")]:
         monkeypatch.delenv(name)
-    environ = {**_k8s("Secret")["stringData"], "POD_NAME": pod_name}
+    environ = {**_k8s("Secret")["stringData"], "POD_IP": pod_ip}
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
     config = _k8s("ConfigMap")["data"]["hoard.yaml"]
@@ -699,12 +699,15 @@ def _read_yaml_text(text: str, environ: dict[str, str]) -> dict[str, Any]:
 
 
 def test_kubernetes_config_loads_with_hoards_loader(monkeypatch: pytest.MonkeyPatch):
-    settings = _k8s_settings(monkeypatch, "hoard-1")
+    settings = _k8s_settings(monkeypatch, "10.1.2.3")
     spec = _k8s("StatefulSet")["spec"]
     headless = spec["serviceName"]
     container = _container()
     assert settings.cluster.dns == headless
-    assert settings.cluster.self == f"http://hoard-1.{headless}:9000"
+    # DNS discovery names peers by pod IP: cluster.self must be the same URL.
+    assert settings.cluster.self == "http://10.1.2.3:9000"
+    pod_ip = {e["name"]: e.get("valueFrom", {}) for e in container["env"]}["POD_IP"]
+    assert pod_ip == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert settings.cluster.secret is not None
     assert split_listen(settings.listen)[1] == container["ports"][0]["containerPort"]
     assert str(settings.cache.dir) == CACHE_DIR
@@ -726,7 +729,7 @@ def test_kubernetes_config_loads_with_hoards_loader(monkeypatch: pytest.MonkeyPa
 
 def test_kubernetes_config_serves_its_probes(moto_endpoint: str, tmp_path: Path):
     """The ConfigMap's hoard.yaml run for real (origin moved to moto): probes and /metrics answer."""
-    environ = {**_k8s("Secret")["stringData"], "POD_NAME": "hoard-0"}
+    environ = {**_k8s("Secret")["stringData"], "POD_IP": "127.0.0.1"}
     config = _read_yaml_text(_k8s("ConfigMap")["data"]["hoard.yaml"], environ)
     del config["listen"]
     config["cache"]["dir"] = str(tmp_path / "cache")
@@ -748,8 +751,8 @@ def test_kubernetes_config_serves_its_probes(moto_endpoint: str, tmp_path: Path)
 
 def test_readme_says_what_was_and_was_not_run():
     readme = (REPO / "README.md").read_text()
-    section = readme.partition("## Run a 3-node cluster")[2].partition("\n## ")[0]
-    assert section, "README.md has no 'Run a 3-node cluster' section"
+    section = readme.partition("## Running a cluster")[2].partition("\n## ")[0]
+    assert section, "README.md has no 'Running a cluster' section"
     for needed in ("docker compose up", "kubectl apply -k deploy/kubernetes", "not run"):
         assert needed in section, needed
     for port in ("9001", "9090", "3000"):

@@ -8,6 +8,8 @@ nothing asserts on how fast anything happened.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import math
 import os
 import time
 from collections.abc import AsyncIterator
@@ -24,8 +26,10 @@ from gateway.blocks import FileSegment, Piece
 from gateway.cluster.peers import (
     BlockRequest,
     Invalidation,
+    MetadataQuery,
     PeerChanged,
     PeerClient,
+    PeerNotCached,
     PeerNotFound,
     PeerServer,
     PeerUnavailable,
@@ -49,6 +53,9 @@ class Owner:
         self.script: list[Piece | asyncio.Event | Exception] = []
         self.requests: list[BlockRequest] = []
         self.invalidated: list[list[Invalidation]] = []
+        self.queries: list[MetadataQuery] = []
+        self.answer: dict | Exception = {}  # what a metadata query gets
+        self.dropped_all = 0
         self.finished = asyncio.Event()  # the producer was closed, one way or another
         self.completed = False  # it ran to its end (rather than being closed early)
 
@@ -69,9 +76,19 @@ class Owner:
     async def invalidate(self, items: list[Invalidation]) -> None:
         self.invalidated.append(items)
 
+    async def metadata(self, query: MetadataQuery) -> dict:
+        self.queries.append(query)
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+    async def drop_all(self) -> None:
+        self.dropped_all += 1
+
 
 async def _serve(owner: Owner, sender: BodySender | None = None, clock=time.time, secret=SECRET):
-    server = PeerServer(secret, owner.read_block, owner.invalidate, sender, clock)
+    server = PeerServer(secret, owner.read_block, owner.invalidate, sender, clock,
+                        metadata=owner.metadata, drop_all=owner.drop_all)  # fmt: skip
 
     async def dispatch(request: web.Request) -> web.StreamResponse:
         return await server.handle(request, request.raw_path.split("?", 1)[0])
@@ -313,3 +330,50 @@ async def test_invalidate_body_is_bound_to_the_signature(peer) -> None:
     ):  # fmt: skip
         assert response.status == 403
     assert owner.invalidated == []
+
+
+def test_queries_roundtrip_through_their_query_strings() -> None:
+    cached = dataclasses.replace(REQUEST, cached_only=True)
+    assert BlockRequest.from_query(cached.target().partition("?")[2]) == cached
+    query = MetadataQuery("list", "aws", "data", "a b/&ü", math.inf, 10.0, "/", "a b/x", 7)
+    assert MetadataQuery.from_query(query.target().partition("?")[2]) == query
+    with pytest.raises(ValueError):
+        MetadataQuery("drop", "aws", "data", "k", 1.0, 1.0)
+
+
+async def test_a_cached_only_miss_is_not_cached_not_unavailable(peer) -> None:
+    owner, url, client = peer
+    owner.script = [PeerNotCached("not here")]
+    with pytest.raises(PeerNotCached):
+        await _read_all(client, url, dataclasses.replace(REQUEST, cached_only=True))
+    assert owner.requests[0].cached_only
+
+
+async def test_metadata_answers_errors_and_signature(peer) -> None:
+    owner, url, client = peer
+    query = MetadataQuery("head", "aws", "data", "dir/k?", 60.0, 10.0)
+    owner.answer = {"key": "dir/k?", "size": 3}
+    assert await client.metadata(url, query, BOUND) == owner.answer
+    assert owner.queries == [query]
+    owner.answer = errors.NoSuchKey("dir/k?")
+    with pytest.raises(PeerNotFound):
+        await client.metadata(url, query, BOUND)
+    owner.answer = errors.NoSuchBucket("data")  # not to be cached as a missing key
+    with pytest.raises(PeerUnavailable):
+        await client.metadata(url, query, BOUND)
+    owner.answer = errors.OriginUnavailable("origin down")
+    with pytest.raises(PeerUnavailable) as answered:
+        await client.metadata(url, query, BOUND)
+    assert answered.value.answered  # the peer is alive: not a failure to report
+    with pytest.raises(PeerUnavailable) as down:
+        await client.metadata(f"http://127.0.0.1:{free_port()}", query, BOUND)
+    assert not down.value.answered
+    with pytest.raises(PeerUnavailable):
+        await PeerClient("not-the-secret").metadata(url, query, BOUND)
+    assert len(owner.queries) == 4
+
+
+async def test_invalidate_can_drop_everything(peer) -> None:
+    owner, url, client = peer
+    assert await client.invalidate(url, [], drop_all=True) is True
+    assert owner.dropped_all == 1 and owner.invalidated == [[]]

@@ -146,6 +146,15 @@ class MetadataStore:
         finally:
             os.close(fd)  # closing releases the lock
 
+    async def clear(self) -> None:
+        """Forget every stored object (a cluster peer missed too many invalidations)."""
+        self._pending.clear()
+        await self._call(self._delete_all)
+
+    def _delete_all(self) -> None:
+        assert self._db is not None
+        self._db.execute("DELETE FROM objects")
+
     def save(self, scope: Scope, key: str, info: ObjectInfo) -> None:
         """Remember ``info``; written with the next flush."""
         self._pending[(*scope, key)] = (_encode(info), time.time())

@@ -14,6 +14,16 @@ moves only its own share of blocks. Two small mechanisms, combined elsewhere:
   knows nothing of keys; it publishes a sorted live list and a version that
   bumps on change, from which the caller builds a new ``Ranking``.
 
+On top of them, each a small module:
+
+- ``peers.py``: the signed ``/_hoard/peer/`` endpoint and its client (blocks,
+  cached-only blocks, metadata answers, invalidations).
+- ``placement.py``: block fills from the owners ranked before this node, and
+  the handoff from the nodes ranked after it (scale-out without refetch).
+- ``directory.py``: LIST and HEAD misses asked of their metadata owner.
+- ``backlog.py``: invalidations a peer missed, replayed when it is back.
+- ``node.py``: this node's part, built once by ``cli.py``.
+
 The read path (``reader.py``) combines them with the peer client, the way
 groupcache's ``groupcache.go`` combines its consistent hash and its peers.
 

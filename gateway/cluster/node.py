@@ -2,13 +2,22 @@
 
 ``cli.py`` builds one ``ClusterNode`` per process when ``cluster.self`` is set
 with ``peers`` or ``dns``; the server routes ``/_hoard/peer/`` to ``server``,
-``BlockSource`` ranks blocks through ``placement`` and the writer calls
-``broadcast`` after each write's local invalidation.
+``BlockSource`` ranks blocks through ``placement``, the reader routes metadata
+misses through ``directory`` and the writer calls ``broadcast`` after each
+write's local invalidation.
+
+``broadcast`` waits at most ``invalidation_timeout`` for the live peers. What a
+member did not confirm (it timed out, failed, or was not live) goes to the
+``backlog`` and is delivered when that peer next answers a probe; a peer that
+missed more than ``replay_limit`` items is told to drop its whole metadata
+cache instead.
 
 Not guaranteed: that every node dropped a key before a write's answer. A node
-that does not answer within ``invalidation_timeout`` is skipped, and nothing
-makes it drop its metadata cache when it comes back (its entries expire by
-TTL); a node cut off from the others cannot tell that it was.
+that missed it serves its old metadata until the replay reaches it: while it
+is cut off (it cannot tell), and, once back, until the first probe from the
+writing node (``probe_interval``). The backlog lives in the writing node's
+memory: if that node restarts too, or the missed peer comes back under another
+URL (a new pod IP), nothing is replayed and its entries expire by TTL.
 """
 
 from __future__ import annotations
@@ -21,8 +30,16 @@ from typing import Any
 
 import aiohttp
 
+from gateway.cluster.backlog import Backlog
+from gateway.cluster.directory import MetadataRouter
 from gateway.cluster.membership import Membership
-from gateway.cluster.peers import Invalidation, PeerClient, PeerServer, PieceSender
+from gateway.cluster.peers import (
+    Invalidation,
+    MetadataQuery,
+    PeerClient,
+    PeerServer,
+    PieceSender,
+)
 from gateway.cluster.placement import Placement
 from gateway.config import ClusterConfig
 from gateway.metrics import Metrics
@@ -39,6 +56,9 @@ class ClusterNode:
         read_block: Callable[..., AsyncIterator[Any]],
         invalidate: Callable[[list[Invalidation]], Awaitable[None]],
         body_sender: PieceSender | None = None,
+        *,
+        metadata: Callable[[MetadataQuery], Awaitable[Any]] | None = None,
+        drop_all: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         assert config.secret is not None
         secret = config.secret.get_secret_value()
@@ -51,13 +71,24 @@ class ClusterNode:
             fail_after=config.fail_after, rejoin_after=config.rejoin_after,
         )  # fmt: skip
         self.client = PeerClient(secret, read_timeout=config.peer_read_timeout)
-        self.server = PeerServer(secret, read_block, invalidate, body_sender)
-        self.placement = Placement(self.membership, self.client, metrics, config.replicas)
+        self.server = PeerServer(
+            secret, read_block, invalidate, body_sender, metadata=metadata, drop_all=drop_all
+        )
+        self.placement = Placement(
+            self.membership, self.client, metrics, config.replicas, config.handoff_peers
+        )
+        settle = config.invalidation_timeout + 1.0  # a broadcast's longest wait, and some
+        self.directory = MetadataRouter(
+            self.placement, self.client, metrics, config.metadata_timeout, settle
+        )
+        self.backlog = Backlog(config.replay_limit)
+        self._replays: dict[str, asyncio.Task[None]] = {}  # running deliveries, by peer
         self.membership.on_change(self._changed)
 
     def _changed(self, live: list[str]) -> None:
         self.metrics.membership_changes.inc()
         self.metrics.live_members.set(len(live))
+        self.backlog.keep_only(self.membership.members())
 
     async def _probe(self, url: str) -> bool:
         if self._probe_session is None:
@@ -65,7 +96,27 @@ class ClusterNode:
                 timeout=aiohttp.ClientTimeout(total=self.config.probe_timeout)
             )
         async with self._probe_session.get(f"{url}/_hoard/health") as answer:
-            return answer.status == 200
+            healthy = answer.status == 200
+        if healthy and url in self.backlog and url not in self._replays:
+            # At the first sign of life, before it rejoins the live set: the sooner
+            # a restarted peer drops what it missed, the shorter it serves it.
+            self._replays[url] = asyncio.ensure_future(self._replay(url))
+        return healthy
+
+    async def _replay(self, url: str) -> None:
+        """Deliver what ``url`` missed; on failure keep it for the next probe."""
+        try:
+            items, drop_all = self.backlog.take(url)
+            self.metrics.peer_requests.labels("replay").inc()
+            timeout = self.config.invalidation_timeout
+            if await self.client.invalidate(url, items, timeout, drop_all=drop_all):
+                log.info("replayed %d missed invalidations to %s%s", len(items), url,
+                         " (drop all)" if drop_all else "")  # fmt: skip
+            else:
+                self.metrics.peer_errors.labels("replay", "unavailable").inc()
+                self.backlog.add(url, items, drop_all)
+        finally:
+            del self._replays[url]
 
     async def start(self) -> None:
         """A first view of the peers (one probe round), then probing in the background."""
@@ -74,28 +125,48 @@ class ClusterNode:
         self.membership.start()
 
     async def close(self) -> None:
+        for task in list(self._replays.values()):
+            task.cancel()
+        await asyncio.gather(*self._replays.values(), return_exceptions=True)
         await self.membership.close()
         await self.client.close()
         if self._probe_session is not None:
             await self._probe_session.close()
 
     async def broadcast(self, items: list[Invalidation]) -> None:
-        """Tell every other live node to drop ``items``; wait at most the configured time."""
-        peers = [url for url in self.membership.live() if url != self.membership.self_url]
-        if not peers or not items:
+        """Tell every other live node to drop ``items``; wait at most the configured time.
+
+        Members that are not live, and live ones that do not confirm in time, get
+        ``items`` later from the backlog.
+        """
+        if not items:
+            return
+        me, live = self.membership.self_url, set(self.membership.live())
+        others = [url for url in self.membership.members() if url != me]
+        for url in others:
+            if url not in live:
+                self.backlog.add(url, items)
+        peers = [url for url in others if url in live]
+        if not peers:
             return
         timeout = self.config.invalidation_timeout
         started = time.perf_counter()
+        confirmed: set[str] = set()
 
         async def one(url: str) -> None:
             self.metrics.peer_requests.labels("invalidate").inc()
-            if not await self.client.invalidate(url, items, timeout):
+            if await self.client.invalidate(url, items, timeout):
+                confirmed.add(url)
+            else:
                 self.metrics.peer_errors.labels("invalidate", "unavailable").inc()
 
         try:
             await asyncio.wait_for(asyncio.gather(*(one(url) for url in peers)), timeout + 0.5)
         except TimeoutError:
             log.warning("cluster invalidation not confirmed by every peer in %.1fs", timeout)
+        for url in peers:
+            if url not in confirmed:
+                self.backlog.add(url, items)
         self.metrics.peer_duration.labels("invalidate").observe(time.perf_counter() - started)
 
     def snapshot(self) -> dict[str, Any]:

@@ -7,8 +7,14 @@ from its tiers or its own coalesced origin fill. Errors before the first byte ar
 JSON with an ``X-Hoard-Error`` code: 404 ``NoSuchKey``, 412 ``OriginChanged`` (the ETag
 moved), 503 ``Unavailable``, 400 for a bad query. The client trusts the code, not
 the status: a 404 from a node without this endpoint is "unavailable", not "no key".
+``cached_only=1`` asks only for what the peer holds in its tiers: it answers 404
+``NotCached`` rather than fill from its origin (a new owner asking a previous one).
+``GET /_hoard/peer/meta?kind=head|list&origin=&bucket=&key=&…`` asks the owner of
+a key (HEAD) or a prefix (LIST) for its metadata answer (see ``MetadataQuery``):
+200 with JSON, 404 ``NoSuchKey``, 503 ``Unavailable``.
 ``POST /_hoard/peer/invalidate?sha256={hex of body}`` with a JSON list of ``{origin,
-bucket, key}`` or ``{origin, bucket, prefix}`` drops them → 204.
+bucket, key}`` or ``{origin, bucket, prefix}`` drops them → 204; with ``all=1``
+first, the node drops its whole metadata cache (a replay that overflowed).
 
 Each request carries ``X-Hoard-Date`` (epoch seconds or RFC 3339) and
 ``X-Hoard-Signature: hex(HMAC-SHA256(secret, METHOD "\\n" path?query "\\n" date))``
@@ -39,7 +45,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qsl, quote, urlsplit
 
 import aiohttp
@@ -75,9 +81,10 @@ class PeerError(Exception):
 class PeerUnavailable(PeerError):
     """Unreachable, timed out, refused or failed, after yielding ``received`` bytes."""
 
-    def __init__(self, message: str, received: int = 0) -> None:
+    def __init__(self, message: str, received: int = 0, answered: bool = False) -> None:
         super().__init__(message)
         self.received = received
+        self.answered = answered  # the peer answered (with an error): it is alive
 
 
 class PeerNotFound(PeerError):
@@ -86,6 +93,10 @@ class PeerNotFound(PeerError):
 
 class PeerChanged(PeerError):
     """The owner's origin has another ETag for the object."""
+
+
+class PeerNotCached(PeerError):
+    """A ``cached_only`` request: the peer does not hold the block."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +110,7 @@ class BlockRequest:
     last: int
     offset: int  # the part wanted, relative to the block
     length: int
+    cached_only: bool = False  # from the peer's tiers only, never from its origin
 
     def __post_init__(self) -> None:
         if not (0 <= self.first <= self.last and self.index >= 0 and self.offset >= 0):
@@ -112,8 +124,10 @@ class BlockRequest:
 
     def target(self) -> str:
         """The path and query that ask a peer for this; keys may hold any character."""
-        query = "&".join(f"{f.name}={_quote(str(getattr(self, f.name)))}" for f in fields(self))
-        return f"{PREFIX}block/{self.block_id.digest}?{query}"
+        query = "&".join(f"{f.name}={_quote(str(getattr(self, f.name)))}"
+                         for f in fields(self) if f.name != "cached_only")  # fmt: skip
+        flag = "&cached_only=1" if self.cached_only else ""
+        return f"{PREFIX}block/{self.block_id.digest}?{query}{flag}"
 
     @classmethod
     def from_query(cls, query: str) -> BlockRequest:
@@ -121,9 +135,9 @@ class BlockRequest:
         pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=True,
                           encoding="utf-8", errors="surrogatepass")  # fmt: skip
         values = dict(pairs)  # a repeated name keeps its last value; all were signed
-        texts = {f.name: values[f.name] for f in fields(cls)}
+        texts = {f.name: values[f.name] for f in fields(cls) if f.name != "cached_only"}
         ints = {n: _int(texts.pop(n)) for n in ("index", "first", "last", "offset", "length")}
-        return cls(**texts, **ints)
+        return cls(**texts, **ints, cached_only=values.get("cached_only") == "1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +155,45 @@ class Invalidation:
         optional = [v for v in (self.key, self.prefix) if v is not None]
         if not all(isinstance(v, str) for v in (self.origin, self.bucket, *optional)):
             raise TypeError("the fields of an invalidation are strings")
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataQuery:
+    """A HEAD (``key``) or a LIST page (``key`` is the prefix) asked of its owner.
+
+    ``ttl`` and ``negative_ttl`` are the asking node's mount policy, so the owner
+    caches the answer as the asker would (``inf``: forever).
+    """
+
+    kind: str  # "head" | "list"
+    origin: str
+    bucket: str
+    key: str
+    ttl: float
+    negative_ttl: float
+    delimiter: str = ""
+    start_after: str = ""
+    max_keys: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("head", "list") or self.max_keys < 1:
+            raise ValueError(f"bad metadata query {self}")
+        if not (self.ttl >= 0 and self.negative_ttl >= 0):  # also refuses NaN
+            raise ValueError(f"bad metadata query {self}")
+
+    def target(self) -> str:
+        query = "&".join(f"{f.name}={_quote(str(getattr(self, f.name)))}" for f in fields(self))
+        return f"{PREFIX}meta?{query}"
+
+    @classmethod
+    def from_query(cls, query: str) -> MetadataQuery:
+        """Parse a raw query; ``ValueError`` or ``KeyError`` if it is not one of ours."""
+        values = dict(parse_qsl(query, keep_blank_values=True, strict_parsing=True,
+                                encoding="utf-8", errors="surrogatepass"))  # fmt: skip
+        texts = {f.name: values[f.name] for f in fields(cls)}
+        floats = {n: float(texts.pop(n)) for n in ("ttl", "negative_ttl")}
+        max_keys = _int(texts.pop("max_keys"))
+        return cls(**texts, **floats, max_keys=max_keys)
 
 
 class PieceSender(Protocol):  # gateway.s3.body.BodySender is one
@@ -186,6 +239,10 @@ def _error(status: int, code: str, message: str) -> web.Response:
 
 def _status_of(exc: Exception) -> web.Response:
     """A failure before the first byte, as the status the requesting node acts on."""
+    if isinstance(exc, PeerNotCached):
+        return _error(404, "NotCached", str(exc))
+    if isinstance(exc, errors.NoSuchBucket):  # not "no such key": the asker asks the origin
+        return _error(404, "NoSuchBucket", str(exc))
     if isinstance(exc, errors.NotFound):
         return _error(404, "NoSuchKey", str(exc))
     if isinstance(exc, errors.OriginChanged | errors.PreconditionFailed):
@@ -207,10 +264,15 @@ class PeerServer:
         invalidate: Callable[[list[Invalidation]], Awaitable[None]],
         body_sender: PieceSender | None = None,
         clock: Callable[[], float] = time.time,
+        *,
+        metadata: Callable[[MetadataQuery], Awaitable[Any]] | None = None,
+        drop_all: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._secret = secret
         self._read_block = read_block
         self._invalidate = invalidate
+        self._metadata = metadata  # the owner's answer, JSON-ready
+        self._drop_all = drop_all
         self._sender = body_sender  # None: FileSegments are read in a thread and written
         self._clock = clock
 
@@ -222,6 +284,8 @@ class PeerServer:
             return await self._serve_block(request, path.removeprefix(f"{PREFIX}block/"))
         if path == f"{PREFIX}invalidate" and request.method == "POST":
             return await self._serve_invalidate(request)
+        if path == f"{PREFIX}meta" and request.method == "GET" and self._metadata is not None:
+            return await self._serve_metadata(request)
         return _error(404, "NoSuchEndpoint", f"no peer endpoint {request.method} {path}")
 
     def _authentic(self, request: web.Request) -> bool:
@@ -301,11 +365,25 @@ class PeerServer:
         except (ValueError, TypeError) as exc:
             return _error(400, "InvalidRequest", f"bad invalidation: {exc!r}")
         try:
+            if request.query.get("all") == "1" and self._drop_all is not None:
+                await self._drop_all()
             await self._invalidate(items)
         except Exception as exc:
             log.exception("peer invalidation failed")
             return _error(503, "Unavailable", str(exc) or type(exc).__name__)
         return web.Response(status=204)
+
+    async def _serve_metadata(self, request: web.Request) -> web.StreamResponse:
+        assert self._metadata is not None
+        try:
+            query = MetadataQuery.from_query(request.raw_path.partition("?")[2])
+        except (ValueError, KeyError) as exc:
+            return _error(400, "InvalidRequest", f"bad metadata query: {exc!r}")
+        try:
+            answer = await self._metadata(query)
+        except Exception as exc:
+            return _status_of(exc)
+        return web.json_response(answer)
 
 
 def _drop(request: web.Request) -> None:
@@ -375,12 +453,32 @@ class PeerClient:
             message = f"{peer_url}: {type(exc).__name__}: {exc}"
             raise PeerUnavailable(message, received) from exc
 
+    async def metadata(self, peer_url: str, query: MetadataQuery, timeout: float) -> Any:
+        """The owner's JSON answer to ``query``.
+
+        Raises ``PeerNotFound`` (the owner's origin said NoSuchKey) or
+        ``PeerUnavailable`` (``answered`` when the peer answered with an error).
+        """
+        url, headers = self._signed("GET", peer_url, query.target())
+        try:
+            async with self._client().get(
+                url, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)
+            ) as response:
+                if response.status != 200:
+                    await _check(response, 0)
+                return await response.json()
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+            message = f"{peer_url}: {type(exc).__name__}: {exc}"
+            raise PeerUnavailable(message) from exc
+
     async def invalidate(
-        self, peer_url: str, items: list[Invalidation], timeout: float = 2.0
+        self, peer_url: str, items: list[Invalidation], timeout: float = 2.0, drop_all: bool = False
     ) -> bool:
-        """Ask ``peer_url`` to drop ``items``: True once it has, False on any failure."""
+        """Ask ``peer_url`` to drop ``items`` (and, with ``drop_all``, its whole metadata
+        cache first): True once it has, False on any failure."""
         body = json.dumps([asdict(item) for item in items]).encode()
-        target = f"{PREFIX}invalidate?sha256={hashlib.sha256(body).hexdigest()}"
+        flag = "all=1&" if drop_all else ""
+        target = f"{PREFIX}invalidate?{flag}sha256={hashlib.sha256(body).hexdigest()}"
         url, headers = self._signed("POST", peer_url, target)
         headers["Content-Type"] = "application/json"
         try:
@@ -412,4 +510,6 @@ async def _check(response: aiohttp.ClientResponse, length: int) -> None:
         raise PeerNotFound(message)
     if response.status == 412 and code == "OriginChanged":
         raise PeerChanged(message)
-    raise PeerUnavailable(f"peer answered {response.status} {code}: {message}")
+    if response.status == 404 and code == "NotCached":
+        raise PeerNotCached(message)
+    raise PeerUnavailable(f"peer answered {response.status} {code}: {message}", answered=True)

@@ -12,16 +12,24 @@ asked for the rest of the block, and so is the origin after the last peer. A
 failed peer is reported to ``Membership`` (passive failure detection); an
 answer such as "no such key" proves the peer alive and ends the fill.
 
+An owner that lacks a block asks the ``handoff_peers`` nodes ranked right
+after it whether they hold it (``handoff``, cached only: they never fill for
+it). After a node joins, the previous owner of each block it took over is
+among them (it ranks right after the newcomer), so growing the cluster moves
+blocks between nodes instead of fetching them again from the origin.
+
 Not guaranteed: that a block is fetched from the origin once when views of
 the live set disagree (each node asks the owner it sees; see ``__init__``).
-The nodes ranked after this one are not asked: this node is the next owner
-when the ones before it leave, and its origin fill is where the block belongs.
+A handoff costs up to ``handoff_peers`` quick "not cached" answers before each
+cold origin fill; a block that moved further down the ranking (several joins
+at once) is not found and is fetched again.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import TYPE_CHECKING
 
@@ -31,6 +39,7 @@ from gateway.cluster.peers import (
     BlockRequest,
     PeerChanged,
     PeerClient,
+    PeerError,
     PeerNotFound,
     PeerUnavailable,
 )
@@ -48,12 +57,18 @@ class Placement:
     """This node's view of block ownership, and peer fills along it."""
 
     def __init__(
-        self, membership: Membership, client: PeerClient, metrics: Metrics, replicas: int = 1
+        self,
+        membership: Membership,
+        client: PeerClient,
+        metrics: Metrics,
+        replicas: int = 1,
+        handoff_peers: int = 3,
     ) -> None:
         self.membership = membership
         self.client = client
         self.metrics = metrics
         self.replicas = replicas
+        self.handoff_peers = handoff_peers
         self._version = -1
         self._ranking = Ranking([membership.self_url])
 
@@ -75,6 +90,10 @@ class Placement:
     def ranked(self, digest: str) -> list[str]:
         """The live nodes for a block digest, best first."""
         return [node.name for node in self._current().rank(digest)]
+
+    def owner(self, key: str) -> str:
+        """The first live node for ``key`` (replicas aside)."""
+        return self._current().owner(key).name
 
     def owns(self, digest: str) -> bool:
         ranking = self._current()
@@ -109,12 +128,39 @@ class Placement:
             self.membership.report_success(url)
             return
 
+    async def handoff(self, ref: BlockRef) -> AsyncIterator[bytes]:
+        """The block's bytes from the first of the nodes ranked after this one that
+        holds it cached, resuming at the byte with the next one if it fails; may
+        end short (nobody had the rest) or empty."""
+        ranked = self.ranked(ref.block.digest)
+        after = ranked[ranked.index(self.self_url) + 1 :][: self.handoff_peers]
+        received = 0
+        for url in after:
+            request = BlockRequest(
+                *_identity(ref), offset=received, length=ref.length - received, cached_only=True
+            )
+            self.metrics.peer_requests.labels("handoff").inc()
+            try:
+                async with aclosing(self.client.read_block(url, request)) as chunks:
+                    async for chunk in chunks:
+                        received += len(chunk)
+                        self.metrics.peer_bytes.inc(len(chunk))
+                        yield chunk
+            except PeerUnavailable as exc:
+                self.metrics.peer_errors.labels("handoff", "unavailable").inc()
+                if not exc.answered:
+                    self.membership.report_failure(url)
+                continue
+            except PeerError:  # not cached there (or gone from its origin): ask the next
+                self.membership.report_success(url)
+                continue
+            self.membership.report_success(url)
+            return
+
     async def _from_peer(self, url: str, ref: BlockRef, flight: Flight) -> None:
-        block = ref.block
         request = BlockRequest(
-            block.origin, block.bucket, block.key, block.etag, block.index, ref.first, ref.last,
-            offset=flight.received, length=ref.length - flight.received,
-        )  # fmt: skip
+            *_identity(ref), offset=flight.received, length=ref.length - flight.received
+        )
         self.metrics.peer_requests.labels("block").inc()
         started = time.perf_counter()
         try:
@@ -124,3 +170,9 @@ class Placement:
                     self.metrics.peer_bytes.inc(len(chunk))
         finally:
             self.metrics.peer_duration.labels("block").observe(time.perf_counter() - started)
+
+
+def _identity(ref: BlockRef) -> tuple[str, str, str, str, int, int, int]:
+    """The fields of a ``BlockRequest`` naming ``ref``'s block and its range."""
+    block = ref.block
+    return block.origin, block.bucket, block.key, block.etag, block.index, ref.first, ref.last
