@@ -16,6 +16,13 @@ claims: the worker that loses the claim tails the winner's part file.
 Concurrent fills are bounded (``fill_slots``) because each holds its block in
 memory while it runs.
 
+With an admission policy (``cache/admission.py``) a demand fill writes its
+block to disk only if the policy admits it; otherwise the block is served
+from the origin and kept in memory if the memory tier takes it. Read-ahead
+skips blocks that would land nowhere; ``preload`` (epoch-order prefetch) is
+admitted always: the client said it will read them. Read-ahead and preloads
+run at background priority (``priority.py``).
+
 In a cluster (``placement`` given) a block this node does not own is read from
 memory or disk if it happens to be there, else through a *peer fill*: one per
 block on this node (``remote``, a group apart from origin fills so that two
@@ -32,7 +39,8 @@ import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from gateway import errors
+from gateway import errors, priority
+from gateway.cache.admission import Doorkeeper
 from gateway.cache.block import BlockId
 from gateway.cache.disk import BlockWriter, DiskTier, FillAbandoned
 from gateway.cache.memory import MemoryTier
@@ -81,8 +89,10 @@ class BlockSource:
         metrics: Metrics,
         fill_slots: int = 16,
         placement: Placement | None = None,
+        admission: Doorkeeper | None = None,
     ) -> None:
         self.memory = memory
+        self.admission = admission  # None: every filled block goes to disk
         self.disk = disk
         self.metrics = metrics
         self.placement = placement
@@ -141,10 +151,17 @@ class BlockSource:
             self.metrics.served(origin=len(piece))
             yield piece
 
-    def fill(self, ref: BlockRef, stream: ObjectStream | None = None) -> Flight:
-        """The fill of ``ref``'s block, started unless one is running (coalesced)."""
+    def fill(
+        self, ref: BlockRef, stream: ObjectStream | None = None, admit: bool | None = None
+    ) -> Flight:
+        """The fill of ``ref``'s block, started unless one is running (coalesced).
+
+        ``admit`` True writes the block to disk whatever the admission policy
+        says (an explicit prefetch: the block is known to be read soon); None
+        asks the policy when the fill starts.
+        """
         flight, started = self.fills.join_or_start(
-            ref.block, ref.length, lambda f: self._fill(ref, f, stream)
+            ref.block, ref.length, lambda f: self._fill(ref, f, stream, admit)
         )
         if not started:
             self.metrics.coalesced_waiters.inc()
@@ -153,15 +170,52 @@ class BlockSource:
         return flight
 
     def read_ahead(self, refs: list[BlockRef]) -> None:
-        """Start fills of the next blocks in the background unless they are cached."""
-        for ref in refs:
-            if self.memory.get(ref.block) is not None or self.fills.get(ref.block) is not None:
-                continue
-            if not self.owns(ref):
-                if self.remote.get(ref.block) is None and self.memory.admits(ref.length):
-                    self._peer_fill(ref)  # into the memory tier only
-                continue
-            self._spawn(self._prefetch(ref))
+        """Start fills of the next blocks in the background unless they are cached.
+
+        A block that admission would keep off the disk and that the memory tier
+        cannot hold is skipped: its fill would land nowhere the reader could find it.
+        """
+        with priority.background():  # tasks created here inherit the priority
+            for ref in refs:
+                if self.memory.get(ref.block) is not None or self.fills.get(ref.block) is not None:
+                    continue
+                if not self.owns(ref):
+                    if self.remote.get(ref.block) is None and self.memory.admits(ref.length):
+                        self._peer_fill(ref)  # into the memory tier only
+                    continue
+                if self._would_keep(ref):
+                    self._spawn(self._prefetch(ref))
+
+    async def preload(self, ref: BlockRef) -> int:
+        """Get ``ref``'s block cached where it belongs; the bytes fetched for it (0: cached).
+
+        An owned block is filled to disk, past the admission policy (whoever
+        preloads knows it will be read). A block owned by another node goes
+        through a peer fill, which makes its owner fill it; this node keeps a
+        copy only if its memory tier takes it. Returns when the bytes are in;
+        raises what the fill raised.
+        """
+        if self.memory.get(ref.block) is not None:
+            return 0
+        if self.owns(ref):
+            flight = self.fills.get(ref.block)
+            if flight is None and self.disk is not None:
+                found = await self.disk.get(ref.block)
+                if found is not None:
+                    found.close()
+                    return 0
+            flight = self.fill(ref, admit=True)
+        else:
+            flight = self.remote.get(ref.block) or self._peer_fill(ref)
+        async for _ in flight.read():  # views of bytes already held: nothing is copied
+            pass
+        return ref.length
+
+    def _would_keep(self, ref: BlockRef) -> bool:
+        """Whether a fill of ``ref`` would be kept (disk admission or the memory tier)."""
+        if self.admission is None or self.memory.admits(ref.length):
+            return True
+        return self.admission.mode == "always" or self.admission.seen(ref.block.digest)
 
     def _peer_fill(self, ref: BlockRef) -> Flight:
         """The peer fill of a block owned elsewhere, started unless one is running."""
@@ -202,9 +256,15 @@ class BlockSource:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _fill(self, ref: BlockRef, flight: Flight, stream: ObjectStream | None) -> None:
+    async def _fill(
+        self, ref: BlockRef, flight: Flight, stream: ObjectStream | None, admit: bool | None
+    ) -> None:
         async with self._slots:
             if stream is None and await self._from_disk(ref, flight):
+                return
+            if not (admit or self._admits(ref)):
+                # Kept off the disk: served from the origin, and kept in memory if it fits.
+                await self._copy(ref, stream or await self._open(ref), flight, None)
                 return
             writer = await self._begin(ref)
             if writer is None and self.disk is not None and stream is None:
@@ -214,6 +274,13 @@ class BlockSource:
             if stream is None:
                 stream = await self._open(ref)
             await self._copy(ref, stream, flight, writer)
+
+    def _admits(self, ref: BlockRef) -> bool:
+        """The admission policy's word on writing this missed block to disk (records the miss)."""
+        if self.disk is None or self.admission is None or self.admission.admit(ref.block.digest):
+            return True
+        self.metrics.admission_rejections.inc()
+        return False
 
     async def _begin(self, ref: BlockRef) -> BlockWriter | None:
         if self.disk is None:
