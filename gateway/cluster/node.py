@@ -39,7 +39,9 @@ class ClusterNode:
         read_block: Callable[..., AsyncIterator[Any]],
         invalidate: Callable[[list[Invalidation]], Awaitable[None]],
         body_sender: PieceSender | None = None,
+        on_message: Callable[[str, bytes], Awaitable[None]] | None = None,
     ) -> None:
+        """``on_message(name, body)`` takes other nodes' ``announce`` calls."""
         assert config.secret is not None
         secret = config.secret.get_secret_value()
         self.config = config
@@ -51,7 +53,7 @@ class ClusterNode:
             fail_after=config.fail_after, rejoin_after=config.rejoin_after,
         )  # fmt: skip
         self.client = PeerClient(secret, read_timeout=config.peer_read_timeout)
-        self.server = PeerServer(secret, read_block, invalidate, body_sender)
+        self.server = PeerServer(secret, read_block, invalidate, body_sender, on_message=on_message)
         self.placement = Placement(self.membership, self.client, metrics, config.replicas)
         self.membership.on_change(self._changed)
 
@@ -97,6 +99,18 @@ class ClusterNode:
         except TimeoutError:
             log.warning("cluster invalidation not confirmed by every peer in %.1fs", timeout)
         self.metrics.peer_duration.labels("invalidate").observe(time.perf_counter() - started)
+
+    async def announce(self, name: str, body: bytes) -> None:
+        """Hand a message to every other live node (best effort, within invalidation_timeout)."""
+        peers = [url for url in self.membership.live() if url != self.membership.self_url]
+        timeout = self.config.invalidation_timeout
+
+        async def one(url: str) -> None:
+            self.metrics.peer_requests.labels("message").inc()
+            if not await self.client.message(url, name, body, timeout):
+                self.metrics.peer_errors.labels("message", "unavailable").inc()
+
+        await asyncio.gather(*(one(url) for url in peers))
 
     def snapshot(self) -> dict[str, Any]:
         return {**self.membership.snapshot(), "replicas": self.config.replicas}
