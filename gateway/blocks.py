@@ -18,9 +18,11 @@ memory while it runs.
 
 With an admission policy (``cache/admission.py``) a demand fill writes its
 block to disk only if the policy admits it; otherwise the block is served
-from the origin and kept in memory if the memory tier takes it. Read-ahead
-skips blocks that would land nowhere; ``preload`` (epoch-order prefetch) is
-admitted always: the client said it will read them. Read-ahead and preloads
+from the origin and *staged* in the memory tier (even above its item limit,
+LRU within its bound), so a reader joining just after the fill still finds
+it; repeated memory hits on a staged block write it to disk (*promotion*,
+see ``_staged_hit``), as a second miss does; ``preload`` (epoch-order prefetch) is admitted always: the client said
+it will read them. Read-ahead and preloads
 run at background priority (``priority.py``).
 
 In a cluster (``placement`` given) a block this node does not own is read from
@@ -36,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -52,6 +55,7 @@ from gateway.origins.base import ObjectStream, Origin
 log = logging.getLogger(__name__)
 
 _TAIL_CHUNK = 1024 * 1024
+_STAGED_MEMORY = 65536  # staged block digests remembered (more than the memory tier holds)
 
 
 @dataclass(slots=True)
@@ -103,6 +107,8 @@ class BlockSource:
         # two nodes wait on each other, each with its slots held by requests to the other.
         self._peer_slots = asyncio.Semaphore(fill_slots)
         self._background: set[asyncio.Task[None]] = set()
+        # Blocks admission kept off the disk and staged in memory: memory hits on each.
+        self._staged: OrderedDict[str, int] = OrderedDict()
 
     @property
     def clustered(self) -> bool:
@@ -128,6 +134,8 @@ class BlockSource:
         seen = sources if sources is not None else set()
         cached = self.memory.get(ref.block)
         if cached is not None:
+            if ref.block.digest in self._staged:
+                self._staged_hit(ref, cached)
             seen.add("memory")
             self.metrics.served(memory=length)
             yield memoryview(cached)[offset : offset + length]
@@ -170,11 +178,7 @@ class BlockSource:
         return flight
 
     def read_ahead(self, refs: list[BlockRef]) -> None:
-        """Start fills of the next blocks in the background unless they are cached.
-
-        A block that admission would keep off the disk and that the memory tier
-        cannot hold is skipped: its fill would land nowhere the reader could find it.
-        """
+        """Start fills of the next blocks in the background unless they are cached."""
         with priority.background():  # tasks created here inherit the priority
             for ref in refs:
                 if self.memory.get(ref.block) is not None or self.fills.get(ref.block) is not None:
@@ -183,8 +187,7 @@ class BlockSource:
                     if self.remote.get(ref.block) is None and self.memory.admits(ref.length):
                         self._peer_fill(ref)  # into the memory tier only
                     continue
-                if self._would_keep(ref):
-                    self._spawn(self._prefetch(ref))
+                self._spawn(self._prefetch(ref))
 
     async def preload(self, ref: BlockRef) -> int:
         """Get ``ref``'s block cached where it belongs; the bytes fetched for it (0: cached).
@@ -210,12 +213,6 @@ class BlockSource:
         async for _ in flight.read():  # views of bytes already held: nothing is copied
             pass
         return ref.length
-
-    def _would_keep(self, ref: BlockRef) -> bool:
-        """Whether a fill of ``ref`` would be kept (disk admission or the memory tier)."""
-        if self.admission is None or self.memory.admits(ref.length):
-            return True
-        return self.admission.mode == "always" or self.admission.seen(ref.block.digest)
 
     def _peer_fill(self, ref: BlockRef) -> Flight:
         """The peer fill of a block owned elsewhere, started unless one is running."""
@@ -264,7 +261,7 @@ class BlockSource:
                 return
             if not (admit or self._admits(ref)):
                 # Kept off the disk: served from the origin, and kept in memory if it fits.
-                await self._copy(ref, stream or await self._open(ref), flight, None)
+                await self._copy(ref, stream or await self._open(ref), flight, None, stage=True)
                 return
             writer = await self._begin(ref)
             if writer is None and self.disk is not None and stream is None:
@@ -274,6 +271,22 @@ class BlockSource:
             if stream is None:
                 stream = await self._open(ref)
             await self._copy(ref, stream, flight, writer)
+
+    def _staged_hit(self, ref: BlockRef, data: bytes) -> None:
+        """A memory hit on a staged block; the second one writes it to disk (promotion).
+
+        Why the second: the request whose miss staged the block may itself find it
+        in memory (the first-block fill of a metadata miss can finish before the
+        reader asks), so the first memory hit may be no second access at all. A
+        block read once is never promoted; one read again is, by its third access.
+        """
+        digest = ref.block.digest
+        self._staged[digest] += 1
+        if self._staged[digest] < 2:
+            return
+        del self._staged[digest]
+        if self.disk is not None:
+            self._spawn(self.disk.put(ref.block, data))
 
     def _admits(self, ref: BlockRef) -> bool:
         """The admission policy's word on writing this missed block to disk (records the miss)."""
@@ -315,8 +328,19 @@ class BlockSource:
             )
 
     async def _copy(
-        self, ref: BlockRef, stream: ObjectStream, flight: Flight, writer: BlockWriter | None
+        self,
+        ref: BlockRef,
+        stream: ObjectStream,
+        flight: Flight,
+        writer: BlockWriter | None,
+        stage: bool = False,
     ) -> None:
+        """Stream the block into the flight and the disk writer; keep it in memory if it fits.
+
+        ``stage``: the block was kept off the disk, so the memory tier takes it even
+        above ``max_item``: a reader that joins just after the fill (the first-block
+        metadata fill, read-ahead) must still find it, or it would fetch it again.
+        """
         committed = False
         try:
             async with stream:
@@ -328,8 +352,12 @@ class BlockSource:
             flight.finish()
             if writer is not None:
                 committed = await writer.commit()
-            if self.memory.admits(ref.length):
-                self.memory.put(ref.block, flight.data())
+            if stage or self.memory.admits(ref.length):
+                kept = self.memory.put(ref.block, flight.data(), oversize=stage)
+                if stage and kept:
+                    self._staged[ref.block.digest] = 0
+                    if len(self._staged) > _STAGED_MEMORY:
+                        self._staged.popitem(last=False)
         finally:
             if writer is not None and not committed:
                 await writer.abort()
