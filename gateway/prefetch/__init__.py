@@ -31,7 +31,7 @@ may hold up to one window per node ahead); that a registration reaches a node
 that is down when it is made (that node starts the stream when re-registered:
 the next epoch); prefetch across worker processes of one node: each worker
 follows the GETs it serves, and the registration reaches only the worker that
-accepted it (run ``workers: 1``, or register through every worker, when
-prefetch matters on a multi-worker node). Prefetched blocks are admitted to
+accepted it (run ``workers: 1`` where prefetch matters; a registration shared
+through the cache directory would lift this). Prefetched blocks are admitted to
 disk whatever the admission policy says: the client declared it will read them.
 """
