@@ -1,4 +1,4 @@
-"""Admin endpoints under ``/_hoard/``: cache statistics and cache drops.
+"""Admin endpoints under ``/_hoard/``: cache statistics, cache drops, prefetch (``prefetch/``).
 
 Every one of them needs a signed request from a configured credential, even
 when anonymous S3 reads are allowed; health and readiness (in ``server.py``)
@@ -15,6 +15,7 @@ from aiohttp import web
 
 from gateway import errors
 from gateway.metrics import Metrics
+from gateway.prefetch.api import PrefetchApi
 from gateway.reader import Reader
 from gateway.s3.auth import Authenticator
 from gateway.s3.errors import S3Error
@@ -28,11 +29,13 @@ class Admin:
         auth: Authenticator,
         metrics: Metrics,
         cluster: Callable[[], dict[str, Any]] | None = None,
+        prefetch: PrefetchApi | None = None,
     ) -> None:
         self._reader = reader
         self._auth = auth
         self._metrics = metrics
         self._cluster = cluster  # the membership snapshot, in a cluster
+        self._prefetch = prefetch
 
     async def handle(self, request: web.Request, path: str) -> web.StreamResponse:
         try:
@@ -49,6 +52,8 @@ class Admin:
             return web.json_response(self._cluster_view())
         if path == "/_hoard/cache" and request.method == "DELETE":
             return await self._drop(request)
+        if self._prefetch is not None and path.split("/")[2] == "prefetch":
+            return await self._prefetch.handle(request, path)
         return web.json_response({"error": "NotFound"}, status=404)
 
     def _cluster_view(self) -> dict[str, Any]:

@@ -18,6 +18,15 @@ memory while it runs; fills fed by a metadata miss's GET (``fill(ref, stream)``)
 are bounded by the origin's concurrency cap instead (see ``_fill``). Read-ahead
 fills run at background priority (``gateway.priority``).
 
+With an admission policy (``cache/admission.py``) a demand fill writes its
+block to disk only if the policy admits it; otherwise the block is served
+from the origin and *staged* in the memory tier (even above its item limit,
+LRU within its bound), so a reader joining just after the fill still finds
+it; repeated memory hits on a staged block write it to disk (*promotion*,
+see ``_staged_hit``), as a second miss does; ``preload`` (epoch-order prefetch) is admitted always: the client said
+it will read them. Read-ahead and preloads
+run at background priority (``priority.py``).
+
 In a cluster (``placement`` given) a block this node does not own is read from
 memory or disk if it happens to be there, else through a *peer fill*: one per
 block on this node (``remote``, a group apart from origin fills so that two
@@ -39,12 +48,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 
 from gateway import errors, priority
+from gateway.cache.admission import Doorkeeper
 from gateway.cache.block import BlockId
 from gateway.cache.disk import BlockWriter, DiskTier, FillAbandoned
 from gateway.cache.memory import MemoryTier
@@ -57,6 +67,7 @@ from gateway.origins.base import ObjectStream, Origin
 log = logging.getLogger(__name__)
 
 _TAIL_CHUNK = 1024 * 1024
+_STAGED_MEMORY = 65536  # staged block digests remembered (more than the memory tier holds)
 
 
 @dataclass(slots=True)
@@ -94,8 +105,10 @@ class BlockSource:
         metrics: Metrics,
         fill_slots: int = 16,
         placement: Placement | None = None,
+        admission: Doorkeeper | None = None,
     ) -> None:
         self.memory = memory
+        self.admission = admission  # None: every filled block goes to disk
         self.disk = disk
         self.metrics = metrics
         self.placement = placement
@@ -106,6 +119,8 @@ class BlockSource:
         # two nodes wait on each other, each with its slots held by requests to the other.
         self._peer_slots = asyncio.Semaphore(fill_slots)
         self._background: set[asyncio.Task[None]] = set()
+        # Blocks admission kept off the disk and staged in memory: memory hits on each.
+        self._staged: OrderedDict[str, int] = OrderedDict()
 
     @property
     def clustered(self) -> bool:
@@ -134,6 +149,8 @@ class BlockSource:
         seen = sources if sources is not None else Counter()
         cached = self.memory.get(ref.block)
         if cached is not None:
+            if ref.block.digest in self._staged:
+                self._staged_hit(ref, cached)
             seen["memory"] += length
             yield memoryview(cached)[offset : offset + length]
             return
@@ -155,10 +172,17 @@ class BlockSource:
             seen["origin"] += len(piece)
             yield piece
 
-    def fill(self, ref: BlockRef, stream: ObjectStream | None = None) -> Flight:
-        """The fill of ``ref``'s block, started unless one is running (coalesced)."""
+    def fill(
+        self, ref: BlockRef, stream: ObjectStream | None = None, admit: bool | None = None
+    ) -> Flight:
+        """The fill of ``ref``'s block, started unless one is running (coalesced).
+
+        ``admit`` True writes the block to disk whatever the admission policy
+        says (an explicit prefetch: the block is known to be read soon); None
+        asks the policy when the fill starts.
+        """
         flight, started = self.fills.join_or_start(
-            ref.block, ref.length, lambda f: self._fill(ref, f, stream)
+            ref.block, ref.length, lambda f: self._fill(ref, f, stream, admit)
         )
         if not started:
             self.metrics.coalesced_waiters.inc()
@@ -183,6 +207,31 @@ class BlockSource:
                 self._peer_fill(ref)  # into the memory tier only
             return
         self._spawn(self._prefetch(ref))
+
+    async def preload(self, ref: BlockRef) -> int:
+        """Get ``ref``'s block cached where it belongs; the bytes fetched for it (0: cached).
+
+        An owned block is filled to disk, past the admission policy (whoever
+        preloads knows it will be read). A block owned by another node goes
+        through a peer fill, which makes its owner fill it; this node keeps a
+        copy only if its memory tier takes it. Returns when the bytes are in;
+        raises what the fill raised.
+        """
+        if self.memory.get(ref.block) is not None:
+            return 0
+        if self.owns(ref):
+            flight = self.fills.get(ref.block)
+            if flight is None and self.disk is not None:
+                found = await self.disk.get(ref.block)
+                if found is not None:
+                    found.close()
+                    return 0
+            flight = self.fill(ref, admit=True)
+        else:
+            flight = self.remote.get(ref.block) or self._peer_fill(ref)
+        async for _ in flight.read():  # views of bytes already held: nothing is copied
+            pass
+        return ref.length
 
     def _peer_fill(self, ref: BlockRef) -> Flight:
         """The peer fill of a block owned elsewhere, started unless one is running."""
@@ -218,20 +267,27 @@ class BlockSource:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _fill(self, ref: BlockRef, flight: Flight, stream: ObjectStream | None) -> None:
+    async def _fill(
+        self, ref: BlockRef, flight: Flight, stream: ObjectStream | None, admit: bool | None
+    ) -> None:
         if stream is not None:
             # The stream already holds an origin concurrency slot (the metadata miss's
             # GET). Waiting for a fill slot with it while fills holding fill slots wait
             # for origin slots would deadlock; these are bounded by the origin's cap.
             try:
-                writer = await self._begin(ref)
+                admitted = bool(admit or self._admits(ref))
+                writer = await self._begin(ref) if admitted else None
             except BaseException:
                 await stream.aclose()
                 raise
-            await self._copy(ref, stream, flight, writer)
+            await self._copy(ref, stream, flight, writer, stage=not admitted)
             return
         async with self._slots:
             if await self._from_disk(ref, flight):
+                return
+            if not (admit or self._admits(ref)):
+                # Kept off the disk: served from the origin, and kept in memory if it fits.
+                await self._copy(ref, None, flight, None, stage=True)
                 return
             writer = await self._begin(ref)
             if writer is None and self.disk is not None:
@@ -239,6 +295,29 @@ class BlockSource:
                     return
                 writer = await self._begin(ref)
             await self._copy(ref, None, flight, writer)
+
+    def _staged_hit(self, ref: BlockRef, data: bytes) -> None:
+        """A memory hit on a staged block; the second one writes it to disk (promotion).
+
+        Why the second: the request whose miss staged the block may itself find it
+        in memory (the first-block fill of a metadata miss can finish before the
+        reader asks), so the first memory hit may be no second access at all. A
+        block read once is never promoted; one read again is, by its third access.
+        """
+        digest = ref.block.digest
+        self._staged[digest] += 1
+        if self._staged[digest] < 2:
+            return
+        del self._staged[digest]
+        if self.disk is not None:
+            self._spawn(self.disk.put(ref.block, data))
+
+    def _admits(self, ref: BlockRef) -> bool:
+        """The admission policy's word on writing this missed block to disk (records the miss)."""
+        if self.disk is None or self.admission is None or self.admission.admit(ref.block.digest):
+            return True
+        self.metrics.admission_rejections.inc()
+        return False
 
     async def _begin(self, ref: BlockRef) -> BlockWriter | None:
         if self.disk is None:
@@ -284,10 +363,20 @@ class BlockSource:
             )
 
     async def _copy(
-        self, ref: BlockRef, stream: ObjectStream | None, flight: Flight, writer: BlockWriter | None
+        self,
+        ref: BlockRef,
+        stream: ObjectStream | None,
+        flight: Flight,
+        writer: BlockWriter | None,
+        stage: bool = False,
     ) -> None:
         """Fill ``flight`` (and ``writer``) from ``stream``, else from the nodes ranked
-        after this one and then the origin, and land the block in the tiers."""
+        after this one and then the origin; land the block in the tiers.
+
+        ``stage``: the block was kept off the disk, so the memory tier takes it even
+        above ``max_item``: a reader that joins just after the fill (the first-block
+        metadata fill, read-ahead) must still find it, or it would fetch it again.
+        """
         committed = False
         try:
             if stream is None and self.placement is not None:
@@ -299,8 +388,12 @@ class BlockSource:
             flight.finish()
             if writer is not None:
                 committed = await writer.commit()
-            if self.memory.admits(ref.length):
-                self.memory.put(ref.block, flight.data())
+            if stage or self.memory.admits(ref.length):
+                kept = self.memory.put(ref.block, flight.data(), oversize=stage)
+                if stage and kept:
+                    self._staged[ref.block.digest] = 0
+                    if len(self._staged) > _STAGED_MEMORY:
+                        self._staged.popitem(last=False)
         finally:
             if writer is not None and not committed:
                 await writer.abort()

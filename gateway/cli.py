@@ -29,6 +29,7 @@ from gateway import errors
 from gateway.accesslog import AccessLog
 from gateway.admin import Admin
 from gateway.blocks import BlockRef, BlockSource, Piece
+from gateway.cache.admission import Doorkeeper
 from gateway.cache.disk import DiskTier
 from gateway.cache.memory import MemoryTier
 from gateway.cache.metadata import MetadataCache
@@ -49,6 +50,9 @@ from gateway.origins.base import Origin
 from gateway.origins.guard import OriginGuard
 from gateway.origins.posix import PosixOrigin
 from gateway.origins.s3 import S3Origin
+from gateway.prefetch.api import PrefetchApi
+from gateway.prefetch.prefetcher import Prefetcher
+from gateway.readahead import ReadAheadPolicy
 from gateway.reader import Reader
 from gateway.s3.auth import Authenticator
 from gateway.s3.body import BodySender
@@ -157,9 +161,14 @@ def build(
         on_corrupt=metrics.corrupt_blocks.inc,
     )  # fmt: skip
     body = BodySender()
-    cluster = _cluster(settings, metrics, namespace, lambda: blocks, lambda: reader, body)
+    cluster = _cluster(
+        settings, metrics, namespace, lambda: blocks, lambda: reader, body, lambda: prefetch_api
+    )
     placement = cluster.placement if cluster is not None else None
-    blocks = BlockSource(memory, disk, metrics, cache.fill_concurrency, placement)
+    admission = (
+        Doorkeeper(cache.admission, cache.admission_window) if cache.admission != "always" else None
+    )
+    blocks = BlockSource(memory, disk, metrics, cache.fill_concurrency, placement, admission)
     metadata = MetadataCache(
         max_heads=cache.metadata_entries, max_listing_keys=cache.listing_keys,
         whole_listing_limit=cache.whole_listing_limit,
@@ -169,15 +178,22 @@ def build(
         cache.dir / "metadata.sqlite3", max_rows=10 * cache.metadata_entries, shared=shared
     )
     router = cluster.directory if cluster is not None else None
-    reader = Reader(namespace, blocks, metadata, metrics, cache.block_size, cache.read_ahead,
-                    store, router)  # fmt: skip
+    prefetcher = Prefetcher(settings.prefetch, lambda: reader, metrics, cache.block_size)
+    read_ahead = ReadAheadPolicy(cache.read_ahead, cache.read_ahead_max, cache.read_ahead_idle)
+    reader = Reader(namespace, blocks, metadata, metrics, cache.block_size, read_ahead, store,
+                    router, observe=prefetcher.observe)  # fmt: skip
+    prefetch_api = PrefetchApi(
+        prefetcher, reader, settings.prefetch, cluster.announce if cluster is not None else None
+    )
     auth = Authenticator(
         settings.credentials, settings.allow_anonymous, domains=settings.virtual_host_domains
     )
     writer = Writer(namespace, reader, cluster.broadcast if cluster is not None else None)
     front = S3Front(reader, writer, auth, settings.virtual_host_domains, body)
     access = AccessLog(as_json=settings.log_format == "json", enabled=settings.access_log)
-    admin = Admin(reader, auth, metrics, cluster.snapshot if cluster is not None else None)
+    admin = Admin(
+        reader, auth, metrics, cluster.snapshot if cluster is not None else None, prefetch_api
+    )
     app = build_app(
         front, metrics, settings.virtual_host_domains, admin, access,
         cluster.server if cluster is not None else None,
@@ -203,6 +219,7 @@ def build(
 
     async def stop(app: web.Application) -> None:
         await writer.close()  # pending write-throughs, before the tiers they write to
+        await prefetcher.close()
         if cluster is not None:
             await cluster.close()
         await blocks.close()
@@ -224,6 +241,7 @@ def _cluster(
     blocks: Callable[[], BlockSource],
     reader: Callable[[], Reader],
     body: BodySender,
+    prefetch: Callable[[], PrefetchApi],
 ) -> ClusterNode | None:
     """This node's cluster part, or None for a single node (no peers, no DNS)."""
     if not settings.cluster.enabled:
@@ -252,8 +270,12 @@ def _cluster(
         await reader().forget_metadata()
 
     _, port = split_listen(settings.listen)
+
+    async def on_message(name: str, message: bytes) -> None:
+        await prefetch().on_peer(name, message)
+
     return ClusterNode(settings.cluster, port, metrics, read_block, invalidate, body,
-                       metadata=metadata, drop_all=drop_all)  # fmt: skip
+                       metadata=metadata, drop_all=drop_all, on_message=on_message)  # fmt: skip
 
 
 def _reload_peers(cluster: ClusterNode, reload: Callable[[], Settings]) -> None:

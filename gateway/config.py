@@ -27,6 +27,7 @@ from pydantic import (
     SecretStr,
     ValidationError,
     field_validator,
+    model_validator,
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -108,6 +109,16 @@ class CacheConfig(_Strict):
     block_size: Size = parse_size("8MiB")
     # Blocks fetched ahead of a reader (in parallel) within and after its range.
     read_ahead: int = Field(default=4, ge=0, le=64)
+    # The read-ahead window of a sequential stream grows (doubling) up to this many blocks
+    # while the reader catches up with its fills, and falls back to read_ahead when the
+    # stream goes random or stays idle for read_ahead_idle (gateway/readahead.py).
+    read_ahead_max: int = Field(default=16, ge=0, le=256)
+    read_ahead_idle: Duration = 10.0
+    # Disk admission: "always" writes every filled block; "second_hit" writes a block only
+    # when it is missed again within the last admission_window distinct missed blocks, so
+    # one pass over a huge cold dataset does not flush the hot set (gateway/cache/admission.py).
+    admission: Literal["always", "second_hit"] = "always"
+    admission_window: int = Field(default=1_000_000, ge=1, le=1_000_000_000)
     # Concurrent block fills per worker; each holds up to one block in memory.
     fill_concurrency: int = Field(default=16, ge=1, le=1024)
     # Largest block the memory tier keeps; bigger ones are served from disk with sendfile.
@@ -124,6 +135,12 @@ class CacheConfig(_Strict):
     # uploads in memory at once per worker; an upload that finds no room is not cached.
     write_through_max: Size = parse_size("64MiB")
     write_through_buffer: Size = parse_size("256MiB")
+
+    @model_validator(mode="after")
+    def _read_ahead_bounds(self) -> CacheConfig:
+        if self.read_ahead_max < self.read_ahead:
+            raise ValueError("read_ahead_max must be at least read_ahead")
+        return self
 
     @field_validator("block_size")
     @classmethod
@@ -241,6 +258,28 @@ class ClusterConfig(_Strict):
         return bool(self.self and (self.peers or self.dns))
 
 
+class PrefetchConfig(_Strict):
+    """Epoch-order prefetch (``POST /_hoard/prefetch``): bounds per node."""
+
+    # Registered streams at once, and keys in one stream's order.
+    max_streams: int = Field(default=64, ge=1, le=100_000)
+    max_keys: int = Field(default=1_000_000, ge=1, le=100_000_000)
+    # Bytes fetched ahead of a stream's position when its registration names no window,
+    # and the most a registration may ask for.
+    window: Size = parse_size("1GiB")
+    max_window: Size = parse_size("8GiB")
+    # A stream with no GET and no registration for this long is forgotten.
+    idle: Duration = 600.0
+    # Block fetches one stream keeps in flight.
+    concurrency: int = Field(default=8, ge=1, le=256)
+
+    @model_validator(mode="after")
+    def _window_bounds(self) -> PrefetchConfig:
+        if self.window > self.max_window:
+            raise ValueError("window must not exceed max_window")
+        return self
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="HOARD_", env_nested_delimiter="__", extra="forbid", frozen=True
@@ -255,6 +294,7 @@ class Settings(BaseSettings):
     default_origin: str | None = None
     mounts: list[MountConfig] = Field(default_factory=list)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    prefetch: PrefetchConfig = Field(default_factory=PrefetchConfig)
     # Host names under which "bucket.<domain>" means virtual-hosted-style addressing.
     virtual_host_domains: list[str] = Field(default_factory=lambda: ["localhost"])
     shutdown_timeout: Duration = 30.0

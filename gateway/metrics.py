@@ -205,6 +205,29 @@ class Metrics:
             multiprocess_mode="max",
         )
 
+        self.admission_rejections = Counter(
+            "hoard_cache_admission_rejections_total",
+            "Filled blocks kept off the disk tier by scan-resistant admission (first miss).",
+            registry=self.registry,
+        )
+        self.read_ahead_window = Histogram(
+            "hoard_read_ahead_window_blocks",
+            "Read-ahead window of sequential streams, in blocks, at each read and each widening.",
+            buckets=(0, 1, 2, 4, 8, 16, 32, 64, 128, 256),
+            registry=self.registry,
+        )
+        self.prefetch_bytes = Counter(
+            "hoard_prefetch_bytes_total",
+            "Block bytes epoch-order prefetch fetched ahead of readers (not already cached).",
+            registry=self.registry,
+        )
+        self.prefetch_streams = Gauge(
+            "hoard_prefetch_streams",
+            "Epoch-order prefetch streams registered on this node.",
+            registry=self.registry,
+            multiprocess_mode="livesum",
+        )
+
         # The cluster: block reads from peers (labels: operation, outcome — bounded).
         self.peer_requests = Counter(
             "hoard_peer_requests_total",

@@ -31,6 +31,7 @@ from gateway.cluster.peers import Invalidation, MetadataQuery
 from gateway.metrics import Metrics
 from gateway.namespace import Mount, Namespace
 from gateway.origins.base import BucketInfo, ListPage, ObjectInfo, Origin
+from gateway.readahead import ReadAheadPolicy, Window
 
 __all__ = ["FileSegment", "ObjectRead", "Piece", "RangeSpec", "Reader", "Watch"]
 
@@ -135,9 +136,11 @@ class Reader:
     """Answers reads for gateway buckets from the cache, filling it from origins."""
 
     def __init__(self, namespace: Namespace, blocks: BlockSource, metadata: MetadataCache,
-                 metrics: Metrics, block_size: int, read_ahead: int = 4,
-                 store: MetadataStore | None = None,
-                 router: MetadataRouter | None = None) -> None:  # fmt: skip
+                 metrics: Metrics, block_size: int, read_ahead: ReadAheadPolicy | None = None,
+                 store: MetadataStore | None = None, router: MetadataRouter | None = None,
+                 observe: Callable[[str, str], None] | None = None) -> None:  # fmt: skip
+        """``router``: in a cluster, metadata misses go to their owner node;
+        ``observe(bucket, key)`` is told of every object GET (epoch-order prefetch)."""
         self.namespace = namespace
         self.router = router  # a cluster: metadata misses go to their owner node
         self.store = store
@@ -145,8 +148,10 @@ class Reader:
         self.metadata = metadata
         self.metrics = metrics
         self.block_size = block_size
-        self.read_ahead = read_ahead
-        self._read_ends: OrderedDict[BlockId, int] = OrderedDict()
+        self.read_ahead = read_ahead or ReadAheadPolicy(4, 4, 10.0)
+        self._observe = observe
+        # Per object a reader streams: where its last read ended, and its read-ahead window.
+        self._read_ends: OrderedDict[BlockId, tuple[int, Window]] = OrderedDict()
         self._watches: dict[tuple[str, str, str], set[Watch]] = {}
 
     async def list_buckets(self) -> list[BucketInfo]:
@@ -179,6 +184,8 @@ class Reader:
     ) -> ObjectRead:
         """Open ``key`` for reading; ``precondition`` runs on the metadata before any range."""
         mount = self.namespace.resolve(bucket)
+        if self._observe is not None:
+            self._observe(bucket, key)
         okey = mount.origin_key(key)
         info = await self._metadata_for_read(mount, okey, byte_range)
         if precondition is not None:
@@ -427,7 +434,7 @@ class Reader:
         return await self.router.head(query, lambda: self._origin_head(mount, okey))
 
     async def _metadata_for_read(
-        self, mount: Mount, okey: str, byte_range: RangeSpec | None
+        self, mount: Mount, okey: str, byte_range: RangeSpec | None, admit: bool | None = None
     ) -> ObjectInfo:
         scope = _scope(mount)
         if byte_range is not None and byte_range.suffix is not None:
@@ -437,7 +444,7 @@ class Reader:
             fetch = lambda: self._owner_head(mount, okey)  # noqa: E731
         else:
             index = (byte_range.first or 0) // self.block_size if byte_range else 0
-            fetch = lambda: self._first_block(mount, okey, index)  # noqa: E731
+            fetch = lambda: self._first_block(mount, okey, index, admit)  # noqa: E731
         lookup = await self.metadata.head(
             scope, okey, _policy(mount), lambda: self._stored_or(mount, okey, fetch)
         )
@@ -471,7 +478,9 @@ class Reader:
                 await self.store.flush()  # visible to siblings before the lock opens
         return info
 
-    async def _first_block(self, mount: Mount, okey: str, index: int) -> ObjectInfo:
+    async def _first_block(
+        self, mount: Mount, okey: str, index: int, admit: bool | None = None
+    ) -> ObjectInfo:
         """A metadata miss answered by the block the client needs: one round trip, not two."""
         first = index * self.block_size
         try:
@@ -485,7 +494,7 @@ class Reader:
         if (stream.start, stream.end) != (ref.first, ref.last):
             await stream.aclose()  # the origin ignored the range; fetch blocks normally
         else:
-            self.blocks.fill(ref, stream)
+            self.blocks.fill(ref, stream, admit)
         return stream.info
 
     # -- bytes -------------------------------------------------------------------------
@@ -499,34 +508,53 @@ class Reader:
         self, mount: Mount, okey: str, info: ObjectInfo, start: int, end: int, sources: Counter[str]
     ) -> AsyncIterator[Piece]:
         spans = block_plan(start, end, self.block_size)
-        refs = [self._ref(mount, okey, info, span.index) for span in spans]
-        refs += self._sequential_read_ahead(mount, okey, info, start, end)
+        window, sequential = self._stream_window(mount, okey, info, start, end)
+        # Read-ahead stays within the range, unless the range continues the previous
+        # one: then it runs past the end, where the stream is heading.
+        limit = end // self.block_size + (window.blocks if sequential else 0)
+        limit = min(limit, (info.size - 1) // self.block_size)
         try:
             for i, span in enumerate(spans):
-                self.blocks.read_ahead(refs[i + 1 : i + 1 + self.read_ahead])
-                async for piece in self.blocks.pieces(refs[i], span.offset, span.length, sources):
+                ahead = range(span.index + 1, min(span.index + window.blocks, limit) + 1)
+                self.blocks.read_ahead([self._ref(mount, okey, info, j) for j in ahead])
+                ref = self._ref(mount, okey, info, span.index)
+                block_sources: Counter[str] = Counter()
+                async for piece in self.blocks.pieces(ref, span.offset, span.length, block_sources):
                     yield piece
+                sources.update(block_sources)
+                # A fill this reader had to wait for, past the stream's first block:
+                # it consumes faster than read-ahead lands blocks.
+                if (i > 0 or sequential) and block_sources.keys() & {"origin", "peer"}:
+                    self.metrics.read_ahead_window.observe(self.read_ahead.caught_up(window))
         except errors.OriginChanged:
             self.metadata.invalidate_key(_scope(mount), okey)
             raise
 
-    def _sequential_read_ahead(
+    def _stream_window(
         self, mount: Mount, okey: str, info: ObjectInfo, start: int, end: int
-    ) -> list[BlockRef]:
-        """Blocks past ``end`` worth prefetching when this range continues the previous one."""
+    ) -> tuple[Window, bool]:
+        """The read-ahead window of this object's stream, and whether this range continues it."""
         marker = BlockId(mount.origin.name, mount.origin_bucket, okey, info.etag, -1)
-        previous_end = self._read_ends.pop(marker, None)
-        self._read_ends[marker] = end
+        previous = self._read_ends.pop(marker, None)
+        window = previous[1] if previous is not None else self.read_ahead.new()
+        self._read_ends[marker] = (end, window)
         if len(self._read_ends) > _SEQUENTIAL_MEMORY:
             self._read_ends.popitem(last=False)
-        if previous_end is None or not previous_end < start <= previous_end + self.block_size:
-            return []
-        last_index = (info.size - 1) // self.block_size
-        following = range(
-            end // self.block_size + 1,
-            min(last_index, end // self.block_size + self.read_ahead) + 1,
-        )
-        return [self._ref(mount, okey, info, index) for index in following]
+        sequential = previous is not None and previous[0] < start <= previous[0] + self.block_size
+        self.metrics.read_ahead_window.observe(self.read_ahead.resume(window, sequential))
+        return window, sequential
+
+    async def block_refs(self, bucket: str, key: str, admit: bool | None = None) -> list[BlockRef]:
+        """Every block of ``key`` (its metadata looked up as a read would; none if empty).
+
+        A cold lookup starts the fill of block 0 with the same origin request,
+        admitted to disk as ``admit`` says (see ``BlockSource.fill``).
+        """
+        mount = self.namespace.resolve(bucket)
+        okey = mount.origin_key(key)
+        info = await self._metadata_for_read(mount, okey, None, admit)
+        count = (info.size + self.block_size - 1) // self.block_size
+        return [self._ref(mount, okey, info, index) for index in range(count)]
 
 
 def _scope(mount: Mount) -> tuple[str, str]:

@@ -36,6 +36,7 @@ def init(cpus: list[int], endpoints: list[str], key: str, secret: str, pool: int
         retries={"max_attempts": 1, "mode": "standard"},
         connect_timeout=10, read_timeout=120,
     )  # fmt: skip
+    _STATE["credentials"] = (key, secret)
     _STATE["clients"] = [
         boto3.client("s3", endpoint_url=e, region_name="us-east-1", aws_access_key_id=key,
                      aws_secret_access_key=secret, config=config)
@@ -172,7 +173,9 @@ def train(task: dict[str, Any]) -> dict[str, Any]:
     The loader keeps ``prefetch`` batches in flight on a thread pool, as a torch
     DataLoader with workers does. ``wait`` is the time the "accelerator" spent
     blocked on the next batch; its share of the epoch is what MLPerf Storage
-    turns into accelerator utilisation.
+    turns into accelerator utilisation. With ``register``, the reader first
+    registers its shuffled order with Hoard (epoch-order prefetch), as the
+    README's sampler does; that call counts in the epoch's time.
     """
     client = _client(task["reader"])
     keys = sorted(task["keys"])
@@ -184,6 +187,13 @@ def train(task: dict[str, Any]) -> dict[str, Any]:
     oks: list[bool] = []
     wait = 0.0
     start = time.perf_counter()
+    if task.get("register"):
+        from gateway.client import prefetch  # the repository's own helper, as a trainer uses it
+
+        access_key, secret_key = _STATE["credentials"]
+        prefetch(keys, endpoint=client.meta.endpoint_url, bucket=task["bucket"],
+                 stream_id=f"reader-{task['reader']}", access_key=access_key,
+                 secret_key=secret_key)  # fmt: skip
     with ThreadPoolExecutor(task["threads"]) as pool:
 
         def submit(keys: list[str]) -> list[Future[tuple[float, int, bool]]]:

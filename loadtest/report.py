@@ -63,7 +63,12 @@ class Row:
 
 def _metric(row: Row) -> tuple[str, float]:
     """The throughput figure that matters for this phase: objects/s or MB/s."""
-    small = row.workload in ("epochs", "train") or row.phase.startswith(("list", "small"))
+    small = row.workload in (
+        "epochs",
+        "train",
+        "train-prefetch",
+        "train-warm",
+    ) or row.phase.startswith(("list", "small"))
     return ("obj/s", row.objects_per_s) if small else ("MB/s", row.mb_per_s)
 
 
@@ -186,6 +191,16 @@ def goals(rows: list[Row], meta: dict[str, Any]) -> list[tuple[str, str, str]]:
               f"{shown}: {worker / allowance:.2f}x of {allowance:,.0f} MiB; per worker - tier = "
               f"{over:,.0f} MiB (≤ {RSS_TARGET_MIB})"
               + (f"; tier in use {used:,.0f} MiB" if used is not None else ""))  # fmt: skip
+    cold, ahead = (
+        _find(rows, "hoard", "train", "epoch 1"),
+        _find(rows, "hoard", "train-prefetch", "epoch 1"),
+    )
+    if cold and ahead:
+        base, share = cold.extra.get("data_wait_share"), ahead.extra.get("data_wait_share")
+        ratio = share / base if share is not None and base else None
+        check("train epoch 1: data-wait share with prefetch ≤ 0.5x cold", ratio,
+              ratio is not None and ratio <= 0.5,
+              f"{(share or 0) * 100:.1f}% vs {(base or 0) * 100:.1f}% cold: {_fmt(ratio)}x")  # fmt: skip
     trained = _find(rows, "hoard", "train", "epoch 2")
     if trained:
         share = trained.extra.get("data_wait_share")

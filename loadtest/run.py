@@ -33,6 +33,8 @@ WORKLOADS: dict[str, Callable[[Session], list[Row]]] = {
     "herd": workloads.herd,
     "stream": workloads.stream,
     "train": workloads.train,
+    "train-prefetch": workloads.train_prefetch,
+    "train-warm": workloads.train_warm,
     "capacity": wrkload.capacity,
     "rss": rssload.rss,
 }

@@ -13,6 +13,8 @@ deadline is cut off (the pool is terminated) and reported as an error.
 | ``herd`` | one client alone on a cold large object; 64 clients at once on another of the same size; 64 clients LISTing one prefix at once |
 | ``stream`` | one client reads the 256 MiB shard whole, cold and then warm |
 | ``train`` | readers with a prefetching loader and a fixed compute time per batch; share of time waiting for data |
+| ``train-prefetch`` | ``train`` on a cold Hoard, each reader registering its epoch order first |
+| ``train-warm`` | ``train`` on a Hoard warmed (``POST /_hoard/warm``) as training starts |
 | ``capacity`` | wrk over presigned URLs (``wrkload.py``) |
 | ``rss`` | 8 lean clients each stream a 1 GiB object whole, cold and warm; server memory per process (``rssload.py``) |
 """
@@ -35,7 +37,8 @@ from loadtest.procs import Pinning, peak_rss
 from loadtest.report import Row, percentile
 from loadtest.targets import Target
 
-ALL = ("epochs", "shards", "herd", "stream", "train", "capacity", "rss")
+ALL = ("epochs", "shards", "herd", "stream", "train", "train-prefetch", "train-warm", "capacity",
+       "rss")  # fmt: skip
 
 
 @dataclass
@@ -103,6 +106,8 @@ class Session:
             "epochs",
             "shards",
             "train",
+            "train-prefetch",
+            "train-warm",
         ):
             result["readers"] = self.readers  # one per node
         # A generator that reports percentiles itself (wrk) passes them instead of samples.
@@ -238,6 +243,38 @@ def stream(s: Session) -> list[Row]:
 
 
 def train(s: Session) -> list[Row]:
+    """Cold Hoard (or any target): readers fetch on demand."""
+    return _train(s)
+
+
+def train_prefetch(s: Session) -> list[Row]:
+    """Cold Hoard; each reader registers its epoch order first (``gateway.client.prefetch``)."""
+    return _train(s, register=True)
+
+
+def train_warm(s: Session) -> list[Row]:
+    """Hoard warmed (``POST /_hoard/warm`` of the images) in parallel with the start of training.
+
+    Skipped, with the reason in the row, when the gateway has no warm jobs (404).
+    """
+    from gateway.client.admin import AdminClient, AdminError  # the repository's own client
+
+    client = AdminClient(s.target.endpoints[0], s.target.access_key, s.target.secret_key)
+    try:
+        job = client.call("POST", "/_hoard/warm", body={"bucket": s.bench.dataset.bucket,
+                                                        "prefix": IMAGES})  # fmt: skip
+    except AdminError as exc:
+        if exc.status == 404:
+            note = "skipped: POST /_hoard/warm answered 404 (warm jobs are not in this gateway)"
+            return [Row(s.target.name, s.workload, "—", note=note)]
+        raise
+    rows = _train(s)
+    for row in rows:
+        row.note = "; ".join(x for x in (row.note, f"warm job {job.get('id', '?')}") if x)
+    return rows
+
+
+def _train(s: Session, register: bool = False) -> list[Row]:
     scale, data = s.bench.scale, s.bench.dataset
     images = [o.key for o in data.images]
     rows = []
@@ -246,7 +283,8 @@ def train(s: Session) -> list[Row]:
             tasks = [
                 {**s.base(), "reader": r, "epoch": epoch, "threads": scale.threads,
                  "keys": images[r :: s.readers][: scale.train_images],
-                 "batch": scale.train_batch, "compute": scale.train_compute, "prefetch": 2}
+                 "batch": scale.train_batch, "compute": scale.train_compute, "prefetch": 2,
+                 "register": register}
                 for r in range(s.readers)
             ]  # fmt: skip
 

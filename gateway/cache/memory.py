@@ -41,9 +41,14 @@ class MemoryTier:
     def admits(self, size: int) -> bool:
         return 0 < size <= self.max_item
 
-    def put(self, key: Hashable, data: bytes) -> bool:
-        """Keep ``data`` under ``key`` if it is small enough; evict LRU blocks to fit."""
-        if not self.admits(len(data)):
+    def put(self, key: Hashable, data: bytes, oversize: bool = False) -> bool:
+        """Keep ``data`` under ``key`` if it is small enough; evict LRU blocks to fit.
+
+        ``oversize`` takes a block above ``max_item`` too (up to a quarter of the
+        capacity): one that has no other place to stay (see ``blocks.py``).
+        """
+        fits = oversize and 0 < len(data) <= self.capacity // 4
+        if not (fits or self.admits(len(data))):
             return False
         self.discard(key)
         self._items[key] = data

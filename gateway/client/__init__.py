@@ -3,3 +3,7 @@
 They are synchronous on purpose: the CLI and a data loader's sampler call them
 from plain Python, outside any event loop.
 """
+
+from gateway.client.prefetch import prefetch
+
+__all__ = ["prefetch"]

@@ -59,7 +59,9 @@ class ClusterNode:
         *,
         metadata: Callable[[MetadataQuery], Awaitable[Any]] | None = None,
         drop_all: Callable[[], Awaitable[None]] | None = None,
+        on_message: Callable[[str, bytes], Awaitable[None]] | None = None,
     ) -> None:
+        """``on_message(name, body)`` takes other nodes' ``announce`` calls."""
         assert config.secret is not None
         secret = config.secret.get_secret_value()
         self.config = config
@@ -72,8 +74,9 @@ class ClusterNode:
         )  # fmt: skip
         self.client = PeerClient(secret, read_timeout=config.peer_read_timeout)
         self.server = PeerServer(
-            secret, read_block, invalidate, body_sender, metadata=metadata, drop_all=drop_all
-        )
+            secret, read_block, invalidate, body_sender,
+            metadata=metadata, drop_all=drop_all, on_message=on_message,
+        )  # fmt: skip
         self.placement = Placement(
             self.membership, self.client, metrics, config.replicas, config.handoff_peers
         )
@@ -168,6 +171,18 @@ class ClusterNode:
             if url not in confirmed:
                 self.backlog.add(url, items)
         self.metrics.peer_duration.labels("invalidate").observe(time.perf_counter() - started)
+
+    async def announce(self, name: str, body: bytes) -> None:
+        """Hand a message to every other live node (best effort, within invalidation_timeout)."""
+        peers = [url for url in self.membership.live() if url != self.membership.self_url]
+        timeout = self.config.invalidation_timeout
+
+        async def one(url: str) -> None:
+            self.metrics.peer_requests.labels("message").inc()
+            if not await self.client.message(url, name, body, timeout):
+                self.metrics.peer_errors.labels("message", "unavailable").inc()
+
+        await asyncio.gather(*(one(url) for url in peers))
 
     def snapshot(self) -> dict[str, Any]:
         return {**self.membership.snapshot(), "replicas": self.config.replicas}

@@ -15,6 +15,8 @@ a key (HEAD) or a prefix (LIST) for its metadata answer (see ``MetadataQuery``):
 ``POST /_hoard/peer/invalidate?sha256={hex of body}`` with a JSON list of ``{origin,
 bucket, key}`` or ``{origin, bucket, prefix}`` drops them → 204; with ``all=1``
 first, the node drops its whole metadata cache (a replay that overflowed).
+``POST /_hoard/peer/message/{name}?sha256={hex of body}`` hands the body to the
+server's ``on_message(name, body)`` → 204 (e.g. prefetch registrations).
 
 Each request carries ``X-Hoard-Date`` (epoch seconds or RFC 3339) and
 ``X-Hoard-Signature: hex(HMAC-SHA256(secret, METHOD "\\n" path?query "\\n" date))``
@@ -69,6 +71,7 @@ SIGNATURE_HEADER = "X-Hoard-Signature"
 ERROR_HEADER = "X-Hoard-Error"
 MAX_SKEW = 300.0  # seconds of clock difference tolerated between nodes
 _READ_BUFFER = 256 * 1024  # client-side buffer per connection: bounds memory per stream
+_MAX_MESSAGE = 64 * 1024**2  # a message body (a prefetch order of many keys) held at once
 _EPOCH = re.compile(r"[0-9]{1,12}(\.[0-9]{1,9})?")
 _INT = re.compile(r"[0-9]{1,19}")
 _FIELDS = ("origin", "bucket", "key", "prefix")  # of an Invalidation; others are ignored
@@ -267,8 +270,10 @@ class PeerServer:
         *,
         metadata: Callable[[MetadataQuery], Awaitable[Any]] | None = None,
         drop_all: Callable[[], Awaitable[None]] | None = None,
+        on_message: Callable[[str, bytes], Awaitable[None]] | None = None,
     ) -> None:
         self._secret = secret
+        self._on_message = on_message
         self._read_block = read_block
         self._invalidate = invalidate
         self._metadata = metadata  # the owner's answer, JSON-ready
@@ -286,6 +291,8 @@ class PeerServer:
             return await self._serve_invalidate(request)
         if path == f"{PREFIX}meta" and request.method == "GET" and self._metadata is not None:
             return await self._serve_metadata(request)
+        if path.startswith(f"{PREFIX}message/") and request.method == "POST":
+            return await self._serve_message(request, path.removeprefix(f"{PREFIX}message/"))
         return _error(404, "NoSuchEndpoint", f"no peer endpoint {request.method} {path}")
 
     def _authentic(self, request: web.Request) -> bool:
@@ -355,9 +362,33 @@ class PeerServer:
         await writer.write(data)
         return len(data)
 
+    async def _signed_body(self, request: web.Request) -> bytes | None:
+        """The body (up to ``_MAX_MESSAGE`` bytes), if it is the one the signed ``sha256`` names."""
+        parts, size = [], 0
+        async for chunk in request.content.iter_chunked(_READ_BUFFER):
+            size += len(chunk)
+            if size > _MAX_MESSAGE:
+                return None
+            parts.append(chunk)
+        body = b"".join(parts)
+        signed = request.query.get("sha256", "")
+        return body if _same(hashlib.sha256(body).hexdigest(), signed) else None
+
+    async def _serve_message(self, request: web.Request, name: str) -> web.StreamResponse:
+        body = await self._signed_body(request)
+        if body is None:
+            return _error(403, "AccessDenied", "the body is too large or not the signed one")
+        if self._on_message is None:
+            return _error(404, "NoSuchEndpoint", "this node takes no peer messages")
+        try:
+            await self._on_message(name, body)
+        except (ValueError, KeyError, TypeError) as exc:
+            return _error(400, "InvalidRequest", f"bad {name} message: {exc!r}")
+        return web.Response(status=204)
+
     async def _serve_invalidate(self, request: web.Request) -> web.StreamResponse:
-        body = await request.read()
-        if not _same(hashlib.sha256(body).hexdigest(), request.query.get("sha256", "")):
+        body = await self._signed_body(request)
+        if body is None:
             return _error(403, "AccessDenied", "the body does not match the signed digest")
         try:
             # Unknown fields are ignored: a newer node may send more in a rolling upgrade.
@@ -478,7 +509,15 @@ class PeerClient:
         cache first): True once it has, False on any failure."""
         body = json.dumps([asdict(item) for item in items]).encode()
         flag = "all=1&" if drop_all else ""
-        target = f"{PREFIX}invalidate?{flag}sha256={hashlib.sha256(body).hexdigest()}"
+        return await self._post(peer_url, f"invalidate?{flag}", body, timeout, "an invalidation")
+
+    async def message(self, peer_url: str, name: str, body: bytes, timeout: float = 2.0) -> bool:
+        """Hand ``body`` to ``peer_url``'s ``on_message(name, body)``: True once it took it."""
+        return await self._post(peer_url, f"message/{name}?", body, timeout, f"a {name} message")
+
+    async def _post(self, peer_url: str, path: str, body: bytes, timeout: float, what: str) -> bool:
+        """POST ``body`` to ``path`` (ending in ``?`` or ``&``, the digest is appended)."""
+        target = f"{PREFIX}{path}sha256={hashlib.sha256(body).hexdigest()}"
         url, headers = self._signed("POST", peer_url, target)
         headers["Content-Type"] = "application/json"
         try:
@@ -487,9 +526,9 @@ class PeerClient:
             ) as response:
                 if response.status == 204:
                     return True
-                log.warning("peer %s refused an invalidation: %s", peer_url, response.status)
+                log.warning("peer %s refused %s: %s", peer_url, what, response.status)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            log.warning("peer %s unreachable for an invalidation: %r", peer_url, exc)
+            log.warning("peer %s unreachable for %s: %r", peer_url, what, exc)
         return False
 
     async def close(self) -> None:

@@ -1,0 +1,150 @@
+"""The prefetch endpoints, and the peer messages that carry registrations across a cluster.
+
+- ``POST /_hoard/prefetch`` with an order (see ``order.py``) → 200 and the
+  stream's status; 400 with ``{"error", "message"}`` when a bound is broken.
+- ``GET /_hoard/prefetch/{id}`` → position, window, bytes ahead and in flight.
+- ``DELETE /_hoard/prefetch/{id}`` → 200 ``{"stream", "dropped": true}``.
+
+In a cluster, a registration or a drop accepted here is passed to every other
+live node (signed peer messages ``prefetch`` and ``prefetch-drop``); there
+the stream waits, inactive, for its first GET (see the package docstring).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from gateway import errors
+from gateway.blocks import FileSegment
+from gateway.config import PrefetchConfig
+from gateway.prefetch.order import Order, OrderError, manifest_keys, parse_request
+from gateway.prefetch.prefetcher import Prefetcher
+
+if TYPE_CHECKING:
+    from gateway.reader import Reader
+
+log = logging.getLogger(__name__)
+
+PATH = "/_hoard/prefetch"
+MAX_ORDER_BYTES = 64 * 1024**2  # a registration's body, or its manifest; bigger: split the epoch
+PEER_REGISTER, PEER_DROP = "prefetch", "prefetch-drop"
+
+Announce = Callable[[str, bytes], Awaitable[None]]
+
+
+class PrefetchApi:
+    def __init__(
+        self,
+        prefetcher: Prefetcher,
+        reader: Reader,
+        config: PrefetchConfig,
+        announce: Announce | None = None,
+    ) -> None:
+        self._prefetcher = prefetcher
+        self._reader = reader
+        self._config = config
+        self._announce = announce  # tells the other live nodes, in a cluster
+
+    async def handle(self, request: web.Request, path: str) -> web.StreamResponse:
+        """Answer a signed request under ``/_hoard/prefetch``."""
+        try:
+            if path == PATH and request.method == "POST":
+                return await self._register(request)
+            stream_id = path.removeprefix(PATH + "/")
+            if path.startswith(PATH + "/") and request.method == "GET":
+                found = self._prefetcher.status(stream_id)
+                return web.json_response(found) if found else _no_stream(stream_id)
+            if path.startswith(PATH + "/") and request.method == "DELETE":
+                return await self._drop(stream_id)
+        except OrderError as exc:
+            return _error(400, exc.code, exc.message)
+        return _error(404, "NotFound", f"no endpoint {request.method} {path}")
+
+    async def _register(self, request: web.Request) -> web.StreamResponse:
+        body = await _read_bounded(request)
+        try:
+            asked = parse_request(json.loads(body), self._config)
+        except ValueError as exc:
+            if isinstance(exc, OrderError):
+                raise
+            raise OrderError("InvalidRequest", f"the body is not JSON: {exc}") from None
+        keys = asked.keys
+        if keys is None:
+            assert asked.manifest is not None
+            keys = manifest_keys(await self._manifest(asked.bucket, asked.manifest), self._config)
+        order = Order(asked.stream, asked.bucket, keys, asked.window)
+        stream = self._prefetcher.register(order)
+        if self._announce is not None:
+            await self._announce(PEER_REGISTER, json.dumps(order.as_json()).encode())
+        return web.json_response(stream.status(stream.last_used))
+
+    async def _drop(self, stream_id: str) -> web.StreamResponse:
+        dropped = self._prefetcher.drop(stream_id)
+        if self._announce is not None:
+            await self._announce(PEER_DROP, json.dumps({"stream": stream_id}).encode())
+        return web.json_response({"stream": stream_id, "dropped": True}) if dropped else (
+            _no_stream(stream_id))  # fmt: skip
+
+    async def _manifest(self, bucket: str, key: str) -> str:
+        try:
+            read = await self._reader.open_object(bucket, key)
+        except errors.NotFound as exc:
+            raise OrderError("NoSuchManifest", f"manifest {bucket}/{key}: {exc}") from None
+        if read.length > MAX_ORDER_BYTES:
+            await read.aclose()
+            raise OrderError("ManifestTooLarge", f"a manifest may hold {MAX_ORDER_BYTES} bytes")
+        parts: list[bytes] = []
+        try:
+            async for piece in read.chunks():
+                parts.append(await _piece_bytes(piece))
+        finally:
+            await read.aclose()
+        return b"".join(parts).decode("utf-8", "replace")
+
+    async def on_peer(self, name: str, body: bytes) -> None:
+        """A registration or drop another node accepted (a signed peer message)."""
+        data = json.loads(body)
+        if name == PEER_REGISTER:
+            keys = tuple(data["keys"])
+            order = Order(data["stream"], data["bucket"], keys, int(data["window"]))
+            self._prefetcher.register(order, active=False)
+        elif name == PEER_DROP:
+            self._prefetcher.drop(data["stream"])
+
+
+async def _read_bounded(request: web.Request) -> bytes:
+    parts, size = [], 0
+    async for chunk in request.content.iter_chunked(1024 * 1024):
+        size += len(chunk)
+        if size > MAX_ORDER_BYTES:
+            raise OrderError("OrderTooLarge",
+                             f"a registration may hold {MAX_ORDER_BYTES} bytes: use a manifest "
+                             "or register the epoch in parts")  # fmt: skip
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+async def _piece_bytes(piece: bytes | memoryview | FileSegment) -> bytes:
+    if not isinstance(piece, FileSegment):
+        return bytes(piece)
+    try:
+        return await asyncio.to_thread(os.pread, piece.fd, piece.count, piece.offset)
+    finally:
+        piece.release()
+
+
+def _no_stream(stream_id: str) -> web.Response:
+    return _error(
+        404, "NoSuchStream", f"no prefetch stream {stream_id!r} (expired or never registered)"
+    )
+
+
+def _error(status: int, code: str, message: str) -> web.Response:
+    return web.json_response({"error": code, "message": message}, status=status)

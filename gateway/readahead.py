@@ -1,0 +1,69 @@
+"""How many blocks to fetch ahead of a sequential reader: a window that adapts to its pace.
+
+A fixed read-ahead is either too short for a fast reader (it catches up with
+the fills and waits on the origin at every block) or wasteful for a slow or
+random one. The window here starts at ``initial`` blocks and doubles each time
+the reader *catches up*: it reaches a block that read-ahead had asked for and
+that is not there yet, i.e. it consumes faster than fills complete. It never
+exceeds ``maximum``. It falls back to ``initial`` when the stream turns random
+(a read that does not continue the previous one) or goes idle for longer than
+``idle`` seconds, so a stream that pauses or jumps does not keep a large
+window of blocks in flight for nothing.
+
+This is the shape of the Linux page cache's read-ahead (ramp up on sequential
+hits of the async marker, reset on a random read), with "caught up" as the
+signal because a Hoard block is a network fetch, not a disk read.
+
+Not guaranteed: that the window matches the reader's rate exactly; it only
+moves in powers of two between its bounds. One window per object a reader
+streams (the reader keeps a bounded number of them).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class Window:
+    """The read-ahead state of one sequential stream."""
+
+    blocks: int
+    last: float  # clock time of the stream's last read
+
+
+class ReadAheadPolicy:
+    def __init__(
+        self,
+        initial: int,
+        maximum: int,
+        idle: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if maximum < initial:
+            raise ValueError("the read-ahead maximum must be at least the initial window")
+        self.initial = initial
+        self.maximum = maximum
+        self.idle = idle
+        self._clock = clock
+
+    def new(self) -> Window:
+        """The window of a stream seen for the first time."""
+        return Window(self.initial, self._clock())
+
+    def resume(self, window: Window, sequential: bool) -> int:
+        """A read of the stream begins: its window, reset if it went random or idle."""
+        now = self._clock()
+        if not sequential or now - window.last > self.idle:
+            window.blocks = self.initial
+        window.last = now
+        return window.blocks
+
+    def caught_up(self, window: Window) -> int:
+        """The reader reached a block read-ahead had not landed yet: widen the window."""
+        if self.initial > 0:  # read-ahead switched off stays off
+            window.blocks = min(self.maximum, max(1, window.blocks * 2))
+        window.last = self._clock()
+        return window.blocks
