@@ -1,4 +1,4 @@
-"""Admin endpoints under ``/_hoard/``: cache statistics and cache drops.
+"""Admin endpoints under ``/_hoard/``: cache statistics, cache drops, warm jobs.
 
 Every one of them needs a signed request from a configured credential, even
 when anonymous S3 reads are allowed; health and readiness (in ``server.py``)
@@ -19,6 +19,8 @@ from gateway.reader import Reader
 from gateway.s3.auth import Authenticator
 from gateway.s3.errors import S3Error
 from gateway.s3.front import request_view
+from gateway.warm.http import PATH as WARM_PATH
+from gateway.warm.http import WarmHttp
 
 
 class Admin:
@@ -28,11 +30,13 @@ class Admin:
         auth: Authenticator,
         metrics: Metrics,
         cluster: Callable[[], dict[str, Any]] | None = None,
+        warm: WarmHttp | None = None,
     ) -> None:
         self._reader = reader
         self._auth = auth
         self._metrics = metrics
         self._cluster = cluster  # the membership snapshot, in a cluster
+        self._warm = warm
 
     async def handle(self, request: web.Request, path: str) -> web.StreamResponse:
         try:
@@ -49,6 +53,8 @@ class Admin:
             return web.json_response(self._cluster_view())
         if path == "/_hoard/cache" and request.method == "DELETE":
             return await self._drop(request)
+        if self._warm is not None and (path == WARM_PATH or path.startswith(WARM_PATH + "/")):
+            return await self._warm.admin(request, path)
         return web.json_response({"error": "NotFound"}, status=404)
 
     def _cluster_view(self) -> dict[str, Any]:

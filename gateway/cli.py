@@ -54,6 +54,10 @@ from gateway.s3.auth import Authenticator
 from gateway.s3.body import BodySender
 from gateway.s3.front import S3Front
 from gateway.server import build_app
+from gateway.warm.fanout import ShareClient
+from gateway.warm.http import WarmHttp
+from gateway.warm.jobs import WarmJobs
+from gateway.warm.store import JobStore
 from gateway.writer import Writer
 
 EXIT_CONFIG = 2
@@ -166,7 +170,12 @@ def build(settings: Settings, metrics_dir: Path | None = None) -> web.Applicatio
     writer = Writer(namespace, reader, cluster.broadcast if cluster is not None else None)
     front = S3Front(reader, writer, auth, settings.virtual_host_domains, body)
     access = AccessLog(as_json=settings.log_format == "json", enabled=settings.access_log)
-    admin = Admin(reader, auth, metrics, cluster.snapshot if cluster is not None else None)
+    warm = _warm(settings, reader, metrics, cluster)
+    admin = Admin(
+        reader, auth, metrics, cluster.snapshot if cluster is not None else None, WarmHttp(warm)
+    )
+    if cluster is not None:
+        cluster.server.mount("warm", WarmHttp(warm).peer)
     app = build_app(
         front, metrics, settings.virtual_host_domains, admin, access,
         cluster.server if cluster is not None else None,
@@ -177,6 +186,9 @@ def build(settings: Settings, metrics_dir: Path | None = None) -> web.Applicatio
     def tier_levels() -> None:
         metrics.cache_bytes.labels("memory").set(memory.used)
         metrics.cache_bytes.labels("disk").set(disk.stats().used_bytes)
+        metrics.pinned_bytes.set(disk.stats().pinned_bytes)
+        for state, count in warm.counts().items():
+            metrics.warm_jobs.labels(state).set(count)
 
     metrics.before_render.append(tier_levels)
 
@@ -185,8 +197,10 @@ def build(settings: Settings, metrics_dir: Path | None = None) -> web.Applicatio
         await store.start()
         if cluster is not None:
             await cluster.start()
+        await warm.start()  # after the cluster: a resumed share needs to know who owns what
 
     async def stop(app: web.Application) -> None:
+        await warm.close()
         await writer.close()  # pending write-throughs, before the tiers they write to
         if cluster is not None:
             await cluster.close()
@@ -200,6 +214,18 @@ def build(settings: Settings, metrics_dir: Path | None = None) -> web.Applicatio
     app.on_startup.insert(0, start)
     app.on_cleanup.append(stop)
     return app
+
+
+def _warm(
+    settings: Settings, reader: Reader, metrics: Metrics, cluster: ClusterNode | None
+) -> WarmJobs:
+    """Warm jobs of this node, sharing jobs with the other live nodes in a cluster."""
+    peers = None
+    if cluster is not None:
+        peers = ShareClient(cluster.client, cluster.membership.self_url,
+                            cluster.membership.live, settings.warm.poll_timeout)  # fmt: skip
+    store = JobStore(settings.cache.dir / "warm")
+    return WarmJobs(reader, store, metrics, settings.warm, settings.cache.pin_limit, peers)
 
 
 def _cluster(

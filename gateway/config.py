@@ -124,6 +124,14 @@ class CacheConfig(_Strict):
     # uploads in memory at once per worker; an upload that finds no room is not cached.
     write_through_max: Size = parse_size("64MiB")
     write_through_buffer: Size = parse_size("256MiB")
+    # Bytes of the disk tier that warm jobs may pin (exempt from eviction); unset: half
+    # of cache.size, so read-through caching always keeps the other half to work in.
+    pin_quota: Size | None = None
+
+    @property
+    def pin_limit(self) -> int:
+        """The pin quota in bytes: ``pin_quota``, or half the disk tier when unset."""
+        return self.size // 2 if self.pin_quota is None else self.pin_quota
 
     @field_validator("block_size")
     @classmethod
@@ -131,6 +139,17 @@ class CacheConfig(_Strict):
         if not 64 * 1024 <= value <= 1024**3:
             raise ValueError("block_size must be between 64KiB and 1GiB")
         return value
+
+
+class WarmConfig(_Strict):
+    # Blocks one warm job fetches at once on a node (each is one origin GET in flight).
+    concurrency: int = Field(default=8, ge=1, le=256)
+    # Warm jobs (or a cluster job's shares) running at once on a node; more wait, queued.
+    max_running: int = Field(default=2, ge=1, le=64)
+    # Finished jobs whose records are kept (oldest removed first).
+    history: int = Field(default=100, ge=1)
+    # How long a GET of a cluster job waits for each other node's progress.
+    poll_timeout: Duration = 2.0
 
 
 class Credential(_Strict):
@@ -211,6 +230,7 @@ class Settings(BaseSettings):
     default_origin: str | None = None
     mounts: list[MountConfig] = Field(default_factory=list)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    warm: WarmConfig = Field(default_factory=WarmConfig)
     # Host names under which "bucket.<domain>" means virtual-hosted-style addressing.
     virtual_host_domains: list[str] = Field(default_factory=lambda: ["localhost"])
     shutdown_timeout: Duration = 30.0

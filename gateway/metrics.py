@@ -29,6 +29,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 # Tiers an object byte can come from, and outcomes of a metadata lookup.
 SOURCES = ("memory", "disk", "origin", "peer")
 METADATA_STATES = ("hit", "miss", "stale", "stale_error", "negative")
+WARM_STATES = ("queued", "running", "done", "failed", "cancelled")
 
 _LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -187,6 +188,33 @@ class Metrics:
             registry=self.registry,
             multiprocess_mode="max",
         )
+
+        # Warm jobs (labels bounded: how a block was had, job states).
+        self.warm_bytes = Counter(
+            "hoard_warm_bytes_total",
+            "Bytes of owned blocks warm jobs completed on this node, by whether they were "
+            "fetched from the origin or already cached.",
+            ["how"],
+            registry=self.registry,
+        )
+        self.warm_objects = Counter(
+            "hoard_warm_objects_total",
+            "Objects whose share on this node a warm job completed (failed ones included).",
+            registry=self.registry,
+        )
+        self.warm_jobs = Gauge(
+            "hoard_warm_jobs",
+            "Warm job shares known to this node, by state.",
+            ["state"],
+            registry=self.registry,
+            multiprocess_mode="max",
+        )
+        self.pinned_bytes = Gauge(
+            "hoard_cache_pinned_bytes",
+            "Disk tier bytes under a live pin (exempt from eviction).",
+            registry=self.registry,
+            multiprocess_mode="max",
+        )
         self._create_known_series()
 
     @contextlib.contextmanager
@@ -216,6 +244,10 @@ class Metrics:
         for kind in ("head", "list"):
             for state in METADATA_STATES:
                 self.metadata_lookups.labels(kind, state)
+        for how in ("fetched", "cached"):
+            self.warm_bytes.labels(how)
+        for state in WARM_STATES:
+            self.warm_jobs.labels(state)
 
     def served(self, memory: int = 0, disk: int = 0, origin: int = 0, peer: int = 0) -> None:
         """Count object bytes handed to a client by the tier that supplied them."""

@@ -9,6 +9,9 @@ moved), 503 ``Unavailable``, 400 for a bad query. The client trusts the code, no
 the status: a 404 from a node without this endpoint is "unavailable", not "no key".
 ``POST /_hoard/peer/invalidate?sha256={hex of body}`` with a JSON list of ``{origin,
 bucket, key}`` or ``{origin, bucket, prefix}`` drops them → 204.
+Other features add their own routes under ``/_hoard/peer/<name>/`` with ``mount``
+(warm jobs: ``gateway/warm/http.py``); they get the same signature check, and a
+request body must come with ``sha256={hex of body}`` in the query, as above.
 
 Each request carries ``X-Hoard-Date`` (epoch seconds or RFC 3339) and
 ``X-Hoard-Signature: hex(HMAC-SHA256(secret, METHOD "\\n" path?query "\\n" date))``
@@ -39,7 +42,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qsl, quote, urlsplit
 
 import aiohttp
@@ -143,6 +146,9 @@ class Invalidation:
             raise TypeError("the fields of an invalidation are strings")
 
 
+MountedHandler = Callable[[web.Request, str, bytes], Awaitable[web.StreamResponse]]
+
+
 class PieceSender(Protocol):  # gateway.s3.body.BodySender is one
     async def send(self, request: web.Request, writer: AbstractStreamWriter, piece: Piece) -> None:
         """Send ``piece``; release a FileSegment whether or not it was sent."""
@@ -213,6 +219,11 @@ class PeerServer:
         self._invalidate = invalidate
         self._sender = body_sender  # None: FileSegments are read in a thread and written
         self._clock = clock
+        self._mounted: dict[str, MountedHandler] = {}
+
+    def mount(self, name: str, handler: MountedHandler) -> None:
+        """Serve ``/_hoard/peer/<name>/...`` with ``handler(request, rest of path, body)``."""
+        self._mounted[name] = handler
 
     async def handle(self, request: web.Request, path: str) -> web.StreamResponse:
         """Answer one request whose path is under ``/_hoard/peer/``."""
@@ -222,6 +233,14 @@ class PeerServer:
             return await self._serve_block(request, path.removeprefix(f"{PREFIX}block/"))
         if path == f"{PREFIX}invalidate" and request.method == "POST":
             return await self._serve_invalidate(request)
+        name, _, rest = path.removeprefix(PREFIX).partition("/")
+        if name in self._mounted:
+            body = await request.read()
+            if body and not _same(
+                hashlib.sha256(body).hexdigest(), request.query.get("sha256", "")
+            ):
+                return _error(403, "AccessDenied", "the body does not match the signed digest")
+            return await self._mounted[name](request, rest, body)
         return _error(404, "NoSuchEndpoint", f"no peer endpoint {request.method} {path}")
 
     def _authentic(self, request: web.Request) -> bool:
@@ -393,6 +412,30 @@ class PeerClient:
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             log.warning("peer %s unreachable for an invalidation: %r", peer_url, exc)
         return False
+
+    async def call_json(
+        self, method: str, peer_url: str, target: str, body: Any = None, timeout: float = 5.0
+    ) -> tuple[int, Any]:
+        """A signed JSON request to a mounted route: (status, parsed answer).
+
+        Raises ``PeerUnavailable`` when the peer cannot be reached or its answer
+        is not JSON.
+        """
+        data = b"" if body is None else json.dumps(body).encode()
+        if data:
+            sep = "&" if "?" in target else "?"
+            target = f"{target}{sep}sha256={hashlib.sha256(data).hexdigest()}"
+        url, headers = self._signed(method, peer_url, target)
+        if data:
+            headers["Content-Type"] = "application/json"
+        try:
+            async with self._client().request(
+                method, url, data=data or None, headers=headers,
+                timeout=aiohttp.ClientTimeout(total=timeout),
+            ) as response:  # fmt: skip
+                return response.status, json.loads(await response.read() or b"null")
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+            raise PeerUnavailable(f"{peer_url}: {type(exc).__name__}: {exc}") from exc
 
     async def close(self) -> None:
         if self._session is not None:
