@@ -119,9 +119,7 @@ def test_warm_a_prefix_fetches_each_block_once_then_reads_are_hits(
     assert job["id"] in [j["id"] for j in listed]
 
 
-def test_warm_keys_and_a_manifest_report_missing_keys_as_errors(
-    node, proxy, origin_client, bucket
-):
+def test_warm_keys_and_a_manifest_report_missing_keys_as_errors(node, proxy, origin_client, bucket):
     data = put_dataset(origin_client, bucket, "k/", [2 * BLOCK, 5000, BLOCK + 1])
     keys = sorted(data)
     origin_client.put_object(Bucket=bucket, Key="manifest.txt",
@@ -154,3 +152,64 @@ def test_bad_requests_are_refused_with_json(node, bucket):
     with pytest.raises(AdminError) as unsigned:
         AdminClient(node.endpoint, ACCESS_KEY, "wrong").call("GET", "/_hoard/warm")
     assert unsigned.value.status == 403
+
+
+@pytest.fixture(scope="module")
+def small_node(tmp_path_factory, proxy) -> Iterator[HoardProcess]:
+    """A 12 MiB disk tier of which 6 MiB may be pinned."""
+    config = node_config(proxy, size="12MiB", pin_quota="6MiB")
+    process = HoardProcess(tmp_path_factory.mktemp("pin"), config).start()
+    yield process
+    assert process.stop() == 0, process.log()
+
+
+def _stats(node: HoardProcess) -> dict:
+    return admin(node).call("GET", "/_hoard/stats")
+
+
+def test_pinned_data_survives_a_scan_of_three_times_the_cache(
+    small_node, proxy, origin_client, bucket
+):
+    pinned = put_dataset(origin_client, bucket, "pinned/", [BLOCK] * 4 + [1000])
+    unpinned = put_dataset(origin_client, bucket, "plain/", [BLOCK] * 4)
+    scan = put_dataset(origin_client, bucket, "scan/", [2 * BLOCK] * 18)  # 36 MiB: 3x the cache
+    client = admin(small_node)
+    pin_job = client.call("POST", "/_hoard/warm",
+                          body={"bucket": bucket, "prefix": "pinned/", "pin": True})  # fmt: skip
+    assert wait_job(client, pin_job["id"])[-1]["state"] == "done"
+    assert wait_job(client, client.call("POST", "/_hoard/warm", body={
+        "bucket": bucket, "prefix": "plain/"})["id"])[-1]["state"] == "done"  # fmt: skip
+    assert _stats(small_node)["disk"]["pinned_bytes"] >= 4 * BLOCK + 1000
+    s3 = small_node.client()
+    for key in scan:
+        s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+    assert _stats(small_node)["disk"]["evictions"] > 0
+    proxy.reset()
+    for key, body in pinned.items():
+        assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == body
+    assert proxy.counts["GetObject"] == 0, proxy.ranges
+    for key in unpinned:  # the control: warmed but not pinned, so the scan evicted it
+        s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+    assert proxy.counts["GetObject"] > 0
+    # Unpinning releases the quota; the job's record says so.
+    unpinned_job = client.call("DELETE", f"/_hoard/warm/{pin_job['id']}", query={"unpin": "1"})
+    assert unpinned_job["state"] == "done" and unpinned_job["pinned"] is False
+    assert _stats(small_node)["disk"]["pinned_bytes"] == 0
+
+
+def test_a_pin_beyond_the_quota_is_refused_or_fails_naming_it(small_node, origin_client, bucket):
+    big = put_dataset(origin_client, bucket, "big/", [BLOCK] * 8)  # 8 MiB > 6 MiB quota
+    client = admin(small_node)
+    with pytest.raises(AdminError) as refused:
+        client.call("POST", "/_hoard/warm", body={"bucket": bucket, "prefix": "big/", "pin": True})
+    assert refused.value.status == 409
+    assert refused.value.body["error"] == "PinQuotaExceeded"
+    assert "cache.pin_quota" in refused.value.body["message"]
+    # A key list's sizes are known only as it runs: the job fails when it reaches the quota.
+    job = client.call("POST", "/_hoard/warm",
+                      body={"bucket": bucket, "keys": sorted(big), "pin": True})  # fmt: skip
+    final = wait_job(client, job["id"])[-1]
+    assert final["state"] == "failed" and "cache.pin_quota" in final["reason"], final
+    assert _stats(small_node)["disk"]["pinned_bytes"] <= 6 * MiB
+    client.call("DELETE", f"/_hoard/warm/{job['id']}", query={"unpin": "1"})
+    assert _stats(small_node)["disk"]["pinned_bytes"] == 0

@@ -103,7 +103,7 @@ class WarmHttp:
                 return _error(400, "InvalidArgument", f"bad share request: {exc}")
             answer = await self._jobs.add_share(job_id, spec, created)
         elif request.method == "GET":
-            answer = self._jobs.share_status(job_id)
+            answer = await self._jobs.share_status(job_id)
         elif request.method == "DELETE":
             answer = await self._jobs.cancel_share(job_id, _unpin(request))
         else:

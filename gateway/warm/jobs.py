@@ -128,11 +128,11 @@ class WarmJobs:
             await run.save()
             self._launch(run)
             await self._trim()
-        return self.share_status(job_id) or {}
+        return await self.share_status(job_id) or {}
 
-    def share_status(self, job_id: str) -> dict[str, Any] | None:
+    async def share_status(self, job_id: str) -> dict[str, Any] | None:
         run = self._shares.get(job_id)
-        return None if run is None else run.progress.to_json()
+        return None if run is None else await run.save_shown()
 
     async def cancel_share(self, job_id: str, unpin: bool) -> dict[str, Any] | None:
         run = self._shares.get(job_id)
@@ -231,7 +231,8 @@ class WarmJobs:
         record = self._jobs.get(job_id)
         if record is None:
             return None
-        shares = {self._peers.self_url if self._peers else "local": self.share_status(job_id)}
+        here = self._peers.self_url if self._peers else "local"
+        shares = {here: await self.share_status(job_id)}
         if self._peers is not None and record["nodes"]:
             peers = self._peers
             answers = await asyncio.gather(*(peers.poll(url, job_id) for url in record["nodes"]))

@@ -21,6 +21,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable
+from typing import Any
 
 from gateway import errors
 from gateway.blocks import BlockRef, BlockSource, FileSegment
@@ -57,6 +58,8 @@ class ShareRun:
         # Objects past the cursor that are done: (bytes, 1 if it failed else 0).
         self._finished: dict[int, tuple[int, int]] = {}
         self._saved = 0.0
+        self._saved_counts = (-1, -1)
+        self._saving = asyncio.Lock()
         self.interrupted = False  # set when the process stops: the share resumes on restart
 
     async def run(self) -> None:
@@ -91,9 +94,18 @@ class ShareRun:
             progress.finish("done")
 
     async def save(self) -> None:
-        self._saved = time.monotonic()
-        await self._store.save(self.job_id, "share", {"spec": self.spec.to_json(),
-                                                      "progress": self.progress.to_json()})  # fmt: skip
+        # One write at a time: a slower older snapshot must not land over a newer one.
+        async with self._saving:
+            self._saved = time.monotonic()
+            self._saved_counts = (self.progress.objects_done, self.progress.bytes_done)
+            body = {"spec": self.spec.to_json(), "progress": self.progress.to_json()}
+            await self._store.save(self.job_id, "share", body)
+
+    async def save_shown(self) -> dict[str, Any]:
+        """The progress, saved first if it moved: what was shown survives even a kill -9."""
+        if (self.progress.objects_done, self.progress.bytes_done) != self._saved_counts:
+            await self.save()
+        return self.progress.to_json()
 
     # -- enumeration -------------------------------------------------------------------
 
