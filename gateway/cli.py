@@ -1,5 +1,8 @@
 """Command line and wiring: the only place that builds Hoard's objects.
 
+``hoard serve`` runs the gateway; ``hoard warm`` and ``hoard cache`` are
+clients of a running one (``gateway/client/commands.py``).
+
 ``hoard serve`` with no config serves ``--data-dir`` (default ``./data``) as a
 posix origin on 127.0.0.1:9000 and generates a credential pair on first start,
 kept in the cache directory so it survives restarts. A bad config prints one
@@ -23,6 +26,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import urllib3
 from aiohttp import web
 
 from gateway import errors
@@ -33,6 +37,8 @@ from gateway.cache.disk import DiskTier
 from gateway.cache.memory import MemoryTier
 from gateway.cache.metadata import MetadataCache
 from gateway.cache.metadata_store import MetadataStore
+from gateway.client import commands as commands_
+from gateway.client.admin import AdminClient, AdminError
 from gateway.cluster.node import ClusterNode
 from gateway.cluster.peers import BlockRequest, Invalidation
 from gateway.config import (
@@ -76,7 +82,21 @@ def _parser() -> argparse.ArgumentParser:
         help="with no --config: the directory served as buckets (default ./data)",
     )  # fmt: skip
     serve.add_argument("--workers", type=int, help="worker processes (overrides workers)")
+    commands_.add_arguments(commands)
     return parser
+
+
+def run_client(args: argparse.Namespace) -> int:
+    """``hoard warm`` / ``hoard cache``: signed calls to a running gateway."""
+    client = AdminClient(args.endpoint, args.access_key, args.secret_key)
+    command = commands_.warm if args.command == "warm" else commands_.cache
+    try:
+        return command(args, client)
+    except AdminError as exc:
+        print(f"hoard: {exc}", file=sys.stderr)
+    except (ValueError, OSError, urllib3.exceptions.HTTPError) as exc:
+        print(f"hoard: {exc}", file=sys.stderr)
+    return commands_.EXIT_FAILED
 
 
 def embedded_defaults(data_dir: Path) -> dict[str, Any]:
@@ -370,6 +390,8 @@ def supervise(settings: Settings, banner: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command != "serve":
+        return run_client(args)
     try:
         settings = load(args)
     except ConfigError as exc:
