@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import secrets
 import time
 from typing import Any
@@ -58,6 +59,7 @@ class WarmJobs:
         self._jobs: dict[str, dict[str, Any]] = {}  # accepted here: spec, nodes, cancelled
         self._last: dict[tuple[str, str], dict[str, Any]] = {}  # (job, node): last answer
         self._slots = asyncio.Semaphore(config.max_running)
+        self._claims: dict[str, int] = {}  # job id: the locked descriptor of a running share
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -83,6 +85,8 @@ class WarmJobs:
             self._shares[job_id] = self._run(job_id, spec, progress)
             self._spawn(self._shares[job_id].save())
             return
+        if progress.state not in FINISHED and not self._claim(job_id):
+            return  # another worker process of this node runs it
         self._shares[job_id] = run = self._run(job_id, spec, progress)
         if progress.state not in FINISHED:
             log.info("warm job %s: resuming at object %d", job_id, progress.cursor)
@@ -105,10 +109,24 @@ class WarmJobs:
         return ShareRun(job_id, spec, progress, self._reader, self._store, self._metrics,
                         self._config.concurrency, self.pin_quota)  # fmt: skip
 
+    def _claim(self, job_id: str) -> bool:
+        fd = self._store.claim(job_id)
+        if fd is not None:
+            self._claims[job_id] = fd
+        return fd is not None
+
+    def _release(self, job_id: str) -> None:
+        fd = self._claims.pop(job_id, None)
+        if fd is not None:
+            os.close(fd)
+
     def _launch(self, run: ShareRun) -> None:
         async def queued() -> None:
-            async with self._slots:
-                await run.run()
+            try:
+                async with self._slots:
+                    await run.run()
+            finally:
+                self._release(run.job_id)
 
         with priority.background():  # the task copies this context: its origin calls wait
             task = asyncio.create_task(queued())
@@ -122,7 +140,7 @@ class WarmJobs:
 
     async def add_share(self, job_id: str, spec: WarmSpec, created: float) -> dict[str, Any]:
         """Start this node's share of ``job_id`` (idempotent: a known share is left alone)."""
-        if job_id not in self._shares:
+        if job_id not in self._shares and self._claim(job_id):
             run = self._run(job_id, spec, Progress(created=created))
             self._shares[job_id] = run
             await run.save()

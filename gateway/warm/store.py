@@ -5,6 +5,7 @@ Layout::
     warm/<id>.job.json     a job this node accepted: spec, the nodes sharing it, cancelled
     warm/<id>.share.json   this node's share of a job: spec, progress (spec.Progress)
     warm/<id>.keys         the share's enumerated objects, one JSON [key, size] a line
+    warm/<id>.lock         flock'ed by the process running the share (``claim``)
 
 A file is written to ``<name>.tmp`` and renamed over the old one, so a crash
 leaves the old version or the new one, never half of either. The key list is
@@ -18,6 +19,7 @@ fsync: a lost checkpoint costs re-checking blocks that are already cached).
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import logging
 import os
@@ -73,8 +75,23 @@ class JobStore:
             log.error("warm job %s: key list unreadable: %s", job_id, exc)
             return None
 
+    def claim(self, job_id: str) -> int | None:
+        """Lock ``<id>.lock`` for this process (the descriptor), or None if another holds it.
+
+        The worker processes of one node share the directory: only the one that
+        holds the claim runs (or resumes) the share. The kernel drops the lock
+        when its holder exits, however it exits.
+        """
+        fd = os.open(self._path(job_id, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        return fd
+
     async def remove(self, job_id: str) -> None:
-        for kind in ("job.json", "share.json", "keys"):
+        for kind in ("job.json", "share.json", "keys", "lock"):
             await asyncio.to_thread(self._path(job_id, kind).unlink, missing_ok=True)
 
 
