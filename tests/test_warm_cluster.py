@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import signal
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,29 +17,19 @@ from gateway.cluster.rendezvous import Ranking
 from tests.harness import HoardProcess
 from tests.origin_proxy import OriginProxy
 from tests.test_cluster import SECRET, _wait_live
-from tests.test_warm import (
+from tests.test_warm import (  # proxy and bucket are fixtures, exported below
     BLOCK,
     admin,
     assert_monotonic,
     blocks_of,
+    bucket,
     node_config,
+    proxy,
     put_dataset,
     wait_job,
 )
 
-
-@pytest.fixture(scope="module")
-def proxy(moto_endpoint) -> Iterator[OriginProxy]:
-    running = OriginProxy(moto_endpoint).start()
-    yield running
-    running.stop()
-
-
-@pytest.fixture
-def bucket(origin_client) -> str:
-    name = f"warmc-{uuid.uuid4().hex[:10]}"
-    origin_client.create_bucket(Bucket=name)
-    return name
+__all__ = ["bucket", "proxy"]
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,7 @@ from gateway.config import WarmConfig
 from gateway.metrics import Metrics
 from gateway.reader import Reader
 from gateway.warm.fanout import ShareClient
-from gateway.warm.share import ShareRun
+from gateway.warm.share import ShareRun, list_prefix
 from gateway.warm.spec import FINISHED, STATES, Progress, WarmSpec
 from gateway.warm.store import JobStore
 
@@ -204,21 +204,12 @@ class WarmJobs:
                              f"and all of it is pinned")  # fmt: skip
         if spec.prefix is None:
             return  # sizes are known only once the job runs; the share fails at the quota
-        total = await self._prefix_bytes(spec.bucket, spec.prefix)
+        total = sum(size for _, size in await list_prefix(self._reader, spec.bucket, spec.prefix))
         if total > free * nodes:
             raise PinRefused(
                 f"pin quota exceeded: {total} bytes under the prefix, {free} bytes left of "
                 f"cache.pin_quota ({self.pin_quota} bytes) on each of {nodes} node(s)"
             )
-
-    async def _prefix_bytes(self, bucket: str, prefix: str) -> int:
-        total, after = 0, ""
-        while True:
-            page = await self._reader.list_objects(bucket, prefix, "", after, 1000)
-            total += sum(entry.size for entry in page.entries)
-            if not page.is_truncated or not page.next_marker:
-                return total
-            after = page.next_marker
 
     async def cancel(self, job_id: str, unpin: bool) -> dict[str, Any] | None:
         record = self._jobs.get(job_id)

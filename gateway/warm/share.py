@@ -124,19 +124,9 @@ class ShareRun:
     async def _enumerate(self) -> list[tuple[str, int]]:
         spec = self.spec
         if spec.prefix is not None:
-            return await self._listing(spec.prefix)
+            return await list_prefix(self._reader, spec.bucket, spec.prefix)
         keys = list(spec.keys) if spec.keys is not None else await self._manifest()
         return await self._sizes(keys)
-
-    async def _listing(self, prefix: str) -> list[tuple[str, int]]:
-        items: list[tuple[str, int]] = []
-        after = ""
-        while True:
-            page = await self._reader.list_objects(self.spec.bucket, prefix, "", after, _LIST_PAGE)
-            items += [(entry.key, entry.size) for entry in page.entries]
-            if not page.is_truncated or not page.next_marker:
-                return items
-            after = page.next_marker
 
     async def _manifest(self) -> list[str]:
         assert self.spec.manifest is not None
@@ -221,6 +211,18 @@ async def _released(slots: asyncio.Semaphore, work: Awaitable[None]) -> None:
         await work
     finally:
         slots.release()
+
+
+async def list_prefix(reader: Reader, bucket: str, prefix: str) -> list[tuple[str, int]]:
+    """Every (key, size) under ``prefix``, through the metadata cache's listings."""
+    items: list[tuple[str, int]] = []
+    after = ""
+    while True:
+        page = await reader.list_objects(bucket, prefix, "", after, _LIST_PAGE)
+        items += [(entry.key, entry.size) for entry in page.entries]
+        if not page.is_truncated or not page.next_marker:
+            return items
+        after = page.next_marker
 
 
 async def read_object(reader: Reader, bucket: str, key: str, limit: int) -> bytes:
