@@ -1,4 +1,4 @@
-"""Admin endpoints under ``/_hoard/``: cache statistics, cache drops, prefetch (``prefetch/``).
+"""Admin endpoints under ``/_hoard/``: cache statistics, cache drops, warm jobs, prefetch.
 
 Every one of them needs a signed request from a configured credential, even
 when anonymous S3 reads are allowed; health and readiness (in ``server.py``)
@@ -20,6 +20,8 @@ from gateway.reader import Reader
 from gateway.s3.auth import Authenticator
 from gateway.s3.errors import S3Error
 from gateway.s3.front import request_view
+from gateway.warm.http import PATH as WARM_PATH
+from gateway.warm.http import WarmHttp
 
 
 class Admin:
@@ -30,12 +32,14 @@ class Admin:
         metrics: Metrics,
         cluster: Callable[[], dict[str, Any]] | None = None,
         prefetch: PrefetchApi | None = None,
+        warm: WarmHttp | None = None,
     ) -> None:
         self._reader = reader
         self._auth = auth
         self._metrics = metrics
         self._cluster = cluster  # the membership snapshot, in a cluster
         self._prefetch = prefetch
+        self._warm = warm
 
     async def handle(self, request: web.Request, path: str) -> web.StreamResponse:
         try:
@@ -54,6 +58,8 @@ class Admin:
             return await self._drop(request)
         if self._prefetch is not None and path.split("/")[2] == "prefetch":
             return await self._prefetch.handle(request, path)
+        if self._warm is not None and (path == WARM_PATH or path.startswith(WARM_PATH + "/")):
+            return await self._warm.admin(request, path)
         return web.json_response({"error": "NotFound"}, status=404)
 
     def _cluster_view(self) -> dict[str, Any]:

@@ -233,6 +233,25 @@ class BlockSource:
             pass
         return ref.length
 
+    async def warm(self, ref: BlockRef) -> bool:
+        """Make the disk tier hold ``ref``'s block (an owner's job); True if it was fetched.
+
+        The same fill path as a client miss (coalesced with one in flight), and
+        it returns once the fill has returned, so the block is committed to disk
+        (or could not be: a disk error is logged by the fill). Raises what the
+        fill raised (``NoSuchKey``, ``OriginChanged``, ``OriginUnavailable``).
+        """
+        if self.disk is not None:
+            found = await self.disk.get(ref.block)
+            if found is not None:
+                found.close()
+                return False
+        flight = self.fill(ref)
+        await self.fills.settled(ref.block)
+        async for _ in flight.read(0, ref.length):  # raises the fill's error, if any
+            pass
+        return True
+
     def _peer_fill(self, ref: BlockRef) -> Flight:
         """The peer fill of a block owned elsewhere, started unless one is running."""
         flight, started = self.remote.join_or_start(

@@ -1,5 +1,8 @@
 """Command line and wiring: the only place that builds Hoard's objects.
 
+``hoard serve`` runs the gateway; ``hoard warm`` and ``hoard cache`` are
+clients of a running one (``gateway/client/commands.py``).
+
 ``hoard serve`` with no config serves ``--data-dir`` (default ``./data``) as a
 posix origin on 127.0.0.1:9000 and generates a credential pair on first start,
 kept in the cache directory so it survives restarts. A bad config prints one
@@ -23,6 +26,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import urllib3
 from aiohttp import web
 
 from gateway import errors
@@ -34,6 +38,8 @@ from gateway.cache.disk import DiskTier
 from gateway.cache.memory import MemoryTier
 from gateway.cache.metadata import MetadataCache
 from gateway.cache.metadata_store import MetadataStore
+from gateway.client import commands as commands_
+from gateway.client.admin import AdminClient, AdminError
 from gateway.cluster.node import ClusterNode
 from gateway.cluster.peers import BlockRequest, Invalidation, MetadataQuery
 from gateway.config import (
@@ -58,6 +64,10 @@ from gateway.s3.auth import Authenticator
 from gateway.s3.body import BodySender
 from gateway.s3.front import S3Front
 from gateway.server import build_app
+from gateway.warm.fanout import ShareClient
+from gateway.warm.http import WarmHttp
+from gateway.warm.jobs import WarmJobs
+from gateway.warm.store import JobStore
 from gateway.writer import Writer
 
 EXIT_CONFIG = 2
@@ -76,7 +86,21 @@ def _parser() -> argparse.ArgumentParser:
         help="with no --config: the directory served as buckets (default ./data)",
     )  # fmt: skip
     serve.add_argument("--workers", type=int, help="worker processes (overrides workers)")
+    commands_.add_arguments(commands)
     return parser
+
+
+def run_client(args: argparse.Namespace) -> int:
+    """``hoard warm`` / ``hoard cache``: signed calls to a running gateway."""
+    client = AdminClient(args.endpoint, args.access_key, args.secret_key)
+    command = commands_.warm if args.command == "warm" else commands_.cache
+    try:
+        return command(args, client)
+    except AdminError as exc:
+        print(f"hoard: {exc}", file=sys.stderr)
+    except (ValueError, OSError, urllib3.exceptions.HTTPError) as exc:
+        print(f"hoard: {exc}", file=sys.stderr)
+    return commands_.EXIT_FAILED
 
 
 def embedded_defaults(data_dir: Path) -> dict[str, Any]:
@@ -191,9 +215,14 @@ def build(
     writer = Writer(namespace, reader, cluster.broadcast if cluster is not None else None)
     front = S3Front(reader, writer, auth, settings.virtual_host_domains, body)
     access = AccessLog(as_json=settings.log_format == "json", enabled=settings.access_log)
+    warm = _warm(settings, reader, metrics, cluster)
+    warm_http = WarmHttp(warm)
     admin = Admin(
-        reader, auth, metrics, cluster.snapshot if cluster is not None else None, prefetch_api
-    )
+        reader, auth, metrics, cluster.snapshot if cluster is not None else None,
+        prefetch_api, warm_http,
+    )  # fmt: skip
+    if cluster is not None:
+        cluster.server.mount("warm", warm_http.peer)
     app = build_app(
         front, metrics, settings.virtual_host_domains, admin, access,
         cluster.server if cluster is not None else None,
@@ -204,6 +233,9 @@ def build(
     def tier_levels() -> None:
         metrics.cache_bytes.labels("memory").set(memory.used)
         metrics.cache_bytes.labels("disk").set(disk.stats().used_bytes)
+        metrics.pinned_bytes.set(disk.stats().pinned_bytes)
+        for state, count in warm.counts().items():
+            metrics.warm_jobs.labels(state).set(count)
 
     metrics.before_render.append(tier_levels)
 
@@ -216,8 +248,10 @@ def build(
                 asyncio.get_running_loop().add_signal_handler(
                     signal.SIGHUP, _reload_peers, cluster, reload
                 )
+        await warm.start()  # after the cluster: a resumed share needs to know who owns what
 
     async def stop(app: web.Application) -> None:
+        await warm.close()
         await writer.close()  # pending write-throughs, before the tiers they write to
         await prefetcher.close()
         if cluster is not None:
@@ -232,6 +266,18 @@ def build(
     app.on_startup.insert(0, start)
     app.on_cleanup.append(stop)
     return app
+
+
+def _warm(
+    settings: Settings, reader: Reader, metrics: Metrics, cluster: ClusterNode | None
+) -> WarmJobs:
+    """Warm jobs of this node, sharing jobs with the other live nodes in a cluster."""
+    peers = None
+    if cluster is not None:
+        peers = ShareClient(cluster.client, cluster.membership.self_url,
+                            cluster.membership.live, settings.warm.poll_timeout)  # fmt: skip
+    store = JobStore(settings.cache.dir / "warm")
+    return WarmJobs(reader, store, metrics, settings.warm, settings.cache.pin_limit, peers)
 
 
 def _cluster(
@@ -413,6 +459,8 @@ def supervise(
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command != "serve":
+        return run_client(args)
     try:
         settings = load(args)
     except ConfigError as exc:

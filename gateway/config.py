@@ -135,6 +135,14 @@ class CacheConfig(_Strict):
     # uploads in memory at once per worker; an upload that finds no room is not cached.
     write_through_max: Size = parse_size("64MiB")
     write_through_buffer: Size = parse_size("256MiB")
+    # Bytes of the disk tier that warm jobs may pin (exempt from eviction); unset: half
+    # of cache.size, so read-through caching always keeps the other half to work in.
+    pin_quota: Size | None = None
+
+    @property
+    def pin_limit(self) -> int:
+        """The pin quota in bytes: ``pin_quota``, or half the disk tier when unset."""
+        return self.size // 2 if self.pin_quota is None else self.pin_quota
 
     @model_validator(mode="after")
     def _read_ahead_bounds(self) -> CacheConfig:
@@ -148,6 +156,17 @@ class CacheConfig(_Strict):
         if not 64 * 1024 <= value <= 1024**3:
             raise ValueError("block_size must be between 64KiB and 1GiB")
         return value
+
+
+class WarmConfig(_Strict):
+    # Blocks one warm job fetches at once on a node (each is one origin GET in flight).
+    concurrency: int = Field(default=8, ge=1, le=256)
+    # Warm jobs (or a cluster job's shares) running at once on a node; more wait, queued.
+    max_running: int = Field(default=2, ge=1, le=64)
+    # Finished jobs whose records are kept (oldest removed first).
+    history: int = Field(default=100, ge=1)
+    # How long a GET of a cluster job waits for each other node's progress.
+    poll_timeout: Duration = 2.0
 
 
 class Credential(_Strict):
@@ -295,6 +314,7 @@ class Settings(BaseSettings):
     mounts: list[MountConfig] = Field(default_factory=list)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     prefetch: PrefetchConfig = Field(default_factory=PrefetchConfig)
+    warm: WarmConfig = Field(default_factory=WarmConfig)
     # Host names under which "bucket.<domain>" means virtual-hosted-style addressing.
     virtual_host_domains: list[str] = Field(default_factory=lambda: ["localhost"])
     shutdown_timeout: Duration = 30.0

@@ -40,6 +40,7 @@ LIMITS = ("concurrency", "requests", "bytes")
 BREAKER_STATES = ("open", "half_open", "closed")
 ORIGIN_OPERATIONS = ("GetObject", "HeadObject", "ListObjectsV2", "HeadBucket",
                      "GetBucketLocation", "ListBuckets")  # fmt: skip
+WARM_STATES = ("queued", "running", "done", "failed", "cancelled")
 
 _LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -265,6 +266,33 @@ class Metrics:
             multiprocess_mode="max",
         )
         self._origin_protection()
+
+        # Warm jobs (labels bounded: how a block was had, job states).
+        self.warm_bytes = Counter(
+            "hoard_warm_bytes_total",
+            "Bytes of owned blocks warm jobs completed on this node, by whether they were "
+            "fetched from the origin or already cached.",
+            ["how"],
+            registry=self.registry,
+        )
+        self.warm_objects = Counter(
+            "hoard_warm_objects_total",
+            "Objects whose share on this node a warm job completed (failed ones included).",
+            registry=self.registry,
+        )
+        self.warm_jobs = Gauge(
+            "hoard_warm_jobs",
+            "Warm job shares known to this node, by state.",
+            ["state"],
+            registry=self.registry,
+            multiprocess_mode="max",
+        )
+        self.pinned_bytes = Gauge(
+            "hoard_cache_pinned_bytes",
+            "Disk tier bytes under a live pin (exempt from eviction).",
+            registry=self.registry,
+            multiprocess_mode="max",
+        )
         self._create_known_series()
 
     def _origin_protection(self) -> None:
@@ -351,6 +379,10 @@ class Metrics:
         """
         for tier in ("memory", "disk"):
             self.cache_evictions.labels(tier)
+        for how in ("fetched", "cached"):
+            self.warm_bytes.labels(how)
+        for state in WARM_STATES:
+            self.warm_jobs.labels(state)
 
     def create_mount_series(self, mounts: Iterable[str]) -> None:
         """Export the per-mount series at 0 too, for the ``mount`` labels known at start."""

@@ -45,6 +45,7 @@ class OriginProxy:
         self.counts: Counter[str] = Counter()
         self.ranges: list[tuple[str, str]] = []  # (path, Range header) of each GetObject
         self.bytes = 0
+        self.get_bytes = 0  # body bytes of GetObject answers only (not listings, not errors)
         self.mode = "ok"
         self.slow_delay = 0.05
         self.flaky_failures = 1
@@ -80,6 +81,7 @@ class OriginProxy:
             self._tries.clear()
             self.slow_downs = 0
             self.max_in_flight = self.in_flight
+            self.get_bytes = 0
 
     def gets(self, key_suffix: str = "") -> int:
         return sum(1 for path, _ in self.ranges if path.endswith(key_suffix))
@@ -159,6 +161,8 @@ class OriginProxy:
             async for chunk in upstream.content.iter_chunked(64 * 1024):
                 with self._lock:
                     self.bytes += len(chunk)
+                    if op == "GetObject" and upstream.status < 300:
+                        self.get_bytes += len(chunk)
                 if self.mode == "slow":
                     await asyncio.sleep(self.slow_delay)
                 if held:

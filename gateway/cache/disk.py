@@ -92,6 +92,7 @@ class DiskStats:
     entries: int  # blocks indexed, all processes
     evictions: int  # blocks this process evicted
     corrupt: int  # bad block files this process found and removed
+    pinned_bytes: int = 0  # bytes under a live pin (see disk_pins.py)
 
 
 class BlockWriter:
@@ -332,6 +333,20 @@ class DiskTier:
         """Drop every stored block; fills in progress finish and stay."""
         return await self._unlink(await self._index.clear())
 
+    # -- pinning ---------------------------------------------------------------
+
+    async def pin(self, job: str, block: BlockId, length: int, expires: float, quota: int) -> bool:
+        """Keep ``block`` (of ``length`` data bytes) from eviction for ``job`` until ``expires``.
+
+        May come before the block is stored. False, and nothing pinned, when
+        the pinned bytes would exceed ``quota``.
+        """
+        return await self._index.pin(job, block.digest, HEADER_SIZE + length, expires, quota)
+
+    async def unpin(self, job: str) -> int:
+        """Release every pin of ``job``; returns how many there were."""
+        return await self._index.unpin(job)
+
     async def flush(self) -> None:
         """Write pending hits to the index and refresh the totals behind ``stats``."""
         touches, self._touched = self._touched, {}
@@ -342,7 +357,8 @@ class DiskTier:
 
     def stats(self) -> DiskStats:
         totals = self._index.totals
-        return DiskStats(totals.used, self.capacity, totals.entries, self._evictions, self._corrupt)
+        return DiskStats(totals.used, self.capacity, totals.entries, self._evictions,
+                         self._corrupt, self._index.pinned)  # fmt: skip
 
     # -- internals -------------------------------------------------------------
 

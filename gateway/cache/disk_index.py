@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from gateway.cache import disk_pins
 from gateway.cache.block import BlockId
 
 T = TypeVar("T")
@@ -133,6 +134,7 @@ class DiskIndex:
     def __init__(self, path: Path, *, durable: bool = False, busy_timeout: float = 30.0) -> None:
         self.path = path
         self.totals = Totals(0, 0)  # as of this process's last transaction
+        self.pinned = 0  # bytes under a live pin, as of this process's last pin call
         self._durable = durable
         self._busy_timeout = busy_timeout
         self._executor: ThreadPoolExecutor | None = None
@@ -182,6 +184,13 @@ class DiskIndex:
         args = (origin, bucket, like_prefix(prefix), len(prefix), prefix)
         return await self.run(self._in_write, _delete_where, _PREFIX, args)
 
+    async def pin(self, job: str, digest: str, size: int, expires: float, quota: int) -> bool:
+        """Pin one block for ``job`` within ``quota`` pinned bytes; False if it does not fit."""
+        return await self.run(self._in_write, self._pin, job, digest, size, expires, quota)
+
+    async def unpin(self, job: str) -> int:
+        return await self.run(self._in_write, self._unpin, job)
+
     async def clear(self) -> list[str]:
         return await self.run(self._in_write, _delete_where, "1", ())
 
@@ -206,8 +215,10 @@ class DiskIndex:
         # the last transactions, which reconciliation at start-up absorbs.
         conn.execute(f"PRAGMA synchronous = {'FULL' if self._durable else 'NORMAL'}")
         conn.executescript(_SCHEMA)
+        conn.executescript(f"BEGIN IMMEDIATE; {disk_pins.SCHEMA} COMMIT;")
         self._conn = conn
         self._read_totals()
+        self.pinned = disk_pins.pinned_bytes(conn, time.time())
 
     def _disconnect(self) -> None:
         if self._conn is not None:
@@ -244,6 +255,19 @@ class DiskIndex:
             conn.execute(_UPSERT, row.values(time.time()))
             return _evict(conn, capacity)
 
+    def _pin(self, conn: sqlite3.Connection, job: str, digest: str, size: int,
+             expires: float, quota: int) -> bool:  # fmt: skip
+        now = time.time()
+        disk_pins.expire(conn, now)
+        pinned = disk_pins.pin(conn, job, digest, size, expires, quota, now)
+        self.pinned = disk_pins.pinned_bytes(conn, now)
+        return pinned
+
+    def _unpin(self, conn: sqlite3.Connection, job: str) -> int:
+        removed = disk_pins.unpin(conn, job)
+        self.pinned = disk_pins.pinned_bytes(conn, time.time())
+        return removed
+
     def _touch(self, touches: dict[str, float]) -> None:
         if not touches:
             self._read_totals()  # autocommit read: a refresh costs no write lock
@@ -273,13 +297,12 @@ def _used(conn: sqlite3.Connection) -> int:
 
 
 def _evict(conn: sqlite3.Connection, capacity: int) -> list[str]:
-    """Delete least recently used rows until the total fits ``capacity``."""
+    """Delete least recently used rows until the total fits ``capacity``; pinned ones stay."""
     evicted: list[str] = []
     used = _used(conn)
+    now = time.time()
     while used > capacity:
-        rows = conn.execute(
-            "SELECT digest, file_size FROM blocks ORDER BY last_access LIMIT ?", (_EVICT_BATCH,)
-        ).fetchall()
+        rows = conn.execute(disk_pins.UNPINNED_LRU, (now, _EVICT_BATCH)).fetchall()
         if not rows:
             break
         batch = []

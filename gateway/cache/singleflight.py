@@ -143,6 +143,7 @@ class FlightGroup(Generic[K]):
     def __init__(self) -> None:
         self._flights: dict[K, Flight] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._running: dict[K, asyncio.Task[None]] = {}  # the fill task of each flight
         self.started = 0  # fills started (one origin fetch each)
         self.joined = 0  # readers that joined a fill already running (coalesced)
 
@@ -162,8 +163,25 @@ class FlightGroup(Generic[K]):
         self.started += 1
         task = asyncio.ensure_future(self._run(key, flight, fill))
         self._tasks.add(task)
+        self._running[key] = task
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda t: self._forget_task(key, t))
         return flight, True
+
+    async def settled(self, key: K) -> None:
+        """Wait until the fill of ``key`` (if any) has returned, not only sent its last byte.
+
+        A fill's work goes on after ``Flight.finish`` (a disk tier commits the
+        block then); a caller that needs the block stored waits for this. Its
+        own cancellation does not cancel the fill.
+        """
+        task = self._running.get(key)
+        if task is not None:
+            await asyncio.wait([task])
+
+    def _forget_task(self, key: K, task: asyncio.Task[None]) -> None:
+        if self._running.get(key) is task:
+            del self._running[key]
 
     async def _run(self, key: K, flight: Flight, fill: Callable[[Flight], Awaitable[None]]) -> None:
         try:

@@ -17,6 +17,9 @@ bucket, key}`` or ``{origin, bucket, prefix}`` drops them → 204; with ``all=1`
 first, the node drops its whole metadata cache (a replay that overflowed).
 ``POST /_hoard/peer/message/{name}?sha256={hex of body}`` hands the body to the
 server's ``on_message(name, body)`` → 204 (e.g. prefetch registrations).
+Other features add their own routes under ``/_hoard/peer/<name>/`` with ``mount``
+(warm jobs: ``gateway/warm/http.py``); they get the same signature check, and a
+request body must come with ``sha256={hex of body}`` in the query, as above.
 
 Each request carries ``X-Hoard-Date`` (epoch seconds or RFC 3339) and
 ``X-Hoard-Signature: hex(HMAC-SHA256(secret, METHOD "\\n" path?query "\\n" date))``
@@ -199,6 +202,9 @@ class MetadataQuery:
         return cls(**texts, **floats, max_keys=max_keys)
 
 
+MountedHandler = Callable[[web.Request, str, bytes], Awaitable[web.StreamResponse]]
+
+
 class PieceSender(Protocol):  # gateway.s3.body.BodySender is one
     async def send(self, request: web.Request, writer: AbstractStreamWriter, piece: Piece) -> None:
         """Send ``piece``; release a FileSegment whether or not it was sent."""
@@ -280,6 +286,11 @@ class PeerServer:
         self._drop_all = drop_all
         self._sender = body_sender  # None: FileSegments are read in a thread and written
         self._clock = clock
+        self._mounted: dict[str, MountedHandler] = {}
+
+    def mount(self, name: str, handler: MountedHandler) -> None:
+        """Serve ``/_hoard/peer/<name>/...`` with ``handler(request, rest of path, body)``."""
+        self._mounted[name] = handler
 
     async def handle(self, request: web.Request, path: str) -> web.StreamResponse:
         """Answer one request whose path is under ``/_hoard/peer/``."""
@@ -293,6 +304,14 @@ class PeerServer:
             return await self._serve_metadata(request)
         if path.startswith(f"{PREFIX}message/") and request.method == "POST":
             return await self._serve_message(request, path.removeprefix(f"{PREFIX}message/"))
+        name, _, rest = path.removeprefix(PREFIX).partition("/")
+        if name in self._mounted:
+            body = await request.read()
+            if body and not _same(
+                hashlib.sha256(body).hexdigest(), request.query.get("sha256", "")
+            ):
+                return _error(403, "AccessDenied", "the body does not match the signed digest")
+            return await self._mounted[name](request, rest, body)
         return _error(404, "NoSuchEndpoint", f"no peer endpoint {request.method} {path}")
 
     def _authentic(self, request: web.Request) -> bool:
@@ -530,6 +549,30 @@ class PeerClient:
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             log.warning("peer %s unreachable for %s: %r", peer_url, what, exc)
         return False
+
+    async def call_json(
+        self, method: str, peer_url: str, target: str, body: Any = None, timeout: float = 5.0
+    ) -> tuple[int, Any]:
+        """A signed JSON request to a mounted route: (status, parsed answer).
+
+        Raises ``PeerUnavailable`` when the peer cannot be reached or its answer
+        is not JSON.
+        """
+        data = b"" if body is None else json.dumps(body).encode()
+        if data:
+            sep = "&" if "?" in target else "?"
+            target = f"{target}{sep}sha256={hashlib.sha256(data).hexdigest()}"
+        url, headers = self._signed(method, peer_url, target)
+        if data:
+            headers["Content-Type"] = "application/json"
+        try:
+            async with self._client().request(
+                method, url, data=data or None, headers=headers,
+                timeout=aiohttp.ClientTimeout(total=timeout),
+            ) as response:  # fmt: skip
+                return response.status, json.loads(await response.read() or b"null")
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+            raise PeerUnavailable(f"{peer_url}: {type(exc).__name__}: {exc}") from exc
 
     async def close(self) -> None:
         if self._session is not None:

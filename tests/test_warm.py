@@ -1,0 +1,215 @@
+"""Warm jobs against real Hoard processes, with moto behind the counting proxy.
+
+Single-node cases here; the 3-node cluster and restart cases in test_warm_cluster.py.
+Blocks are 1 MiB so datasets stay small; the memory tier keeps nothing (its item
+limit is below a block), so every hit after warming is a disk hit.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from gateway.client.admin import AdminClient, AdminError
+from tests.conftest import ORIGIN_KEY, ORIGIN_SECRET
+from tests.harness import ACCESS_KEY, SECRET_KEY, HoardProcess
+from tests.origin_proxy import OriginProxy
+
+MiB = 1024 * 1024
+BLOCK = MiB
+
+
+def node_config(proxy: OriginProxy, **cache: str) -> dict:
+    return {
+        "origins": {"moto": {"type": "s3", "endpoint": proxy.endpoint, "access_key": ORIGIN_KEY,
+                             "secret_key": ORIGIN_SECRET, "addressing_style": "path",
+                             "max_attempts": 2}},
+        "default_origin": "moto",
+        "access_log": False,
+        "cache": {"block_size": "1MiB", "size": "256MiB", "memory": "8MiB",
+                  "memory_item_max": "64KiB", **cache},
+        "warm": {"concurrency": 4},
+    }  # fmt: skip
+
+
+def admin(node: HoardProcess) -> AdminClient:
+    return AdminClient(node.endpoint, ACCESS_KEY, SECRET_KEY)
+
+
+def wait_job(client: AdminClient, job_id: str, timeout: float = 60.0) -> list[dict]:
+    """Poll until the job is finished; every status seen, in order."""
+    seen = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = client.call("GET", f"/_hoard/warm/{job_id}")
+        seen.append(status)
+        if status["state"] in ("done", "failed", "cancelled"):
+            return seen
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id} not finished: {seen[-1]}")
+
+
+def assert_monotonic(seen: list[dict]) -> None:
+    for field in ("objects_done", "bytes_done"):
+        values = [s[field] for s in seen]
+        assert values == sorted(values), (field, values)
+
+
+def put_dataset(origin_client, bucket: str, prefix: str, sizes: list[int]) -> dict[str, bytes]:
+    data = {f"{prefix}{i:04d}.bin": os.urandom(size) for i, size in enumerate(sizes)}
+    for key, body in data.items():
+        origin_client.put_object(Bucket=bucket, Key=key, Body=body)
+    return data
+
+
+def blocks_of(sizes: list[int]) -> int:
+    return sum(-(-size // BLOCK) for size in sizes)
+
+
+@pytest.fixture(scope="module")
+def proxy(moto_endpoint) -> Iterator[OriginProxy]:
+    running = OriginProxy(moto_endpoint).start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def bucket(origin_client) -> str:
+    name = f"warm-{uuid.uuid4().hex[:10]}"
+    origin_client.create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory, proxy) -> Iterator[HoardProcess]:
+    process = HoardProcess(tmp_path_factory.mktemp("warm"), node_config(proxy)).start()
+    yield process
+    assert process.stop() == 0, process.log()
+
+
+def test_warm_a_prefix_fetches_each_block_once_then_reads_are_hits(
+    node, proxy, origin_client, bucket
+):
+    sizes = [3 * BLOCK + 100 * i for i in range(6)] + [1000 * (i + 1) for i in range(10)]
+    data = put_dataset(origin_client, bucket, "train/", sizes)
+    put_dataset(origin_client, bucket, "other/", [BLOCK])  # not under the prefix
+    client = admin(node)
+    proxy.reset()
+    job = client.call("POST", "/_hoard/warm", body={"bucket": bucket, "prefix": "train/"})
+    seen = wait_job(client, job["id"])
+    final = seen[-1]
+    assert final["state"] == "done", final
+    assert_monotonic(seen)
+    assert final["objects_done"] == final["objects_total"] == len(sizes)
+    assert final["bytes_done"] == final["bytes_total"] == sum(sizes)
+    assert final["errors"] == 0 and final["eta"] == 0
+    print(f"warm: {dict(proxy.counts)}, {proxy.get_bytes} origin GET bytes for {sum(sizes)}")
+    assert proxy.counts["GetObject"] == blocks_of(sizes)
+    assert proxy.get_bytes == sum(sizes)
+    proxy.reset()
+    s3 = node.client()
+    for key, body in data.items():
+        assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == body
+    assert sum(proxy.counts.values()) == 0, proxy.counts
+    listed = client.call("GET", "/_hoard/warm")["jobs"]
+    assert job["id"] in [j["id"] for j in listed]
+
+
+def test_warm_keys_and_a_manifest_report_missing_keys_as_errors(node, proxy, origin_client, bucket):
+    data = put_dataset(origin_client, bucket, "k/", [2 * BLOCK, 5000, BLOCK + 1])
+    keys = sorted(data)
+    origin_client.put_object(Bucket=bucket, Key="manifest.txt",
+                             Body=("\n".join(keys[:2]) + "\n\n").encode())  # fmt: skip
+    client = admin(node)
+    by_manifest = client.call("POST", "/_hoard/warm", body={"bucket": bucket,
+                                                             "manifest": "manifest.txt"})  # fmt: skip
+    final = wait_job(client, by_manifest["id"])[-1]
+    assert final["state"] == "done" and final["objects_total"] == 2, final
+    by_keys = client.call("POST", "/_hoard/warm",
+                          body={"bucket": bucket, "keys": [keys[2], "k/missing"]})  # fmt: skip
+    final = wait_job(client, by_keys["id"])[-1]
+    assert final["state"] == "failed", final
+    assert final["errors"] == 1 and "k/missing" in final["error_samples"][0]
+    assert final["objects_done"] == final["objects_total"] == 2
+    assert "1 of 2 objects failed" in final["reason"]
+
+
+def test_bad_requests_are_refused_with_json(node, bucket):
+    client = admin(node)
+    for body, status in (({"prefix": "x"}, 400), ({"bucket": bucket}, 400),
+                         ({"bucket": bucket, "prefix": "a", "keys": ["b"]}, 400),
+                         ({"bucket": "no-such-bucket-here", "prefix": ""}, 404)):  # fmt: skip
+        with pytest.raises(AdminError) as refused:
+            client.call("POST", "/_hoard/warm", body=body)
+        assert refused.value.status == status, refused.value.body
+    with pytest.raises(AdminError) as missing:
+        client.call("GET", "/_hoard/warm/nope")
+    assert missing.value.status == 404 and missing.value.body["error"] == "NoSuchJob"
+    with pytest.raises(AdminError) as unsigned:
+        AdminClient(node.endpoint, ACCESS_KEY, "wrong").call("GET", "/_hoard/warm")
+    assert unsigned.value.status == 403
+
+
+@pytest.fixture(scope="module")
+def small_node(tmp_path_factory, proxy) -> Iterator[HoardProcess]:
+    """A 12 MiB disk tier of which 6 MiB may be pinned."""
+    config = node_config(proxy, size="12MiB", pin_quota="6MiB")
+    process = HoardProcess(tmp_path_factory.mktemp("pin"), config).start()
+    yield process
+    assert process.stop() == 0, process.log()
+
+
+def _stats(node: HoardProcess) -> dict:
+    return admin(node).call("GET", "/_hoard/stats")
+
+
+def test_pinned_data_survives_a_scan_of_three_times_the_cache(
+    small_node, proxy, origin_client, bucket
+):
+    pinned = put_dataset(origin_client, bucket, "pinned/", [BLOCK] * 4 + [1000])
+    unpinned = put_dataset(origin_client, bucket, "plain/", [BLOCK] * 4)
+    scan = put_dataset(origin_client, bucket, "scan/", [2 * BLOCK] * 18)  # 36 MiB: 3x the cache
+    client = admin(small_node)
+    pin_job = client.call("POST", "/_hoard/warm",
+                          body={"bucket": bucket, "prefix": "pinned/", "pin": True})  # fmt: skip
+    assert wait_job(client, pin_job["id"])[-1]["state"] == "done"
+    assert wait_job(client, client.call("POST", "/_hoard/warm", body={
+        "bucket": bucket, "prefix": "plain/"})["id"])[-1]["state"] == "done"  # fmt: skip
+    assert _stats(small_node)["disk"]["pinned_bytes"] >= 4 * BLOCK + 1000
+    s3 = small_node.client()
+    for key in scan:
+        s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+    assert _stats(small_node)["disk"]["evictions"] > 0
+    proxy.reset()
+    for key, body in pinned.items():
+        assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == body
+    assert proxy.counts["GetObject"] == 0, proxy.ranges
+    for key in unpinned:  # the control: warmed but not pinned, so the scan evicted it
+        s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+    assert proxy.counts["GetObject"] > 0
+    # Unpinning releases the quota; the job's record says so.
+    unpinned_job = client.call("DELETE", f"/_hoard/warm/{pin_job['id']}", query={"unpin": "1"})
+    assert unpinned_job["state"] == "done" and unpinned_job["pinned"] is False
+    assert _stats(small_node)["disk"]["pinned_bytes"] == 0
+
+
+def test_a_pin_beyond_the_quota_is_refused_or_fails_naming_it(small_node, origin_client, bucket):
+    big = put_dataset(origin_client, bucket, "big/", [BLOCK] * 8)  # 8 MiB > 6 MiB quota
+    client = admin(small_node)
+    with pytest.raises(AdminError) as refused:
+        client.call("POST", "/_hoard/warm", body={"bucket": bucket, "prefix": "big/", "pin": True})
+    assert refused.value.status == 409
+    assert refused.value.body["error"] == "PinQuotaExceeded"
+    assert "cache.pin_quota" in refused.value.body["message"]
+    # A key list's sizes are known only as it runs: the job fails when it reaches the quota.
+    job = client.call("POST", "/_hoard/warm",
+                      body={"bucket": bucket, "keys": sorted(big), "pin": True})  # fmt: skip
+    final = wait_job(client, job["id"])[-1]
+    assert final["state"] == "failed" and "cache.pin_quota" in final["reason"], final
+    assert _stats(small_node)["disk"]["pinned_bytes"] <= 6 * MiB
+    client.call("DELETE", f"/_hoard/warm/{job['id']}", query={"unpin": "1"})
+    assert _stats(small_node)["disk"]["pinned_bytes"] == 0
