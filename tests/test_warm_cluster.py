@@ -16,7 +16,7 @@ from gateway.cache.block import BlockId
 from gateway.cluster.rendezvous import Ranking
 from tests.harness import HoardProcess
 from tests.origin_proxy import OriginProxy
-from tests.test_cluster import SECRET, _wait_live
+from tests.test_cluster import SECRET, wait_live
 from tests.test_warm import (  # proxy and bucket are fixtures, exported below
     BLOCK,
     admin,
@@ -42,7 +42,7 @@ def cluster(tmp_path_factory, proxy) -> Iterator[list[HoardProcess]]:
     try:
         for node in nodes:
             node.start()
-        _wait_live(nodes, 3)
+        wait_live(nodes, 3)
         yield nodes
     finally:
         for node in nodes:

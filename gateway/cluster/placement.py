@@ -117,7 +117,8 @@ class Placement:
                 log.warning("peer fill of block %s from %s stopped at byte %d: %s",
                             ref.block.digest, url, flight.received, exc)  # fmt: skip
                 self.metrics.peer_errors.labels("block", "unavailable").inc()
-                self.membership.report_failure(url)
+                if not exc.answered:  # an error answer (its origin failing) proves it alive
+                    self.membership.report_failure(url)
                 continue
             except PeerNotFound:
                 self.metrics.peer_errors.labels("block", "not_found").inc()
