@@ -14,8 +14,8 @@ a second time. Workers of one node coordinate through the disk tier's fill
 claims: the worker that loses the claim tails the winner's part file.
 
 Concurrent fills are bounded (``fill_slots``) because each holds its block in
-memory while it runs; fills fed by a metadata miss's GET (``fill(ref, stream)``)
-are bounded by the origin's concurrency cap instead (see ``_fill``). Read-ahead
+memory while it runs; fills fed by a metadata miss's GET (``adopt``)
+are bounded by the origin's concurrency cap instead (see ``adopt``). Read-ahead
 fills run at background priority (``gateway.priority``).
 
 With an admission policy (``cache/admission.py``) a demand fill writes its
@@ -172,9 +172,7 @@ class BlockSource:
             seen["origin"] += len(piece)
             yield piece
 
-    def fill(
-        self, ref: BlockRef, stream: ObjectStream | None = None, admit: bool | None = None
-    ) -> Flight:
+    def fill(self, ref: BlockRef, admit: bool | None = None) -> Flight:
         """The fill of ``ref``'s block, started unless one is running (coalesced).
 
         ``admit`` True writes the block to disk whatever the admission policy
@@ -182,13 +180,41 @@ class BlockSource:
         asks the policy when the fill starts.
         """
         flight, started = self.fills.join_or_start(
-            ref.block, ref.length, lambda f: self._fill(ref, f, stream, admit)
+            ref.block, ref.length, lambda f: self._fill(ref, f, admit)
         )
         if not started:
             self.metrics.coalesced_waiters.inc()
-            if stream is not None:
-                self._spawn(stream.aclose())
         return flight
+
+    async def adopt(self, ref: BlockRef, stream: ObjectStream, admit: bool | None = None) -> None:
+        """Fill ``ref``'s block from ``stream``, an origin GET already open for it.
+
+        The block is claimed on disk before this returns: a sibling worker that
+        learns of the object from the shared metadata store right after then
+        finds the claim and tails this fill instead of asking the origin again.
+        No fill slot is taken: the stream already holds an origin concurrency
+        slot, and waiting for a fill slot with it while fills holding fill slots
+        wait for origin slots would deadlock (these are bounded by the origin's cap).
+        """
+        if self.fills.get(ref.block) is not None:
+            self.metrics.coalesced_waiters.inc()
+            await stream.aclose()
+            return
+        try:
+            admitted = bool(admit or self._admits(ref))
+            writer = await self._begin(ref) if admitted else None
+        except BaseException:
+            await stream.aclose()
+            raise
+        _, started = self.fills.join_or_start(
+            ref.block, ref.length,
+            lambda f: self._copy(ref, stream, f, writer, stage=not admitted),
+        )  # fmt: skip
+        if not started:  # a local fill began while the claim was taken
+            self.metrics.coalesced_waiters.inc()
+            if writer is not None:
+                await writer.abort()
+            await stream.aclose()
 
     def read_ahead(self, refs: list[BlockRef]) -> None:
         """Start fills of the next blocks in the background unless they are cached.
@@ -286,21 +312,7 @@ class BlockSource:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _fill(
-        self, ref: BlockRef, flight: Flight, stream: ObjectStream | None, admit: bool | None
-    ) -> None:
-        if stream is not None:
-            # The stream already holds an origin concurrency slot (the metadata miss's
-            # GET). Waiting for a fill slot with it while fills holding fill slots wait
-            # for origin slots would deadlock; these are bounded by the origin's cap.
-            try:
-                admitted = bool(admit or self._admits(ref))
-                writer = await self._begin(ref) if admitted else None
-            except BaseException:
-                await stream.aclose()
-                raise
-            await self._copy(ref, stream, flight, writer, stage=not admitted)
-            return
+    async def _fill(self, ref: BlockRef, flight: Flight, admit: bool | None) -> None:
         async with self._slots:
             if await self._from_disk(ref, flight):
                 return

@@ -506,7 +506,7 @@ class Reader:
         if (stream.start, stream.end) != (ref.first, ref.last):
             await stream.aclose()  # the origin ignored the range; fetch blocks normally
         else:
-            self.blocks.fill(ref, stream, admit)
+            await self.blocks.adopt(ref, stream, admit)
         return stream.info
 
     # -- bytes -------------------------------------------------------------------------
