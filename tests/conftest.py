@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import socket
+import uuid
 from collections.abc import Iterator
 
 import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
+from tests.harness import free_port
+from tests.origin_proxy import OriginProxy
+
 ORIGIN_KEY = "origin-access"
 ORIGIN_SECRET = "origin-secret"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -39,3 +36,19 @@ def origin_client(moto_endpoint: str):
         aws_access_key_id=ORIGIN_KEY,
         aws_secret_access_key=ORIGIN_SECRET,
     )
+
+
+@pytest.fixture
+def proxy(moto_endpoint: str) -> Iterator[OriginProxy]:
+    """A counting (and fault-injecting) proxy in front of moto: what reaches the origin."""
+    running = OriginProxy(moto_endpoint).start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def bucket(origin_client) -> str:
+    """A fresh bucket at the moto origin."""
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    origin_client.create_bucket(Bucket=name)
+    return name

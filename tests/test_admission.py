@@ -9,7 +9,6 @@ import pytest
 
 from gateway.cache.admission import Doorkeeper
 from tests.harness import HoardProcess
-from tests.origin_proxy import OriginProxy
 from tests.test_block_cache import hoard_config, put
 
 
@@ -47,13 +46,6 @@ def test_a_scan_of_distinct_blocks_is_mostly_refused():
 # -- end to end: a hot set survives one scan of three times the cache -------------------
 
 HOT, SCAN, BLOCK_SIZE = 8, 72, 64 * 1024  # disk of 24 blocks: the scan is 3x the cache
-
-
-@pytest.fixture
-def proxy(moto_endpoint):
-    running = OriginProxy(moto_endpoint).start()
-    yield running
-    running.stop()
 
 
 def _scan_after_hot_set(tmp_path, proxy, origin_client, admission: str) -> int:

@@ -11,7 +11,6 @@ import hashlib
 import os
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import aiohttp
@@ -23,20 +22,6 @@ from tests.origin_proxy import OriginProxy
 
 MiB = 1024 * 1024
 BLOCK = 8 * MiB
-
-
-@pytest.fixture
-def proxy(moto_endpoint):
-    running = OriginProxy(moto_endpoint).start()
-    yield running
-    running.stop()
-
-
-@pytest.fixture
-def bucket(origin_client) -> str:
-    name = f"bc-{uuid.uuid4().hex[:10]}"
-    origin_client.create_bucket(Bucket=name)
-    return name
 
 
 def hoard_config(proxy: OriginProxy, **cache: object) -> dict:

@@ -13,7 +13,6 @@ import os
 import signal
 import sqlite3
 import time
-import uuid
 from collections.abc import Iterator
 from datetime import datetime
 
@@ -104,13 +103,6 @@ def cluster(tmp_path_factory, proxy) -> Iterator[list[HoardProcess]]:
     yield nodes
     for node in nodes:
         assert node.stop() == 0, node.log()
-
-
-@pytest.fixture
-def bucket(origin_client) -> str:
-    name = f"cl-{uuid.uuid4().hex[:10]}"
-    origin_client.create_bucket(Bucket=name)
-    return name
 
 
 async def _get_all(urls: list[str]) -> list[bytes]:

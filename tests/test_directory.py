@@ -16,7 +16,7 @@ from gateway.cluster.peers import MetadataQuery, PeerClient
 from gateway.cluster.placement import Placement
 from gateway.metrics import Metrics
 from gateway.origins.base import ListEntry, ListPage, ObjectInfo
-from tests.conftest import free_port
+from tests.harness import free_port
 
 pytestmark = pytest.mark.timeout(30)
 

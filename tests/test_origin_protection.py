@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 
 import aiohttp
 import pytest
@@ -23,20 +22,6 @@ from tests.test_block_cache import get_many, put
 pytestmark = pytest.mark.timeout(120)
 
 KiB = 1024
-
-
-@pytest.fixture
-def proxy(moto_endpoint):
-    running = OriginProxy(moto_endpoint).start()
-    yield running
-    running.stop()
-
-
-@pytest.fixture
-def bucket(origin_client) -> str:
-    name = f"op-{uuid.uuid4().hex[:10]}"
-    origin_client.create_bucket(Bucket=name)
-    return name
 
 
 def config(proxy: OriginProxy, **origin: object) -> dict:

@@ -36,7 +36,7 @@ from gateway.cluster.peers import (
     sign,
 )
 from gateway.s3.body import BodySender
-from tests.conftest import free_port
+from tests.harness import free_port
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import random
 import time
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -24,20 +23,6 @@ KiB = 1024
 BLOCK = 64 * KiB
 SIZE = 96 * KiB  # two blocks per object: 64 KiB + 32 KiB
 WINDOW = 4 * SIZE
-
-
-@pytest.fixture
-def proxy(moto_endpoint):
-    running = OriginProxy(moto_endpoint).start()
-    yield running
-    running.stop()
-
-
-@pytest.fixture
-def bucket(origin_client) -> str:
-    name = f"pf-{uuid.uuid4().hex[:10]}"
-    origin_client.create_bucket(Bucket=name)
-    return name
 
 
 def start(tmp_path, proxy: OriginProxy, **prefetch_config: object) -> HoardProcess:

@@ -56,13 +56,6 @@ async def origin(moto_endpoint: str) -> AsyncIterator[S3Origin]:
     await origin.close()
 
 
-@pytest.fixture
-def bucket(origin_client) -> str:
-    name = f"fwd-{uuid.uuid4().hex[:16]}"
-    origin_client.create_bucket(Bucket=name)
-    return name
-
-
 async def pieces(data: bytes, size: int = MiB) -> AsyncIterator[bytes]:
     for start in range(0, len(data), size):
         yield data[start : start + size]

@@ -43,13 +43,6 @@ async def origin(moto_endpoint: str) -> AsyncIterator[S3Origin]:
     await origin.close()
 
 
-@pytest.fixture
-def bucket(origin_client) -> str:
-    name = f"hoard-{uuid.uuid4().hex[:16]}"
-    origin_client.create_bucket(Bucket=name)
-    return name
-
-
 async def read_all(stream) -> bytes:
     async with stream:
         return b"".join([chunk async for chunk in stream.chunks()])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -75,13 +74,6 @@ def proxy(moto_endpoint) -> Iterator[OriginProxy]:
     running = OriginProxy(moto_endpoint).start()
     yield running
     running.stop()
-
-
-@pytest.fixture
-def bucket(origin_client) -> str:
-    name = f"warm-{uuid.uuid4().hex[:10]}"
-    origin_client.create_bucket(Bucket=name)
-    return name
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,9 @@ import json
 from gateway.client.progress import follow
 from tests.harness import ACCESS_KEY, SECRET_KEY
 from tests.test_cli import run_hoard
-from tests.test_warm import BLOCK, bucket, node, proxy, put_dataset  # fixtures, exported below
+from tests.test_warm import BLOCK, node, proxy, put_dataset  # fixtures, exported below
 
-__all__ = ["bucket", "node", "proxy"]
+__all__ = ["node", "proxy"]
 
 
 def hoard(node, *args: str, cwd=None):

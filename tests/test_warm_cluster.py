@@ -17,19 +17,18 @@ from gateway.cluster.rendezvous import Ranking
 from tests.harness import HoardProcess
 from tests.origin_proxy import OriginProxy
 from tests.test_cluster import SECRET, wait_live
-from tests.test_warm import (  # proxy and bucket are fixtures, exported below
+from tests.test_warm import (  # proxy is a (module-scoped) fixture, exported below
     BLOCK,
     admin,
     assert_monotonic,
     blocks_of,
-    bucket,
     node_config,
     proxy,
     put_dataset,
     wait_job,
 )
 
-__all__ = ["bucket", "proxy"]
+__all__ = ["proxy"]
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -32,7 +31,6 @@ from gateway.origins.posix import PosixOrigin
 from gateway.reader import Reader
 from gateway.writer import Attributes, Writer
 from tests.harness import HoardProcess, metric, sum_samples
-from tests.origin_proxy import OriginProxy
 from tests.test_block_cache import hoard_config
 
 MiB = 1024 * 1024
@@ -226,20 +224,6 @@ async def test_no_room_in_the_buffer_means_no_write_through(tmp_path) -> None:
 
 
 # -- end to end: moto behind a counting proxy -----------------------------------------------
-
-
-@pytest.fixture
-def proxy(moto_endpoint):
-    running = OriginProxy(moto_endpoint).start()
-    yield running
-    running.stop()
-
-
-@pytest.fixture
-def bucket(origin_client) -> str:
-    name = f"wt-{uuid.uuid4().hex[:10]}"
-    origin_client.create_bucket(Bucket=name)
-    return name
 
 
 def _wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> None:
