@@ -35,6 +35,7 @@ from gateway.admin import Admin
 from gateway.blocks import BlockRef, BlockSource, Piece
 from gateway.cache.admission import Doorkeeper
 from gateway.cache.disk import DiskTier
+from gateway.cache.disk_open import raise_fd_limit
 from gateway.cache.memory import MemoryTier
 from gateway.cache.metadata import MetadataCache
 from gateway.cache.metadata_store import MetadataStore
@@ -180,7 +181,7 @@ def build(
         on_evict=lambda n: metrics.cache_evictions.labels("memory").inc(n),
     )  # fmt: skip
     disk = DiskTier(
-        cache.dir, cache.size, fsync=cache.fsync,
+        cache.dir, cache.size, fsync=cache.fsync, open_files=cache.open_files,
         on_evict=lambda n: metrics.cache_evictions.labels("disk").inc(n),
         on_corrupt=metrics.corrupt_blocks.inc,
     )  # fmt: skip
@@ -370,6 +371,7 @@ def _event_loop(kind: str) -> asyncio.AbstractEventLoop:
 
 def serve(settings: Settings, reload: Callable[[], Settings] | None = None) -> None:
     """Run the gateway; ``reload`` re-reads the config on SIGHUP."""
+    raise_fd_limit()
     credential = None
     if not settings.credentials and not settings.allow_anonymous:
         credential = generated_credential(settings.cache.dir)

@@ -125,6 +125,9 @@ class CacheConfig(_Strict):
     memory_item_max: Size = parse_size("1MiB")
     # fsync block files before they become visible (a crash otherwise costs a refetch).
     fsync: bool = False
+    # Descriptors of hot disk blocks up to 1 MiB kept open per worker, so a hit needs no
+    # open, header check or thread hop (gateway/cache/disk_open.py); 0 turns it off.
+    open_files: int = Field(default=4096, ge=0, le=1_000_000)
     # Metadata cache bounds: HEAD entries, keys across cached listings, and the largest
     # prefix listing kept whole (bigger prefixes are cached page by page).
     metadata_entries: int = Field(default=100_000, ge=1)

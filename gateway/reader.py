@@ -191,7 +191,7 @@ class Reader:
         if precondition is not None:
             precondition(info)
         start, end = byte_range.resolve(info.size) if byte_range else (0, info.size - 1)
-        client_info = dataclasses.replace(info, key=key)
+        client_info = info if info.key == key else dataclasses.replace(info, key=key)
         if info.size == 0:
             return ObjectRead(client_info, 0, -1, False, None)
         sources: Counter[str] = Counter()
@@ -520,15 +520,20 @@ class Reader:
         self, mount: Mount, okey: str, info: ObjectInfo, start: int, end: int, sources: Counter[str]
     ) -> AsyncIterator[Piece]:
         spans = block_plan(start, end, self.block_size)
-        window, sequential = self._stream_window(mount, okey, info, start, end)
+        last_block = (info.size - 1) // self.block_size
+        if last_block == 0:  # one block: nothing to read ahead, no stream to follow
+            window, sequential = Window(0, 0.0), False
+        else:
+            window, sequential = self._stream_window(mount, okey, info, start, end)
         # Read-ahead stays within the range, unless the range continues the previous
         # one: then it runs past the end, where the stream is heading.
         limit = end // self.block_size + (window.blocks if sequential else 0)
-        limit = min(limit, (info.size - 1) // self.block_size)
+        limit = min(limit, last_block)
         try:
             for i, span in enumerate(spans):
                 ahead = range(span.index + 1, min(span.index + window.blocks, limit) + 1)
-                self.blocks.read_ahead([self._ref(mount, okey, info, j) for j in ahead])
+                if ahead:
+                    self.blocks.read_ahead([self._ref(mount, okey, info, j) for j in ahead])
                 ref = self._ref(mount, okey, info, span.index)
                 block_sources: Counter[str] = Counter()
                 async for piece in self.blocks.pieces(ref, span.offset, span.length, block_sources):

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import socket
+import struct
 import threading
 import time
 from pathlib import Path
@@ -224,6 +226,27 @@ def test_leader_disconnect_does_not_cancel_other_waiters(node, proxy, origin_cli
     thread.join()
     proxy.mode = "ok"
     assert all(body == data for body in bodies)
+    assert proxy.counts["GetObject"] == 1
+
+
+def test_client_gone_before_the_headers_is_not_an_error(node, proxy, origin_client, bucket):
+    data = put(origin_client, bucket, "abandoned", 256 * 1024)
+    proxy.reset()
+    proxy.mode = "slow"
+    proxy.slow_delay = 0.3  # the first bytes come after the client has left
+    host, port = node.endpoint.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(f"GET /{bucket}/abandoned HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST
+    assert get_many([f"{node.endpoint}/{bucket}/abandoned"]) == [data]
+    proxy.mode = "ok"
+    for _ in range(100):  # both requests' access-log lines (written every 0.25 s)
+        if node.log().count(f"/{bucket}/abandoned GetObject") >= 2:
+            break
+        time.sleep(0.1)
+    log = node.log()
+    assert log.count(f"/{bucket}/abandoned GetObject") == 2, log
+    assert "unhandled error" not in log and "Traceback" not in log, log
     assert proxy.counts["GetObject"] == 1
 
 

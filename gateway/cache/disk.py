@@ -75,6 +75,7 @@ from gateway.cache import disk_files as files
 from gateway.cache.block import HEADER_SIZE, BlockId, encode_header
 from gateway.cache.disk_files import BlockFile, Corrupt, FillAbandoned, PartFollower
 from gateway.cache.disk_index import DiskIndex, IndexRow
+from gateway.cache.disk_open import OpenBlocks, within_fd_limit
 
 __all__ = ["BlockFile", "BlockWriter", "DiskStats", "DiskTier", "FillAbandoned", "PartFollower"]
 
@@ -82,6 +83,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _THREAD_WRITE = 256 << 10  # writes at least this large run in a thread
+_KEEP_OPEN_MAX = 1 << 20  # blocks up to this size keep their descriptors open when hot
 _RECONCILE_GRACE = 60.0  # seconds: younger files and rows may belong to a commit in flight
 
 
@@ -186,10 +188,13 @@ class DiskTier:
         *,
         fsync: bool = False,
         touch_interval: float = 1.0,
+        open_files: int = 4096,
         on_evict: Callable[[int], None] | None = None,
         on_corrupt: Callable[[], None] | None = None,
     ) -> None:
         """``capacity`` counts file bytes (headers included) across all processes.
+
+        ``open_files``: descriptors of hot small blocks kept open (``disk_open.py``; 0: none).
 
         ``on_evict(n)`` is called with the number of blocks each eviction pass
         removed, ``on_corrupt()`` once per bad block file found.
@@ -208,6 +213,7 @@ class DiskTier:
         self._touched: dict[str, float] = {}  # hits not yet written to the index
         # Stat fingerprints of block files whose checksum passed (see files.open_block).
         self._verified: dict[str, tuple[int, ...]] = {}
+        self._open = OpenBlocks(within_fd_limit(open_files), _KEEP_OPEN_MAX)
         self._evictions = 0
         self._corrupt = 0
         self._flusher: asyncio.Task[None] | None = None
@@ -232,22 +238,31 @@ class DiskTier:
         self._flusher.cancel()
         await asyncio.gather(self._flusher, *self._background, return_exceptions=True)
         self._flusher = None
+        self._open.clear()
         await self.flush()
         await self._index.close()
 
     # -- reading ---------------------------------------------------------------
 
     async def get(self, block: BlockId) -> BlockFile | None:
-        """The verified block, open for reading, or None (missing, or corrupt and removed)."""
+        """The verified block, open for reading, or None (missing, or corrupt and removed).
+
+        The caller closes what it gets.
+        """
+        kept = self._open.get(block.digest)
+        if kept is not None:
+            self._touched[block.digest] = time.time()
+            return kept
         found = await _opening(
             asyncio.to_thread(files.open_block, self._final(block), block, self._verified)
         )
         if isinstance(found, Corrupt):
             await self._discard(block, found)
             return None
-        if found is not None:
-            self._touched[block.digest] = time.time()
-        return found
+        if found is None:
+            return None
+        self._touched[block.digest] = time.time()
+        return self._open.keep(block.digest, found)
 
     async def follow(self, block: BlockId) -> PartFollower | None:
         """Tail the fill another process claimed; None if no fill is in progress.
@@ -348,7 +363,9 @@ class DiskTier:
         return await self._index.unpin(job)
 
     async def flush(self) -> None:
-        """Write pending hits to the index and refresh the totals behind ``stats``."""
+        """Write pending hits to the index and refresh the totals behind ``stats``;
+        close kept descriptors of files that sibling workers removed meanwhile."""
+        self._open.sweep()
         touches, self._touched = self._touched, {}
         try:
             await self._index.touch(touches)
@@ -382,6 +399,7 @@ class DiskTier:
         if self._on_corrupt is not None:
             self._on_corrupt()
         path = self._final(block)
+        self._open.forget([block.digest])
         # only if the name still holds the bad file, not a good one renamed over it
         if await asyncio.to_thread(files.names, path, bad.identity):
             await self._forget(block.digest)
@@ -401,6 +419,7 @@ class DiskTier:
                 self._on_evict(len(digests))
 
     async def _unlink(self, digests: list[str]) -> int:
+        self._open.forget(digests)
         await asyncio.to_thread(files.unlink_many, [self._final(d) for d in digests])
         return len(digests)
 

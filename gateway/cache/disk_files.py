@@ -35,11 +35,15 @@ class FillAbandoned(Exception):
 
 @dataclass
 class BlockFile:
-    """A verified block on disk, open for reading; send ``length`` bytes from ``data_offset``."""
+    """A verified block on disk, open for reading; send ``length`` bytes from ``data_offset``.
+
+    ``fingerprint`` is the file's (inode, size, mtime, ctime) when it was verified.
+    """
 
     fd: int
     data_offset: int
     length: int
+    fingerprint: tuple[int, ...] = ()
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -137,39 +141,44 @@ def open_block(
     except FileNotFoundError:
         return None
     try:
-        length, why = _check(fd, block, verified)
+        length, why, fingerprint = _check(fd, block, verified)
     except OSError as exc:
-        length, why = 0, f"unreadable: {exc}"
+        length, why, fingerprint = 0, f"unreadable: {exc}", ()
     except BaseException:
         os.close(fd)
         raise
     if why is None:
-        return BlockFile(fd, HEADER_SIZE, length)
+        return BlockFile(fd, HEADER_SIZE, length, fingerprint)
     bad = Corrupt(why, identity(fd))
     os.close(fd)
     return bad
 
 
+def fingerprint_of(stat: os.stat_result) -> tuple[int, ...]:
+    """What changes when a file is rewritten, truncated, replaced or chmod'ed."""
+    return (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+
+
 def _check(
     fd: int, block: BlockId, verified: dict[str, tuple[int, ...]] | None
-) -> tuple[int, str | None]:
-    """(data length, None) for a sound block file, else (0, what is wrong)."""
+) -> tuple[int, str | None, tuple[int, ...]]:
+    """(data length, None, fingerprint) for a sound block file, else (0, what is wrong, ())."""
     header = decode_header(os.pread(fd, HEADER_SIZE, 0), block)
     if header is None:
-        return 0, "bad header: torn, overwritten or another block's file"
+        return 0, "bad header: torn, overwritten or another block's file", ()
     stat = os.fstat(fd)
     if stat.st_size != HEADER_SIZE + header.length:
-        return 0, f"{stat.st_size} bytes on disk for {header.length} data bytes"
-    fingerprint = (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+        return 0, f"{stat.st_size} bytes on disk for {header.length} data bytes", ()
+    fingerprint = fingerprint_of(stat)
     if verified is not None and verified.get(block.digest) == fingerprint:
-        return header.length, None
+        return header.length, None, fingerprint
     if _data_checksum(fd, header.length) != header.checksum:
-        return 0, "checksum mismatch"
+        return 0, "checksum mismatch", ()
     if verified is not None:
         if len(verified) >= _VERIFIED_MEMORY:
             verified.clear()  # cheap bound; re-verifying later is only a cost
         verified[block.digest] = fingerprint
-    return header.length, None
+    return header.length, None, fingerprint
 
 
 def _data_checksum(fd: int, length: int) -> int:

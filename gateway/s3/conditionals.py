@@ -48,6 +48,8 @@ class Conditions:
 
     @classmethod
     def from_headers(cls, headers: Mapping[str, str]) -> Conditions:
+        if not any(name in headers for name in _HEADERS):
+            return _UNCONDITIONAL
         return cls(
             if_match=_etags(headers.get("If-Match")),
             if_none_match=_etags(headers.get("If-None-Match")),
@@ -56,14 +58,11 @@ class Conditions:
         )
 
     def __bool__(self) -> bool:
-        return any(
-            v is not None
-            for v in (
-                self.if_match,
-                self.if_none_match,
-                self.if_modified_since,
-                self.if_unmodified_since,
-            )
+        return not (
+            self.if_match is None
+            and self.if_none_match is None
+            and self.if_modified_since is None
+            and self.if_unmodified_since is None
         )
 
     def check(self, info: ObjectInfo) -> None:
@@ -79,3 +78,7 @@ class Conditions:
                 raise errors.NotModified(info.etag, info.last_modified)
         elif self.if_modified_since is not None and modified <= self.if_modified_since:
             raise errors.NotModified(info.etag, info.last_modified)
+
+
+_HEADERS = ("If-Match", "If-None-Match", "If-Modified-Since", "If-Unmodified-Since")
+_UNCONDITIONAL = Conditions()

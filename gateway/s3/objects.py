@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 
 from aiohttp import web
-from aiohttp.abc import AbstractStreamWriter
 
 from gateway.origins.base import ObjectInfo
 from gateway.reader import ObjectRead
@@ -102,9 +101,7 @@ async def get_object(call: Call) -> web.StreamResponse:
         headers.update(overrides)
         response = web.StreamResponse(status=206 if read.partial else 200, headers=headers)
         response.content_length = read.length
-        writer = await response.prepare(call.request)
-        assert writer is not None
-        await _stream(call, response, writer, read)
+        await _stream(call, response, read)
     finally:
         call.request["source"] = "+".join(sorted(read.sources)) or "-"
         call.request["served"] = read.sources
@@ -112,10 +109,10 @@ async def get_object(call: Call) -> web.StreamResponse:
     return response
 
 
-async def _stream(
-    call: Call, response: web.StreamResponse, writer: AbstractStreamWriter, read: ObjectRead
-) -> None:
+async def _stream(call: Call, response: web.StreamResponse, read: ObjectRead) -> None:
     try:
+        writer = await response.prepare(call.request)
+        assert writer is not None
         async for piece in read.chunks():
             await call.body.send(call.request, writer, piece)
         await response.write_eof()

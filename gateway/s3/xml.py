@@ -8,6 +8,7 @@ does, so keys with characters XML 1.0 cannot carry survive the trip.
 
 from __future__ import annotations
 
+import functools
 import re
 from datetime import UTC, datetime
 from email.utils import format_datetime
@@ -32,6 +33,7 @@ def iso8601(moment: datetime) -> str:
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 
+@functools.lru_cache(maxsize=8192)  # a hot object's Last-Modified, formatted once
 def http_date(moment: datetime) -> str:
     """RFC 9110 IMF-fixdate, as in Last-Modified: ``Sat, 21 Nov 2026 17:42:39 GMT``."""
     return format_datetime(moment.astimezone(UTC), usegmt=True)
