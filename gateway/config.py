@@ -292,8 +292,12 @@ class PrefetchConfig(_Strict):
     max_window: Size = parse_size("8GiB")
     # A stream with no GET and no registration for this long is forgotten.
     idle: Duration = 600.0
-    # Block fetches one stream keeps in flight.
-    concurrency: int = Field(default=8, ge=1, le=256)
+    # Origin requests one stream keeps in flight: lookups of the next keys (a cold one is
+    # the GET of block 0) and block fetches. One lookup costs a round trip, so a stream
+    # covers about concurrency / RTT keys per second: 16 at 50 ms is 320 small objects/s,
+    # more than a reader consumes; two streams still leave most of the origin's
+    # limits.max_concurrency (64) to client misses, which go first anyway.
+    concurrency: int = Field(default=16, ge=1, le=256)
 
     @model_validator(mode="after")
     def _window_bounds(self) -> PrefetchConfig:

@@ -384,18 +384,6 @@ class Reader:
             "fills": {"started": self.blocks.fills.started, "coalesced": self.blocks.fills.joined},
         }
 
-    async def blocks_of(self, bucket: str, key: str) -> tuple[ObjectInfo, list[BlockRef]]:
-        """The metadata of ``key`` (as a HEAD answers it) and every block of that version.
-
-        For warm jobs: the metadata goes through the caches a GET uses (one
-        origin HEAD on a miss), so a read after warming finds both.
-        """
-        mount = self.namespace.resolve(bucket)
-        okey = mount.origin_key(key)
-        info = await self.head_object(bucket, key)
-        count = -(-info.size // self.block_size)
-        return info, [self._ref(mount, okey, info, index) for index in range(count)]
-
     # -- metadata ----------------------------------------------------------------------
 
     async def answer_peer(self, query: MetadataQuery) -> dict[str, object]:

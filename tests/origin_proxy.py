@@ -5,6 +5,8 @@ counted by S3 operation (GetObject, HeadObject, ListObjects, other) and by
 bytes. ``mode`` makes the origin misbehave: ``"down"`` refuses with 503,
 ``"slow"`` trickles bodies, ``"flaky"`` answers 503 SlowDown to the first
 ``flaky_failures`` tries of each distinct request (1: half of all requests).
+``latency`` (seconds) holds every request that long before it is forwarded, as
+a remote store's round trip would, so that concurrent work overlaps.
 ``max_in_flight`` is the most requests it held at once. It runs its own event
 loop in a thread on a loopback port.
 """
@@ -49,6 +51,7 @@ class OriginProxy:
         self.mode = "ok"
         self.slow_delay = 0.05
         self.flaky_failures = 1
+        self.latency = 0.0
         self.slow_downs = 0  # 503 SlowDown answers sent in "flaky" mode
         self._tries: Counter[tuple[str, str, str]] = Counter()  # per distinct request
         self.in_flight = 0
@@ -145,6 +148,8 @@ class OriginProxy:
             self.counts[op] += 1
             if op == "GetObject":
                 self.ranges.append((request.path, request.headers.get("Range", "")))
+        if self.latency:
+            await asyncio.sleep(self.latency)
         if self.mode == "down" or (self.mode == "flaky" and self._flaky(request)):
             return web.Response(status=503, body=_SLOW_DOWN, content_type="application/xml")
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}

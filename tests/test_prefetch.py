@@ -13,8 +13,12 @@ from collections.abc import Iterator
 
 import pytest
 
+from gateway.blocks import BlockRef
+from gateway.cache.block import BlockId
 from gateway.client import prefetch
 from gateway.client.admin import AdminClient, AdminError
+from gateway.prefetch.order import Order
+from gateway.prefetch.stream import Stream
 from tests.harness import ACCESS_KEY, SECRET_KEY, HoardProcess
 from tests.origin_proxy import OriginProxy
 from tests.test_block_cache import hoard_config, put
@@ -59,7 +63,8 @@ def settle(client: AdminClient, stream: str, timeout: float = 20.0) -> dict:
         status = client.call("GET", f"/_hoard/prefetch/{stream}")
         assert status["ahead_bytes"] <= status["window"], status
         full = status["ahead_bytes"] + BLOCK > status["window"]
-        if status["in_flight_bytes"] == 0 and (full or status["next_key"] >= status["keys"]):
+        idle = status["in_flight_bytes"] == 0 and status["lookups"] == 0
+        if idle and (full or status["next_key"] >= status["keys"]):
             return status
         time.sleep(0.05)
     raise AssertionError(f"prefetch did not settle in {timeout}s: {status}")
@@ -84,27 +89,76 @@ class EpochSampler:
 
 
 @pytest.mark.timeout(120)
-def test_window_is_bounded_and_reader_following_its_order_hits(node, proxy, origin_client, bucket):
+@pytest.mark.parametrize("concurrency", [1, 8])
+def test_window_is_bounded_and_reader_following_its_order_hits(
+    tmp_path, proxy, origin_client, bucket, concurrency
+):
     keys = [f"train/sample-{n:03d}.bin" for n in range(24)]
     for key in keys:
         put(origin_client, bucket, key, SIZE)
-    proxy.reset()
-    client, s3 = admin(node), node.client()
-    sampler = EpochSampler(keys, node.endpoint, bucket)
-    reader_fetches: list[int] = []
-    for position, key in enumerate(sampler):
-        status = settle(client, "sampler-0")
-        read = set(sampler.order[:position])
-        ahead = sum(n for k, n in origin_bytes_by_key(proxy, bucket).items() if k not in read)
-        assert ahead <= WINDOW, (position, ahead, status)  # what the origin sent, not read yet
-        before = len(proxy.ranges)
-        assert len(s3.get_object(Bucket=bucket, Key=key)["Body"].read()) == SIZE
-        reader_fetches.append(sum(1 for p, _ in proxy.ranges[before:] if p.endswith(key)))
-    # Every block was fetched ahead of the reader, once: its own GETs found them cached.
-    assert reader_fetches == [0] * len(keys), reader_fetches
-    assert proxy.gets() == 2 * len(keys)
-    final = client.call("GET", "/_hoard/prefetch/sampler-0")
-    assert final["position"] == len(keys) - 1 and final["fetched_bytes"] == len(keys) * SIZE
+    node = start(tmp_path, proxy, concurrency=concurrency)
+    try:
+        proxy.reset()
+        client, s3 = admin(node), node.client()
+        sampler = EpochSampler(keys, node.endpoint, bucket)
+        reader_fetches: list[list[str]] = []  # the Range of each block the reader fetched
+        for position, key in enumerate(sampler):
+            status = settle(client, "sampler-0")
+            read = set(sampler.order[:position])
+            ahead = sum(n for k, n in origin_bytes_by_key(proxy, bucket).items() if k not in read)
+            assert ahead <= WINDOW, (position, ahead, status)  # sent by the origin, not read yet
+            before = len(proxy.ranges)
+            assert len(s3.get_object(Bucket=bucket, Key=key)["Body"].read()) == SIZE
+            reader_fetches.append([r for p, r in proxy.ranges[before:] if p.endswith(key)])
+        final = client.call("GET", "/_hoard/prefetch/sampler-0")
+    finally:
+        node.stop()
+    assert proxy.gets() == 2 * len(keys)  # each block once, by prefetch or by the reader
+    assert final["position"] == len(keys) - 1
+    by_reader = [r for ranges in reader_fetches for r in ranges]
+    if concurrency == 1:
+        # Lookups one at a time take keys whole, in order: the reader finds every block.
+        assert by_reader == [], reader_fetches
+    else:
+        # Concurrent lookups answer out of order, so a key's second block may find the
+        # window taken by farther keys' first blocks; a key's first block is always
+        # there (it came with its lookup, and the window holds at least one key).
+        assert all(not r.startswith("bytes=0-") for r in by_reader), reader_fetches
+    assert final["fetched_bytes"] == len(keys) * SIZE - len(by_reader) * (SIZE - BLOCK)
+
+
+@pytest.mark.timeout(120)
+def test_lookups_run_concurrently_within_the_slots_and_fetch_each_key_once(
+    tmp_path, proxy, origin_client, bucket
+):
+    """Many small keys ahead of a reader that has not started: with N slots the origin
+    sees more than one and at most N prefetch requests at once, one GET per key (its
+    lookup's ranged GET is its block) and no HEAD. One lookup at a time would let
+    the origin see a single request in flight."""
+    slots = 4
+    keys = [f"small/{n:03d}" for n in range(40)]
+    for key in keys:
+        put(origin_client, bucket, key, 4 * KiB)
+    node = start(tmp_path, proxy, concurrency=slots)
+    try:
+        client = admin(node)
+        proxy.reset()
+        proxy.latency = 0.02  # a remote store's round trip, so the lookups overlap
+        body = {"stream": "small", "bucket": bucket, "keys": keys, "window": "1MiB"}
+        client.call("POST", "/_hoard/prefetch", body=body)
+        status = settle(client, "small")
+    finally:
+        proxy.latency = 0.0
+        node.stop()
+    assert status["next_key"] == len(keys) and status["errors"] == 0, status
+    assert 1 < proxy.max_in_flight <= slots, proxy.max_in_flight
+    assert sorted(p for p, _ in proxy.ranges) == sorted(f"/{bucket}/{k}" for k in keys)
+    assert proxy.counts["HeadObject"] == 0, proxy.counts
+    assert status["fetched_bytes"] == len(keys) * 4 * KiB
+    # Nearer keys start first: key i's lookup needs a free slot, so it reaches the
+    # origin after at least i - slots + 1 other lookups have been answered.
+    arrived = [keys.index(p.split(f"/{bucket}/", 1)[1]) for p, _ in proxy.ranges]
+    assert all(position >= index - slots + 1 for position, index in enumerate(arrived)), arrived
 
 
 @pytest.mark.timeout(120)
@@ -167,3 +221,37 @@ def test_bounds_are_refused_with_json_400(tmp_path, proxy, bucket):
         assert unsigned.value.status == 403
     finally:
         node.stop()
+
+
+# -- the accounting alone (gateway/prefetch/stream.py) ------------------------------------
+
+
+def second_block(key: str, length: int) -> BlockRef:
+    return BlockRef(BlockId("o", "b", key, "e", 1), None, BLOCK, BLOCK + length - 1)  # type: ignore[arg-type]
+
+
+def test_a_lookup_reserves_a_block_until_its_size_is_known_and_the_window_holds():
+    stream = Stream(Order("s", "b", ("k0", "k1", "k2", "k3"), window=3 * BLOCK), True, 0.0)
+    for index in range(3):
+        assert stream.room(BLOCK)
+        stream.reserve(index, BLOCK)
+    assert not stream.room(BLOCK) and stream.ahead_bytes == 3 * BLOCK and stream.lookups == 3
+    # k2 answers first: a 1 KiB object; k0 then: two blocks, its second waits.
+    assert stream.found(2, 1024, [])
+    assert stream.found(0, BLOCK, [second_block("k0", 512)])
+    assert stream.ahead_bytes == 2 * BLOCK + 1024 and stream.lookups == 1
+    index, ref = stream.pending[0]
+    assert index == 0 and stream.room(ref.length)
+    stream.take(index, ref.length)
+    assert stream.ahead_bytes == 2 * BLOCK + 1536 <= stream.order.window
+
+
+def test_a_reader_that_overtakes_prefetch_skips_what_it_read():
+    stream = Stream(Order("s", "b", ("k0", "k1", "k2", "k3"), window=8 * BLOCK), True, 0.0)
+    stream.reserve(0, BLOCK)
+    stream.reserve(1, BLOCK)
+    assert stream.found(0, BLOCK, [second_block("k0", 100)])
+    stream.move(2, 1.0)  # the reader read k0..k2 itself meanwhile
+    assert stream.next_key == 3 and stream.pending == [] and stream.ahead_bytes == 0
+    assert not stream.found(1, BLOCK, [second_block("k1", 100)])  # passed: nothing kept
+    assert stream.pending == [] and stream.ahead_bytes == 0 and stream.lookups == 0

@@ -8,8 +8,10 @@ limit is below a block), so every hit after warming is a disk hit.
 from __future__ import annotations
 
 import os
+import random
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -101,7 +103,9 @@ def test_warm_a_prefix_fetches_each_block_once_then_reads_are_hits(
     assert final["errors"] == 0 and final["eta"] == 0
     print(f"warm: {dict(proxy.counts)}, {proxy.get_bytes} origin GET bytes for {sum(sizes)}")
     assert proxy.counts["GetObject"] == blocks_of(sizes)
+    assert proxy.counts["HeadObject"] == 0  # block 0's GET told the metadata
     assert proxy.get_bytes == sum(sizes)
+    assert final["bytes_fetched"] == sum(sizes)
     proxy.reset()
     s3 = node.client()
     for key, body in data.items():
@@ -109,6 +113,38 @@ def test_warm_a_prefix_fetches_each_block_once_then_reads_are_hits(
     assert sum(proxy.counts.values()) == 0, proxy.counts
     listed = client.call("GET", "/_hoard/warm")["jobs"]
     assert job["id"] in [j["id"] for j in listed]
+
+
+def test_a_warm_job_and_readers_of_the_same_keys_fetch_each_block_once(
+    node, proxy, origin_client, bucket
+):
+    """The benchmark's train-warm: a warm job of a prefix starts as readers read it.
+
+    The origin answers after a delay, so the job's and the readers' misses of
+    one object overlap. Whoever gets there first, each block is fetched once
+    and no object costs a HEAD: a cold read learns the metadata from its
+    first-block GET, and the job must not ask for it separately.
+    """
+    sizes = [20_000 + 10 * i for i in range(48)]  # one block each
+    data = put_dataset(origin_client, bucket, "race/", sizes)
+    order = sorted(data)
+    random.Random(7).shuffle(order)  # readers go in their own order, the job in key order
+    client, s3 = admin(node), node.client()
+    proxy.reset()
+    proxy.latency = 0.02
+    try:
+        job = client.call("POST", "/_hoard/warm", body={"bucket": bucket, "prefix": "race/"})
+        with ThreadPoolExecutor(4) as pool:
+            bodies = list(pool.map(lambda k: s3.get_object(Bucket=bucket, Key=k)["Body"].read(),
+                                   order))  # fmt: skip
+        final = wait_job(client, job["id"])[-1]
+    finally:
+        proxy.latency = 0.0
+    assert bodies == [data[key] for key in order]
+    assert final["state"] == "done" and final["bytes_done"] == sum(sizes), final
+    print(f"warm + readers: {dict(proxy.counts)}")
+    assert sorted(path for path, _ in proxy.ranges) == sorted(f"/{bucket}/{k}" for k in order)
+    assert proxy.counts["HeadObject"] == 0, proxy.counts
 
 
 def test_warm_keys_and_a_manifest_report_missing_keys_as_errors(node, proxy, origin_client, bucket):

@@ -2,7 +2,7 @@
 
 - ``POST /_hoard/prefetch`` with an order (see ``order.py``) → 200 and the
   stream's status; 400 with ``{"error", "message"}`` when a bound is broken.
-- ``GET /_hoard/prefetch/{id}`` → position, window, bytes ahead and in flight.
+- ``GET /_hoard/prefetch/{id}`` → position, window, bytes ahead and in flight, lookups in flight.
 - ``DELETE /_hoard/prefetch/{id}`` → 200 ``{"stream", "dropped": true}``.
 
 In a cluster, a registration or a drop accepted here is passed to every other

@@ -1,11 +1,20 @@
-"""The streams of one process and the task that fetches ahead of each.
+"""The streams of one process and the work fetching ahead of each.
 
 ``observe`` is called by the reader for every object GET; it moves the
-position of each stream whose order holds the key and wakes its task. A
-task looks up the next keys' blocks (metadata, as a read would), takes on
-blocks while the window has room and keeps at most ``concurrency`` of them in
-flight through ``BlockSource.preload``. Everything it does runs inside
-``priority.background()``, so client misses go to the origin first.
+position of each stream whose order holds the key. Each stream starts work
+in its order while the window has room and it has a free slot, whenever
+either may have changed (a GET, a registration, a piece of work ending): the
+blocks of keys already looked up first (they are nearer the reader), then
+lookups of the next keys (metadata, as a read would: a cold one is a ranged
+GET of block 0, which that same request fills, so block 0 is never fetched
+twice). Lookups and block fetches share the stream's ``concurrency`` slots,
+so at most that many of its origin requests are in flight, and many keys are
+looked up at once: against a store 20 ms away, one lookup at a time would
+cover 50 keys/s, fewer than a reader of small objects consumes. The work is
+accounted for (window, slot, status) when it is started, not when its task
+first runs, so a status never shows a stream idle that is about to start
+something. Everything runs inside ``priority.background()``, so client
+misses go to the origin first.
 
 Bounded: at most ``max_streams`` streams of ``max_keys`` keys each; a stream
 idle (no GET, no registration) for ``idle`` seconds is forgotten, checked
@@ -37,10 +46,9 @@ log = logging.getLogger(__name__)
 @dataclass
 class _Running:
     stream: Stream
-    slots: asyncio.Semaphore
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    task: asyncio.Task[None] | None = None
-    fetches: set[asyncio.Task[None]] = field(default_factory=set)
+    busy: int = 0  # slots in use: lookups and block fetches in flight
+    stopped: bool = False
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
 
 class Prefetcher:
@@ -74,12 +82,10 @@ class Prefetcher:
                              f"at most {self.config.max_streams} (prefetch.max_streams)")  # fmt: skip
         if old is not None:
             self._stop(old)
-        running = _Running(Stream(order, active, self._clock()),
-                           asyncio.Semaphore(self.config.concurrency))  # fmt: skip
+        running = _Running(Stream(order, active, self._clock()))
         self._streams[order.stream] = running
         self._metrics.prefetch_streams.set(len(self._streams))
-        if active:
-            self._start(running)
+        self._pump(running)
         return running.stream
 
     def drop(self, stream_id: str) -> bool:
@@ -110,15 +116,13 @@ class Prefetcher:
             if index is None:
                 continue
             stream.move(index, now)
-            if not stream.active:
-                stream.active = True
-                self._start(running)
-            running.wake.set()
+            stream.active = True
+            self._pump(running)
 
     async def close(self) -> None:
         for running in list(self._streams.values()):
             self._stop(running)
-        tasks = [t for r in self._streams.values() for t in (r.task, *r.fetches) if t]
+        tasks = [t for r in self._streams.values() for t in r.tasks]
         self._streams.clear()
         await asyncio.gather(*tasks, return_exceptions=True)
 
@@ -134,59 +138,77 @@ class Prefetcher:
         if idle:
             self._metrics.prefetch_streams.set(len(self._streams))
 
-    def _start(self, running: _Running) -> None:
-        with priority.background():  # the task's context is a copy of this one
-            running.task = asyncio.ensure_future(self._run(running))
-
     def _stop(self, running: _Running) -> None:
-        for task in (running.task, *running.fetches):
-            if task is not None:
-                task.cancel()
+        running.stopped = True
+        for task in running.tasks:
+            task.cancel()
 
-    async def _run(self, running: _Running) -> None:
-        while True:
-            running.wake.clear()  # before advancing: a GET meanwhile wakes the next round
-            await self._advance(running)
-            await running.wake.wait()
-
-    async def _advance(self, running: _Running) -> None:
-        """Take on blocks of the next keys while the window has room."""
+    def _pump(self, running: _Running) -> None:
+        """Start lookups and block fetches, nearest first, while slots and window allow."""
         stream = running.stream
-        while True:
-            if not stream.pending:
-                if stream.next_key >= len(stream.keys) or not stream.room(self._block_size):
-                    return  # a key of unknown size may bring up to a block before it is known
-                await self._look_up(stream, stream.next_key)
-                continue
-            index, ref = stream.pending[0]
-            if not stream.room(ref.length):
+        while not running.stopped and stream.active and running.busy < self.config.concurrency:
+            work = self._next_work(stream)
+            if work is None:
                 return
-            await running.slots.acquire()
-            if not stream.pending or stream.pending[0][1] is not ref:  # the reader moved on
-                running.slots.release()
-                continue
-            stream.pending.popleft()
-            stream.take(index, ref.length)
-            task = asyncio.ensure_future(self._fetch(running, ref))
-            running.fetches.add(task)
-            task.add_done_callback(running.fetches.discard)
+            running.busy += 1
+            self._account(stream, work)
+            with priority.background():  # the task's context is a copy of this one
+                task = asyncio.ensure_future(self._do(running, work))
+            running.tasks.add(task)
+            task.add_done_callback(running.tasks.discard)
+
+    def _next_work(self, stream: Stream) -> tuple[int, BlockRef | None] | None:
+        """(key index, block) to fetch next, (key index, None) to look up, or None."""
+        if stream.pending:
+            index, ref = stream.pending[0]
+            return (index, ref) if stream.room(ref.length) else None
+        if stream.next_key < len(stream.keys) and stream.room(self._block_size):
+            return stream.next_key, None
+        return None
+
+    def _account(self, stream: Stream, work: tuple[int, BlockRef | None]) -> None:
+        """Count ``work`` as started: against the window, and in the stream's status."""
+        index, ref = work
+        if ref is None:
+            stream.reserve(index, self._block_size)  # a lookup brings up to block 0
+            return
+        stream.pending.pop(0)
+        stream.take(index, ref.length)
+        stream.in_flight_bytes += ref.length
+
+    async def _do(self, running: _Running, work: tuple[int, BlockRef | None]) -> None:
+        index, ref = work
+        try:
+            if ref is None:
+                await self._look_up(running.stream, index)
+            else:
+                await self._fetch(running.stream, ref)
+        finally:
+            running.busy -= 1
+            self._pump(running)  # before this task ends: the freed slot is used at once
 
     async def _look_up(self, stream: Stream, index: int) -> None:
-        stream.next_key = index + 1
+        reader = self._reader()
         try:
-            refs = await self._reader().block_refs(stream.order.bucket, stream.keys[index], True)
+            refs = await reader.block_refs(stream.order.bucket, stream.keys[index], True)
         except Exception as exc:  # a missing or failing key must not stop the stream
+            stream.found(index, 0, [])
             stream.errors += 1
             log.debug("prefetch of %s skipped: %r", stream.keys[index], exc)
             return
-        if index > stream.position:  # else the reader got there first
-            stream.pending.extend((index, ref) for ref in refs)
+        # Looked at before anything else runs: a fill of block 0 running now is the
+        # one this lookup's GET started (or a reader's), and counts as fetched.
+        filling = bool(refs) and reader.blocks.fills.get(refs[0].block) is not None
+        if stream.found(index, refs[0].length if refs else 0, refs[1:]) and refs:
+            stream.in_flight_bytes += refs[0].length
+            await self._fetch(stream, refs[0], filling)  # under this lookup's slot
 
-    async def _fetch(self, running: _Running, ref: BlockRef) -> None:
-        stream = running.stream
-        stream.in_flight_bytes += ref.length
+    async def _fetch(self, stream: Stream, ref: BlockRef, filling: bool = False) -> None:
+        """Get ``ref``'s block cached (counted in flight by the caller); ``filling``:
+        its fill was running already."""
         try:
             fetched = await self._reader().blocks.preload(ref)
+            fetched = ref.length if filling else fetched
             stream.fetched_bytes += fetched
             self._metrics.prefetch_bytes.inc(fetched)
         except Exception as exc:  # the reader will fetch it itself; the stream goes on
@@ -194,4 +216,3 @@ class Prefetcher:
             log.debug("prefetch of block %s failed: %r", ref.block.digest, exc)
         finally:
             stream.in_flight_bytes -= ref.length
-            running.slots.release()

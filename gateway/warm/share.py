@@ -4,8 +4,12 @@ Every node of a job walks the same objects in the same order and skips the
 blocks another node owns (``BlockSource.owns``), so each block is fetched by
 its owner only, through the fill path a client miss takes (one origin GET,
 coalesced with a client's, written to the disk tier). Each node also looks up
-every object's metadata (one origin HEAD on a miss), so that a read through
-any node after warming needs nothing from the origin.
+every object's metadata as a cold read does, so that a read through any node
+after warming needs nothing from the origin: on a single node a metadata miss
+is answered by the ranged GET of block 0, whose response also fills that
+block (no HEAD: a listing's entry lacks the Content-Type and user metadata a
+GET must answer with); in a cluster the key's metadata owner answers it (one
+HEAD per object per cluster).
 
 The walk keeps at most ``concurrency`` blocks in flight. Objects finish out
 of order; ``Progress.cursor`` is the first object not finished, and every
@@ -161,13 +165,17 @@ class ShareRun:
     async def _object(self, index: int, key: str, slots: asyncio.Semaphore) -> None:
         done, failed = 0, 0
         try:
-            async with slots:
-                _, refs = await self._reader.blocks_of(self.spec.bucket, key)
+            async with slots:  # a cold lookup is an origin request: it takes a slot too
+                refs = await self._reader.block_refs(self.spec.bucket, key)
+            # Looked at before this task waits again: a fill of block 0 running now is
+            # the one the lookup's GET started (or a reader's); it may land before the
+            # block's turn comes, and must still count as fetched, not as cached.
+            filling = {r.block for r in refs[:1] if self._blocks.fills.get(r.block) is not None}
             mine = [ref for ref in refs if self._blocks.owns(ref)]
             async with asyncio.TaskGroup() as group:
                 for ref in mine:
                     await slots.acquire()
-                    group.create_task(_released(slots, self._block(ref)))
+                    group.create_task(_released(slots, self._block(ref, ref.block in filling)))
             done = sum(ref.length for ref in mine)
         except* (errors.HoardError, OSError) as group:
             first = _first(group)
@@ -177,7 +185,8 @@ class ShareRun:
         self._metrics.warm_objects.inc()
         await self._advance(index, (done, failed))
 
-    async def _block(self, ref: BlockRef) -> None:
+    async def _block(self, ref: BlockRef, filling: bool = False) -> None:
+        """Warm one block; ``filling``: its fill was already running when it was looked up."""
         if self.spec.pin and self._blocks.disk is not None:
             expires = self.progress.created + self.spec.pin_ttl
             if not await self._blocks.disk.pin(self.job_id, ref.block, ref.length, expires,
@@ -187,7 +196,7 @@ class ShareRun:
                     f"pin quota exceeded: cache.pin_quota is {self._pin_quota} bytes on this "
                     f"node and {pinned} are pinned; unpin other jobs or raise cache.pin_quota"
                 )
-        fetched = await self._blocks.warm(ref)
+        fetched = await self._blocks.warm(ref) or filling
         self.progress.bytes_done += ref.length
         if fetched:
             self.progress.bytes_fetched += ref.length
