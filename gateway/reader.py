@@ -50,6 +50,15 @@ class RangeSpec:
     last: int | None = None
     suffix: int | None = None
 
+    def applies(self, size: int) -> bool:
+        """Whether a byte range can answer this; if not, the whole object is the answer.
+
+        RFC 9110 §14.1.1: on an empty representation a suffix range with a
+        non-zero length is satisfiable, yet no byte range can express it, so
+        it is answered as if no Range was sent (as S3 answers: 200, no body).
+        """
+        return not (size == 0 and self.suffix)
+
     def resolve(self, size: int) -> tuple[int, int]:
         """The inclusive (start, end) this range selects, or ``RangeNotSatisfiable``."""
         if self.suffix is not None:
@@ -190,6 +199,8 @@ class Reader:
         info = await self._metadata_for_read(mount, okey, byte_range)
         if precondition is not None:
             precondition(info)
+        if byte_range is not None and not byte_range.applies(info.size):
+            byte_range = None
         start, end = byte_range.resolve(info.size) if byte_range else (0, info.size - 1)
         client_info = info if info.key == key else dataclasses.replace(info, key=key)
         if info.size == 0:

@@ -30,10 +30,17 @@ def sign_headers(
     headers: dict[str, str] | None = None,
     access_key: str = ACCESS_KEY,
     secret_key: str = SECRET_KEY,
+    body: bytes | None = None,
 ) -> dict[str, str]:
-    """SigV4 header signing of ``target`` (path + query exactly as it will be sent)."""
-    request = AWSRequest(method=method, url=f"http://{host}{target}", headers=dict(headers or {}))
-    request.headers["x-amz-content-sha256"] = "UNSIGNED-PAYLOAD"
+    """SigV4 header signing of ``target`` (path + query exactly as it will be sent).
+
+    Without a ``body`` the payload is UNSIGNED-PAYLOAD; with one, its SHA-256 is signed.
+    """
+    request = AWSRequest(
+        method=method, url=f"http://{host}{target}", headers=dict(headers or {}), data=body
+    )
+    if body is None:
+        request.headers["x-amz-content-sha256"] = "UNSIGNED-PAYLOAD"
     S3SigV4Auth(Credentials(access_key, secret_key), "s3", "us-east-1").add_auth(request)
     return dict(request.headers.items())
 
@@ -80,9 +87,12 @@ def signed_send(
     target: str,
     host: str | None = None,
     headers: dict[str, str] | None = None,
+    body: bytes | None = None,
     **keys: str,
 ) -> RawResponse:
     host = host or f"127.0.0.1:{port}"
-    signed = sign_headers(method, host, target, headers, **keys)
+    signed = sign_headers(method, host, target, headers, body=body, **keys)
     signed["Host"] = host
-    return send(port, method, target, signed)
+    if body is not None:  # putheader leaves the length to us
+        signed["Content-Length"] = str(len(body))
+    return send(port, method, target, signed, body)

@@ -71,11 +71,19 @@ def decode_info(fields: dict[str, Any]) -> ObjectInfo:
 
 
 def decode_page(fields: dict[str, Any]) -> ListPage:
-    entries = [
-        ListEntry(**{**e, "last_modified": datetime.fromisoformat(e["last_modified"])})
-        for e in fields["entries"]
-    ]
+    entries = [_decode_entry(e) for e in fields["entries"]]
     return ListPage(**{**fields, "entries": entries})
+
+
+def _decode_entry(fields: dict[str, Any]) -> ListEntry:
+    # JSON turned the tuples into lists; the entries are compared and hashed as tuples.
+    owner = fields.get("owner")
+    return ListEntry(**{
+        **fields,
+        "last_modified": datetime.fromisoformat(fields["last_modified"]),
+        "checksum_algorithms": tuple(fields.get("checksum_algorithms", ())),
+        "owner": tuple(owner) if owner else None,
+    })  # fmt: skip
 
 
 class MetadataRouter:

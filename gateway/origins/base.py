@@ -42,13 +42,19 @@ class ObjectInfo:
 
 @dataclass(frozen=True, slots=True)
 class ListEntry:
-    """One key of a listing (the <Contents> element)."""
+    """One key of a listing (the <Contents> element).
+
+    ``checksum_algorithms`` and ``owner`` are what an S3 origin reports
+    (``ChecksumAlgorithm``, ``Owner`` as (ID, DisplayName)); a posix origin has neither.
+    """
 
     key: str
     size: int
     etag: str
     last_modified: datetime
     storage_class: str = "STANDARD"
+    checksum_algorithms: tuple[str, ...] = ()
+    owner: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,8 +31,10 @@ Not guaranteed:
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import re
+import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, contextmanager
 from typing import Any
@@ -325,6 +327,8 @@ class S3Origin:
             "Bucket": bucket,
             "Prefix": prefix,
             "MaxKeys": min(max_keys + 1, _LIST_LIMIT),
+            # ListObjects (v1) always names each key's owner, v2 on request: keep it for both.
+            "FetchOwner": True,
         }
         if delimiter:
             params["Delimiter"] = delimiter
@@ -345,13 +349,27 @@ class S3Origin:
 
 
 def _list_entry(item: dict[str, Any]) -> ListEntry:
+    owner = item.get("Owner")
     return ListEntry(
         key=item["Key"],
         size=int(item.get("Size", 0)),
         etag=item.get("ETag", ""),
         last_modified=item["LastModified"],
         storage_class=item.get("StorageClass") or "STANDARD",
+        # Interned: a bucket has few owners and algorithms, a cached listing many entries.
+        checksum_algorithms=tuple(sys.intern(a) for a in item.get("ChecksumAlgorithm", ())),
+        owner=_owner(owner) if owner else None,
     )
+
+
+@functools.lru_cache(maxsize=64)
+def _owner_pair(owner_id: str, name: str) -> tuple[str, str]:
+    return owner_id, name
+
+
+def _owner(owner: dict[str, str]) -> tuple[str, str]:
+    """One shared (ID, DisplayName) tuple per owner, however many entries name it."""
+    return _owner_pair(owner.get("ID", ""), owner.get("DisplayName", ""))
 
 
 def _page(entries: list[ListEntry], prefixes: list[str], max_keys: int, more: bool) -> ListPage:

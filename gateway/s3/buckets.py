@@ -17,7 +17,8 @@ async def list_buckets(call: Call) -> web.StreamResponse:
 
 async def head_bucket(call: Call) -> web.StreamResponse:
     region = await call.reader.bucket_region(call.bucket)
-    return web.Response(headers={"x-amz-bucket-region": region})
+    # S3 types even this empty answer as XML; clients parse nothing from it.
+    return web.Response(headers={"x-amz-bucket-region": region}, content_type=XML_TYPE)
 
 
 async def get_bucket_location(call: Call) -> web.StreamResponse:

@@ -104,8 +104,11 @@ class S3Front:
         if exc.code is Code.InvalidRange:
             fields["RangeRequested"] = request.headers.get("Range", "")
         if request.method == "HEAD":
-            # A HEAD answer has no body, so the code travels in a header only.
-            return web.Response(status=exc.status, headers=exc.headers)
+            # A HEAD answer has no body, so the code travels in its status only; the
+            # type is still the one a GET's error body would have, as S3 sends it.
+            return web.Response(
+                status=exc.status, headers=exc.headers, content_type="application/xml"
+            )
         body = xml.error(exc.code.name, exc.message, request["request_id"], fields)
         return web.Response(
             status=exc.status, body=body, headers=exc.headers, content_type="application/xml"

@@ -82,6 +82,7 @@ async def list_objects_v2(call: Call) -> web.StreamResponse:
         continuation_token=token,
         next_token=next_token,
         encode=url_encoding_requested(call.query),
+        fetch_owner=call.query.get("fetch-owner", "").lower() == "true",
     )
     return web.Response(body=body, content_type=XML_TYPE)
 

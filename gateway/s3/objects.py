@@ -74,7 +74,7 @@ async def head_object(call: Call) -> web.StreamResponse:
     headers = object_headers(info)
     status, length = 200, info.size
     spec = parse_range(call.request.headers.get("Range"))
-    if spec is not None:
+    if spec is not None and spec.applies(info.size):
         start, end = spec.resolve(info.size)
         headers.update(_range_headers(start, end, info.size))
         status, length = 206, end - start + 1

@@ -78,14 +78,23 @@ def location(region: str) -> bytes:
     return f'{DECLARATION}<LocationConstraint xmlns="{NAMESPACE}">{constraint}</LocationConstraint>'.encode()
 
 
-def _contents(page: ListPage, encode: bool) -> str:
+def _owner(owner: tuple[str, str] | None) -> str:
+    if owner is None:
+        return ""
+    return f"<Owner>{_element('ID', owner[0])}{_element('DisplayName', owner[1])}</Owner>"
+
+
+def _contents(page: ListPage, encode: bool, owner: bool) -> str:
+    """``owner``: v1 always names each key's owner, v2 only with ``fetch-owner=true``."""
     parts = []
     for entry in page.entries:
+        checksums = "".join(_element("ChecksumAlgorithm", a) for a in entry.checksum_algorithms)
         parts.append(
             f"<Contents>{_element('Key', _url(entry.key, encode))}"
             f"{_element('LastModified', iso8601(entry.last_modified))}"
-            f"{_element('ETag', entry.etag)}<Size>{entry.size}</Size>"
-            f"{_element('StorageClass', entry.storage_class)}</Contents>"
+            f"{_element('ETag', entry.etag)}{checksums}<Size>{entry.size}</Size>"
+            f"{_element('StorageClass', entry.storage_class)}"
+            f"{_owner(entry.owner) if owner else ''}</Contents>"
         )
     for prefix in page.common_prefixes:
         parts.append(f"<CommonPrefixes>{_element('Prefix', _url(prefix, encode))}</CommonPrefixes>")
@@ -93,7 +102,7 @@ def _contents(page: ListPage, encode: bool) -> str:
 
 
 def _list_bucket_result(
-    head: list[str], page: ListPage, *, max_keys: int, delimiter: str, encode: bool
+    head: list[str], page: ListPage, *, max_keys: int, delimiter: str, encode: bool, owner: bool
 ) -> bytes:
     """The part of a ListBucketResult both versions share, after their own leading elements."""
     head.append(f"<MaxKeys>{max_keys}</MaxKeys>")
@@ -104,7 +113,7 @@ def _list_bucket_result(
     head.append(f"<IsTruncated>{'true' if page.is_truncated else 'false'}</IsTruncated>")
     return (
         f'{DECLARATION}<ListBucketResult xmlns="{NAMESPACE}">{"".join(head)}'
-        f"{_contents(page, encode)}</ListBucketResult>"
+        f"{_contents(page, encode, owner)}</ListBucketResult>"
     ).encode()
 
 
@@ -119,6 +128,7 @@ def list_objects_v2(
     continuation_token: str | None,
     next_token: str | None,
     encode: bool,
+    fetch_owner: bool,
 ) -> bytes:
     head = [_element("Name", bucket), _element("Prefix", _url(prefix, encode))]
     if start_after:
@@ -128,7 +138,9 @@ def list_objects_v2(
     if next_token is not None:
         head.append(_element("NextContinuationToken", next_token))
     head.append(f"<KeyCount>{len(page.entries) + len(page.common_prefixes)}</KeyCount>")
-    return _list_bucket_result(head, page, max_keys=max_keys, delimiter=delimiter, encode=encode)
+    return _list_bucket_result(
+        head, page, max_keys=max_keys, delimiter=delimiter, encode=encode, owner=fetch_owner
+    )
 
 
 def list_objects_v1(
@@ -149,4 +161,6 @@ def list_objects_v1(
     # S3 sends NextMarker only with a delimiter; without one the last key is the marker.
     if page.is_truncated and delimiter and page.next_marker is not None:
         head.append(_element("NextMarker", _url(page.next_marker, encode)))
-    return _list_bucket_result(head, page, max_keys=max_keys, delimiter=delimiter, encode=encode)
+    return _list_bucket_result(
+        head, page, max_keys=max_keys, delimiter=delimiter, encode=encode, owner=True
+    )
