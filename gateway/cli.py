@@ -338,7 +338,7 @@ def _reload_peers(cluster: ClusterNode, reload: Callable[[], Settings]) -> None:
 
 
 def _metadata_event(metrics: Metrics, kind: str, state: str, mount: str) -> None:
-    metrics.metadata_lookups.labels(kind, state, mount).inc()
+    metrics.metadata_lookup(kind, state, mount)
     if state == "stale_error":
         log.warning("origin failing: serving stale %s metadata (stale-if-error)", kind)
 

@@ -115,6 +115,7 @@ class Metrics:
         # Labelled children of the per-request series, by label values (bounded sets).
         self._answer_children: dict[tuple[str, int, str], tuple[Any, Any, Any]] = {}
         self._served_children: dict[tuple[str, str], Any] = {}
+        self._lookup_children: dict[tuple[str, str, str], Any] = {}
         self.requests = Counter(
             "hoard_requests_total",
             "S3 requests answered, by operation, HTTP status and mount.",
@@ -420,6 +421,14 @@ class Metrics:
         duration.observe(seconds)
         if body_bytes:
             sent.inc(body_bytes)
+
+    def metadata_lookup(self, kind: str, state: str, mount: str) -> None:
+        """Count one metadata lookup by outcome (``METADATA_STATES``)."""
+        child = self._lookup_children.get((kind, state, mount))
+        if child is None:
+            child = self.metadata_lookups.labels(kind, state, mount)
+            self._lookup_children[kind, state, mount] = child
+        child.inc()
 
     def served(self, mount: str, tally: Mapping[str, int]) -> None:
         """Count object bytes handed to a client, by the tier that supplied them (``SOURCES``)."""

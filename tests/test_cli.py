@@ -156,6 +156,7 @@ def _peak_rss_mib(pid: int) -> float:
 
 def test_streaming_2gib_keeps_memory_flat(big_file_hoard):
     node = big_file_hoard
+    settled = _peak_rss_mib(node.proc.pid)
     received = 0
     with requests.get(f"{node.endpoint}/big/2g.bin", stream=True, timeout=120) as answer:
         assert answer.status_code == 200
@@ -164,8 +165,10 @@ def test_streaming_2gib_keeps_memory_flat(big_file_hoard):
             received += len(chunk)
     assert received == 2 * GiB
     peak = _peak_rss_mib(node.proc.pid)
-    print(f"peak RSS streaming 2 GiB: {peak:.0f} MiB")
-    assert peak < 200
+    print(f"peak RSS streaming 2 GiB: {peak:.0f} MiB, {settled:.0f} MiB before")
+    # What a stream may hold: the blocks of its widest read-ahead window plus the one it
+    # reads (8 MiB each, cache.read_ahead_max 16), and allocator slack — not the object.
+    assert peak - settled < (16 + 1) * 8 + 48
 
 
 def _open_fds(pid: int) -> int:

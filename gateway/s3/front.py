@@ -8,6 +8,7 @@ server's prepare hook from ``request["request_id"]``).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from urllib.parse import parse_qsl
@@ -39,6 +40,11 @@ HANDLERS: dict[str, Handler] = {
     "HeadObject": objects.head_object,
     "GetObject": objects.get_object,
 }
+
+
+@functools.lru_cache(maxsize=4096)  # a pure memo: presigned URLs come back every epoch
+def _query_pairs(raw_query: str) -> tuple[tuple[str, str], ...]:
+    return tuple(parse_qsl(raw_query, keep_blank_values=True))
 
 
 def request_view(request: web.Request) -> RequestView:
@@ -76,7 +82,7 @@ class S3Front:
 
     async def _dispatch(self, request: web.Request, request_id: str) -> web.StreamResponse:
         view = request_view(request)
-        query = dict(parse_qsl(view.raw_query, keep_blank_values=True))
+        query = dict(_query_pairs(view.raw_query)) if view.raw_query else {}
         found: Route = route(request.method, request.host, view.raw_path, query, self._domains)
         request["operation"] = found.operation.split(":")[0]
         request["bucket"] = found.bucket
