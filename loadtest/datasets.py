@@ -4,7 +4,7 @@
 dataset of one file per sample. ``shards``: a few large objects (64-256 MiB),
 as tar/webdataset or parquet shards. ``rss``: one very large object per client
 of the ``rss`` workload (1 GiB at full scale), made only when that workload
-runs. Contents and sizes derive from one seed, so two runs read the same bytes.
+runs; that workload also uploads into a bucket of its own (``UPLOADS``). Contents and sizes derive from one seed, so two runs read the same bytes.
 ``Scale`` holds every size knob of a run.
 """
 
@@ -27,6 +27,7 @@ BUCKET = "hoard-loadtest"
 IMAGES = "images/"
 SHARDS = "shards/"
 RSS = "rss/"
+UPLOADS = "hoard-loadtest-uploads"  # the rss workload's upload phase writes here (a writable mount)
 ORIGIN_KEY, ORIGIN_SECRET = "origin-access", "origin-secret"
 
 
@@ -51,6 +52,9 @@ class Scale:
     phase_timeout: float  # seconds any one (target, workload) may take
     rss_clients: int  # clients of the rss workload, each streaming its own object
     rss_size: int  # size of each of those objects
+    upload_multipart: int  # rss upload phase: the multipart upload's size
+    upload_part: int  # its part size
+    upload_put: int  # the PutObject sent at the same time
 
     def describe(self) -> dict[str, object]:
         return asdict(self)
@@ -62,13 +66,15 @@ SCALES = {
         shard_sizes=(4 * MiB, 2 * MiB, 2 * MiB), range_size=1 * MiB, readers=2, threads=4,
         epochs=3, herd_clients=64, herd_processes=2, wrk_seconds=1.0, train_batch=4, train_compute=0.005,
         train_images=12, phase_timeout=60, rss_clients=8, rss_size=32 * MiB,
+        upload_multipart=64 * MiB, upload_part=16 * MiB, upload_put=32 * MiB,
     ),
     "full": Scale(
         name="full", prefixes=100, per_prefix=30, image_min=64 * KiB, image_max=256 * KiB,
         shard_sizes=(256 * MiB, 128 * MiB, 64 * MiB, 64 * MiB), range_size=8 * MiB, readers=2,
         threads=8, epochs=3, herd_clients=64, herd_processes=4, wrk_seconds=10.0, train_batch=32,
         train_compute=0.1, train_images=640, phase_timeout=600, rss_clients=8,
-        rss_size=1024 * MiB,
+        rss_size=1024 * MiB, upload_multipart=5 * 1024 * MiB, upload_part=64 * MiB,
+        upload_put=2 * 1024 * MiB,
     ),
 }  # fmt: skip
 
@@ -204,6 +210,7 @@ def seed_origin(dataset: Dataset, moto_url: str, seed: int) -> None:
     """
     client = origin_client(moto_url)
     client.create_bucket(Bucket=dataset.bucket)
+    client.create_bucket(Bucket=UPLOADS)  # Hoard mounts it; the rss workload uploads into it
 
     def put(obj: Obj) -> None:
         client.upload_file(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -171,7 +172,7 @@ def goals(rows: list[Row], meta: dict[str, Any]) -> list[tuple[str, str, str]]:
         check("stream cold: hoard ≥ 2x direct", ratio, ratio >= 2, f"{ratio:.2f}x")
     for target in ("hoard", "hoard-cluster", "nginx", "nginx-3", "static"):
         streamed = [r for r in rows if r.target == target and r.workload == "rss" and r.measured
-                    and r.extra.get("rss_worker_mib") is not None]  # fmt: skip
+                    and r.phase != "upload" and r.extra.get("rss_worker_mib") is not None]  # fmt: skip
         if not streamed:
             continue
         worst = max(streamed, key=lambda r: r.extra["rss_worker_mib"])
@@ -191,6 +192,8 @@ def goals(rows: list[Row], meta: dict[str, Any]) -> list[tuple[str, str, str]]:
               f"{shown}: {worker / allowance:.2f}x of {allowance:,.0f} MiB; per worker - tier = "
               f"{over:,.0f} MiB (≤ {RSS_TARGET_MIB})"
               + (f"; tier in use {used:,.0f} MiB" if used is not None else ""))  # fmt: skip
+    for row in (r for r in rows if r.workload == "rss" and r.phase == "upload"):
+        _upload_goal(row, check)
     cold, ahead = (
         _find(rows, "hoard", "train", "epoch 1"),
         _find(rows, "hoard", "train-prefetch", "epoch 1"),
@@ -207,6 +210,36 @@ def goals(rows: list[Row], meta: dict[str, Any]) -> list[tuple[str, str, str]]:
         check("train epoch 2: hoard data-wait share ≤ 5%", share,
               share is not None and share <= 0.05, f"{(share or 0) * 100:.1f}%")  # fmt: skip
     return out
+
+
+def _upload_goal(row: Row, check: Callable[[str, float | None, bool | None, str], None]) -> None:
+    """The write path's targets while a huge multipart upload and PutObject pass at once.
+
+    The issue's allowance, as for reads: 150 MiB per worker over the memory
+    tier. The phase runs after the reads, whose buffers may still be resident,
+    so its growth (peak over the largest process at the phase's start) is
+    checked too: flat memory means the uploads' bytes are not held.
+    """
+    e = row.extra
+    worker, tier = e.get("rss_worker_mib"), e.get("memory_tier_mib")
+    shape = f"rss upload ({e.get('shape')}, at once)"
+    if worker is None or tier is None:
+        check(f"{shape}: {row.target} peak RSS per worker", None, None, "")
+        return
+    over, growth = worker - tier, e.get("rss_growth_mib")
+    used = e.get("tier_used_mib")
+    ok = row.errors == 0 and row.objects == e.get("clients")
+    check(f"{shape}: {row.target} peak RSS per worker ≤ {RSS_TARGET_MIB} MiB + memory tier "
+          f"({tier:,.0f} MiB)", over, ok and over <= RSS_TARGET_MIB,
+          f"{worker:,.0f} MiB per worker (sum {e.get('rss_sum_mib', 0):,.0f} MiB); per worker - "
+          f"tier = {over:,.0f} MiB (≤ {RSS_TARGET_MIB})"
+          + (f"; tier in use {used:,.0f} MiB" if used is not None else "")
+          + f"; {row.bytes / MiB:,.0f} MiB in {row.wall_s:,.0f} s; objects verified at the "
+          f"origin {row.objects}/{e.get('clients')}")  # fmt: skip
+    check(f"{shape}: {row.target} RSS growth per worker during the uploads ≤ {RSS_TARGET_MIB} "
+          "MiB", growth, ok and growth is not None and growth <= RSS_TARGET_MIB,
+          f"{_fmt(growth, 0)} MiB (from {_fmt(e.get('rss_start_mib'), 0)} to "
+          f"{worker:,.0f} MiB)")  # fmt: skip
 
 
 def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
@@ -241,7 +274,7 @@ def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
         for e in table:
             cells = " | ".join(_fmt(e[f"{subject}/{p}"]) for p in peers)
             lines.append(f"| {e['workload']} | {e['phase']} | {e['unit']} | {cells} |")
-    streamed = [r for r in rows if r.workload == "rss" and r.measured]
+    streamed = [r for r in rows if r.workload == "rss" and r.measured and r.phase != "upload"]
     if streamed:
         lines += ["", "## Peak RSS while clients stream large objects (rss)", "",
                   "Peak per process since the phase began; per worker = the largest process, "
@@ -263,6 +296,7 @@ def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
                 f"| {e.get('processes', '—')} | {_fmt(tier, 0)}{used} | {_fmt(over, 0)} "
                 f"| {_fmt(share)} | {r.errors} |"
             )
+    lines += _upload_table([r for r in rows if r.workload == "rss" and r.phase == "upload"])
     checks = goals(rows, meta)
     if checks:
         lines += ["", "## Targets of the load-test issue", "", "| goal | measured | verdict |",
@@ -270,6 +304,29 @@ def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
         lines += [f"| {goal} | {shown} | {verdict} |" for goal, shown, verdict in checks]
     lines.append("")
     return "\n".join(lines)
+
+
+def _upload_table(uploaded: list[Row]) -> list[str]:
+    if not uploaded:
+        return []
+    lines = ["", "## Peak RSS while large uploads pass through (rss, upload)", "",
+             "A multipart upload and a PutObject at once, from lean clients; peak per process "
+             "since the phase began, growth over the largest process at its start. Each object "
+             "is checked at the origin (size, ETag from the MD5s sent, one range).", "",
+             "| target | uploads | wall s | MB/s | RSS per worker at start MiB | peak RSS per worker "
+             "MiB | growth MiB | sum MiB | memory tier MiB (in use) | verified | errors |",
+             "|" + "---|" * 11]  # fmt: skip
+    for r in uploaded:
+        e = r.extra
+        used = f" ({_fmt(e['tier_used_mib'], 0)})" if "tier_used_mib" in e else ""
+        lines.append(
+            f"| {r.target} | {e.get('shape', '—')} | {r.wall_s:.1f} | {r.mb_per_s:,.1f} "
+            f"| {_fmt(e.get('rss_start_mib'), 0)} | {_fmt(e.get('rss_worker_mib'), 0)} "
+            f"| {_fmt(e.get('rss_growth_mib'), 0)} | {_fmt(e.get('rss_sum_mib'), 0)} "
+            f"| {_fmt(e.get('memory_tier_mib'), 0)}{used} | {r.objects}/{e.get('clients', '—')} "
+            f"| {r.errors}{'; ' + e['first_error'] if 'first_error' in e else ''} |"
+        )
+    return lines
 
 
 def _inline(value: Any) -> str:

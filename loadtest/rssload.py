@@ -1,4 +1,5 @@
-"""``rss``: the server's memory while 8 clients each stream a very large object whole.
+"""``rss``: the server's memory while 8 clients each stream a very large object whole,
+and while a very large multipart upload and a very large PutObject pass through it.
 
 The load-test issue's target: peak RSS per worker process while 8 clients
 stream 2 GiB objects, at most 150 MiB plus the memory tier (Hoard's
@@ -17,6 +18,18 @@ its workers, nginx's master and workers): VmHWM, reset before each phase
 0.2 s, which is all there is if the reset is refused. "Per worker" is the
 largest process; "sum" adds every process's peak.
 
+Upload phase (``upload``, targets that take uploads: Hoard): two lean clients
+at once (``uploads.py``: signed SigV4 requests, bodies made as they are sent),
+a 5 GiB multipart upload (64 MiB parts, 3 in flight) and a 2 GiB PutObject,
+into a writable mount (``datasets.UPLOADS``) with Hoard's default
+write-through, which keeps PutObjects up to 64 MiB: a 2 GiB one is not teed,
+and multipart uploads never are. Afterwards each object is checked at the
+origin (moto directly): its size, its ETag against the MD5s the client
+computed as it sent the bytes, and one 1 MiB range against the generator. The
+phase's figure is the peak per process since the phase began (it starts after
+``warm``, so it also shows what the reads left resident) and its growth over
+the phase's start.
+
 Object size: 1 GiB at full scale, not the issue's 2 GiB. moto keeps object
 bodies in temporary files (not memory), so 8 x 2 GiB would fit, but moto
 ingests about 100 MB/s on this machine and the origin link is 1 Gbit/s:
@@ -28,12 +41,14 @@ any steady state (125 blocks of 8 MiB each).
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 import urllib.request
 from typing import Any
 
-from loadtest import clients
+from loadtest import clients, uploads
+from loadtest.datasets import UPLOADS, origin_client
 from loadtest.procs import memory, reset_peak, tree
 from loadtest.report import MiB, Row
 from loadtest.workloads import Session
@@ -41,6 +56,8 @@ from loadtest.wrkload import presigned_paths
 
 SAMPLE_S = 0.2
 TARGET_MIB = 150  # the issue's allowance over the memory tier, per worker
+IN_FLIGHT = 3  # parts of the multipart upload sent at once
+SPOT = 1024 * 1024  # bytes of each uploaded object read back and compared with the generator
 
 
 class Watch:
@@ -163,4 +180,55 @@ def rss(s: Session) -> list[Row]:
                 }  # fmt: skip
 
             rows.append(s.measure(phase, run, generator="http"))
+        if s.target.takes_uploads:
+            rows.append(s.measure("upload", lambda: _uploads(s, pool, tier), generator="http"))
     return rows
+
+
+def _uploads(s: Session, pool: Any, tier: int | None) -> dict[str, Any]:
+    """The multipart upload and the PutObject at once through the first node; checked after."""
+    scale = s.bench.scale
+    multi = {"key": "multipart.bin", "size": scale.upload_multipart,
+             "part_size": scale.upload_part, "in_flight": IN_FLIGHT}  # fmt: skip
+    put = {"key": "put.bin", "size": scale.upload_put}
+    task = {"endpoint": s.target.endpoints[0], "access_key": s.target.access_key,
+            "secret_key": s.target.secret_key, "bucket": UPLOADS, "seed": s.bench.seed,
+            "timeout": 300.0, "start_at": time.time() + 0.5, "multipart": multi, "put": put}  # fmt: skip
+    watch = Watch(s.target.pids())
+    try:
+        done = s.map(pool, uploads.upload_both, [task])[0]
+    finally:
+        peaks = watch.stop()
+    sent = [(done["multipart"], multi), (done["put"], put)]
+    failures = [r["error"] or check for r, o in sent
+                if (check := _stored(s, r, o["key"], o["size"])) or r["error"]]  # fmt: skip
+    extra = _memory_extras(s, watch, peaks, tier)
+    if peaks:
+        extra["rss_growth_mib"] = (max(peaks.values()) - watch.start) / MiB
+    return {
+        "wall": max(r["end"] for r, _ in sent) - min(r["begin"] for r, _ in sent),
+        "objects": len(sent) - len(failures), "errors": len(failures),
+        "bytes": sum(r["size"] for r, _ in sent),
+        "latencies": [r["end"] - r["begin"] for r, _ in sent], "clients": len(sent),
+        "shape": f"multipart {multi['size'] // MiB:,} MiB ({multi['part_size'] // MiB} MiB parts, "
+                 f"{IN_FLIGHT} in flight) + PutObject {put['size'] // MiB:,} MiB",
+        "multipart_s": done["multipart"]["end"] - done["multipart"]["begin"],
+        "put_s": done["put"]["end"] - done["put"]["begin"],
+        **({"first_error": failures[0][:160]} if failures else {}), **extra,
+    }  # fmt: skip
+
+
+def _stored(s: Session, sent: dict[str, Any], key: str, size: int) -> str:
+    """Why the object at the origin is not what was sent ("" if it is): size, ETag, one range."""
+    if sent["error"]:
+        return ""
+    client = origin_client(s.bench.origin.moto_url)
+    head = client.head_object(Bucket=UPLOADS, Key=key)
+    etag = head["ETag"].strip('"')
+    if head["ContentLength"] != size or etag != sent["expected_etag"]:
+        return f"{key}: {head['ContentLength']} bytes, ETag {etag}; sent {size}, {sent['expected_etag']}"
+    start = random.Random(f"{s.bench.seed}:{key}").randrange(max(1, size - SPOT))
+    wanted = uploads.generated(key, size, s.bench.seed, start, min(SPOT, size - start))
+    got = client.get_object(Bucket=UPLOADS, Key=key,
+                            Range=f"bytes={start}-{start + len(wanted) - 1}")["Body"].read()  # fmt: skip
+    return "" if got == wanted else f"{key}: bytes {start}+{len(wanted)} differ from the generator"

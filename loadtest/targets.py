@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from loadtest.datasets import BUCKET, ORIGIN_KEY, ORIGIN_SECRET, Dataset
+from loadtest.datasets import BUCKET, ORIGIN_KEY, ORIGIN_SECRET, UPLOADS, Dataset
 from loadtest.procs import Pinning, children, free_port, stop_process, wait_http
 
 HERE = Path(__file__).resolve().parent
@@ -52,6 +52,7 @@ class Target:
     access_key: str = ORIGIN_KEY
     secret_key: str = ORIGIN_SECRET
     can_list: bool = True  # static files have no ListObjects
+    takes_uploads: bool = False  # the rss workload's upload phase runs only on Hoard
     notes: list[str] = field(default_factory=list)
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
@@ -155,7 +156,8 @@ class Hoard(Target):
     """``nodes`` Hoard processes (``python -m gateway serve``); a cluster when nodes > 1."""
 
     def __init__(self, name: str, ctx: Context, nodes: int = 1):
-        super().__init__(name, ctx, access_key=HOARD_KEY, secret_key=HOARD_SECRET)
+        super().__init__(name, ctx, access_key=HOARD_KEY, secret_key=HOARD_SECRET,
+                         takes_uploads=True)  # fmt: skip
         self.nodes = nodes
         self.config_paths: list[Path] = []
 
@@ -188,7 +190,9 @@ class Hoard(Target):
             },
             "default_origin": "origin",
             "mounts": [{"bucket": BUCKET, "origin": "origin", "metadata_ttl": "forever",
-                        "readonly": True}],
+                        "readonly": True},
+                       # Writable, with the default write-through (PutObjects up to 64 MiB).
+                       {"bucket": UPLOADS, "origin": "origin"}],
         }  # fmt: skip
         if self.nodes > 1:
             config["cluster"] = {

@@ -210,3 +210,24 @@ def _send_small(
 def _failed(begin: float, error: str) -> dict[str, Any]:
     return {"begin": begin, "end": time.time(), "size": 0, "etag": "", "expected_etag": "",
             "error": error}  # fmt: skip
+
+
+def upload_both(task: dict[str, Any]) -> dict[str, Any]:
+    """A pool task: the multipart upload and the PutObject, started together at ``start_at``.
+
+    ``task``: endpoint, access_key, secret_key, bucket, seed, timeout, start_at, and
+    ``multipart`` (key, size, part_size, in_flight) and ``put`` (key, size).
+    """
+    peer = Peer(task["endpoint"], task["access_key"], task["secret_key"])
+    multi, put = task["multipart"], task["put"]
+
+    def at_start(fn: Any, *args: Any) -> dict[str, Any]:
+        time.sleep(min(10.0, max(0.0, task["start_at"] - time.time())))  # a barrier, bounded
+        return fn(peer, task["bucket"], *args)
+
+    with ThreadPoolExecutor(2) as pool:
+        big = pool.submit(at_start, multipart_upload, multi["key"], multi["size"], task["seed"],
+                          multi["part_size"], multi["in_flight"], task["timeout"])  # fmt: skip
+        single = pool.submit(at_start, put_object, put["key"], put["size"], task["seed"],
+                             task["timeout"])  # fmt: skip
+        return {"multipart": big.result(), "put": single.result()}
