@@ -107,10 +107,18 @@ def _send(
         connection.putheader(name, value)
     connection.endheaders()
     digest = hashlib.md5(usedforsecurity=False)
-    if body is not None:
-        for piece in _pieces(*body):
+    try:
+        for piece in _pieces(*body) if body is not None else ():
             digest.update(piece)
             connection.send(piece)
+    except OSError as exc:
+        # A server that refuses a body answers before closing: its answer says why.
+        try:
+            refused = connection.getresponse()
+        except (OSError, http.client.HTTPException):
+            raise exc from None
+        reason = refused.read(4096).decode(errors="replace")
+        raise OSError(f"{exc} after HTTP {refused.status}: {reason}") from exc
     response = connection.getresponse()
     answer = response.read(1024 * 1024)  # an S3 answer to a write is a small XML document
     response.read()  # anything past that is drained, never kept

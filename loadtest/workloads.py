@@ -16,7 +16,7 @@ deadline is cut off (the pool is terminated) and reported as an error.
 | ``train-prefetch`` | ``train`` on a cold Hoard, each reader registering its epoch order first |
 | ``train-warm`` | ``train`` on a Hoard warmed (``POST /_hoard/warm``) as training starts |
 | ``capacity`` | wrk over presigned URLs (``wrkload.py``) |
-| ``rss`` | 8 lean clients each stream a 1 GiB object whole, cold and warm; server memory per process (``rssload.py``) |
+| ``rss`` | 8 lean clients each stream a 1 GiB object whole, cold and warm; then (Hoard) a 5 GiB multipart upload and a 2 GiB PutObject at once; server memory per process (``rssload.py``) |
 """
 
 from __future__ import annotations
