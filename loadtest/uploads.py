@@ -191,6 +191,10 @@ def multipart_upload(
             for n, p in enumerate(parts, 1)
         )
         body = f"<CompleteMultipartUpload>{document}</CompleteMultipartUpload>".encode()
+        # A fresh connection: the first sat idle while the parts went, past a server's
+        # keep-alive timeout (aiohttp's is 75 s) for a large upload.
+        connection.close()
+        connection = _connect(peer, timeout)
         done = _send_small(connection, peer, "POST", f"{path}?uploadId={upload}", body)
     except (OSError, http.client.HTTPException) as exc:
         return _failed(begin, f"{type(exc).__name__}: {exc}")
