@@ -37,6 +37,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--origin", choices=("auto", "netns", "loopback"), default="auto",
                    help="where moto runs: a network namespace (auto falls back to loopback)")  # fmt: skip
     r.add_argument("--rtt-ms", type=float, default=20.0, help="origin round trip (10 ms each way)")
+    r.add_argument("--train-compute-ms", type=float, default=None,
+                   help="emulated accelerator time per train batch (default: the scale's)")  # fmt: skip
     r.add_argument("--rate-mbit", type=float, default=1000.0, help="origin bandwidth cap")
     r.add_argument("--stream-mbit", type=float, default=400.0,
                    help="bandwidth cap of one origin response (0: none)")  # fmt: skip
@@ -58,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     options = Options(
         scale=args.scale, targets=args.targets, workloads=args.workloads, origin=args.origin,
-        rtt_ms=args.rtt_ms, rate_mbit=args.rate_mbit,
+        rtt_ms=args.rtt_ms, train_compute_ms=args.train_compute_ms, rate_mbit=args.rate_mbit,
         stream_mbit=args.stream_mbit, pin=not args.no_pin, seed=args.seed,
         out=args.out, keep=args.keep,
     )  # fmt: skip

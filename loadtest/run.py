@@ -15,7 +15,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ class Options:
     workloads: tuple[str, ...] = tuple(WORKLOADS)
     origin: str = "auto"  # auto | netns | loopback
     rtt_ms: float = 20.0
+    train_compute_ms: float | None = None  # overrides the scale's accelerator time per batch
     rate_mbit: float = 1000.0
     stream_mbit: float = 400.0
     pin: bool = True
@@ -104,6 +105,8 @@ def describe(row: Row) -> str:
 
 def run(options: Options) -> dict[str, Path]:
     scale = SCALES[options.scale]
+    if options.train_compute_ms is not None:
+        scale = replace(scale, train_compute=options.train_compute_ms / 1000)
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{scale.name}"
     workdir = Path(tempfile.mkdtemp(prefix="hoard-lt-"))
     pinning = Pinning.detect(options.pin)
