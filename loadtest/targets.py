@@ -53,6 +53,7 @@ class Target:
     secret_key: str = ORIGIN_SECRET
     can_list: bool = True  # static files have no ListObjects
     takes_uploads: bool = False  # the rss workload's upload phase runs only on Hoard
+    hoard_api: bool = False  # answers /_hoard/ endpoints (warm jobs, epoch-order prefetch)
     notes: list[str] = field(default_factory=list)
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
@@ -157,7 +158,7 @@ class Hoard(Target):
 
     def __init__(self, name: str, ctx: Context, nodes: int = 1):
         super().__init__(name, ctx, access_key=HOARD_KEY, secret_key=HOARD_SECRET,
-                         takes_uploads=True)  # fmt: skip
+                         takes_uploads=True, hoard_api=True)  # fmt: skip
         self.nodes = nodes
         self.config_paths: list[Path] = []
 

@@ -249,7 +249,13 @@ def train(s: Session) -> list[Row]:
 
 def train_prefetch(s: Session) -> list[Row]:
     """Cold Hoard; each reader registers its epoch order first (``gateway.client.prefetch``)."""
+    if not s.target.hoard_api:
+        return [_skipped(s, "skipped: epoch-order prefetch is a Hoard endpoint")]
     return _train(s, register=True)
+
+
+def _skipped(s: Session, note: str) -> Row:
+    return Row(s.target.name, s.workload, "—", note=note)
 
 
 def train_warm(s: Session) -> list[Row]:
@@ -259,14 +265,15 @@ def train_warm(s: Session) -> list[Row]:
     """
     from gateway.client.admin import AdminClient, AdminError  # the repository's own client
 
+    if not s.target.hoard_api:
+        return [_skipped(s, "skipped: warm jobs are a Hoard endpoint")]
     client = AdminClient(s.target.endpoints[0], s.target.access_key, s.target.secret_key)
     try:
         job = client.call("POST", "/_hoard/warm", body={"bucket": s.bench.dataset.bucket,
                                                         "prefix": IMAGES})  # fmt: skip
     except AdminError as exc:
         if exc.status == 404:
-            note = "skipped: POST /_hoard/warm answered 404 (warm jobs are not in this gateway)"
-            return [Row(s.target.name, s.workload, "—", note=note)]
+            return [_skipped(s, "skipped: POST /_hoard/warm answered 404 (no warm jobs here)")]
         raise
     rows = _train(s)
     for row in rows:
