@@ -11,7 +11,8 @@ decides how a block becomes a file and how it is read back, ``disk_index.py``
 owns the table, its transactions and eviction, and this module decides what
 runs when, in which thread, in which order. A hit never touches SQLite: it
 opens the file by name, checks header and checksum, and hands back an open
-descriptor. The index answers what the file system answers badly: bytes used
+descriptor — or, for a hot small block, lends the descriptor kept from an
+earlier hit after one ``fstat`` (``disk_open.py``). The index answers what the file system answers badly: bytes used
 across processes, least recently used, the blocks of an object or a prefix.
 
 Several processes (the gateway workers of one node) share one directory.
