@@ -16,7 +16,9 @@ mixing versions. Blocks are named by ETag, so new metadata means new blocks.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import os
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -208,6 +210,19 @@ class Reader:
         sources: Counter[str] = Counter()
         pieces = self._pieces(mount, okey, info, start, end, sources)
         return ObjectRead(client_info, start, end, byte_range is not None, pieces, sources)
+
+    async def read_whole(self, bucket: str, key: str, limit: int) -> bytes:
+        """A whole (small) object through the cache, as bytes — a manifest of keys.
+
+        :raises ValueError: the object is larger than ``limit`` bytes.
+        """
+        read = await self.open_object(bucket, key)
+        try:
+            if read.length > limit:
+                raise ValueError(f"{key} is {read.length} bytes, more than {limit}")
+            return b"".join([await _as_bytes(piece) async for piece in read.chunks()])
+        finally:
+            await read.aclose()
 
     async def list_objects(
         self,
@@ -571,6 +586,16 @@ class Reader:
         info = await self._metadata_for_read(mount, okey, None, admit)
         count = (info.size + self.block_size - 1) // self.block_size
         return [self._ref(mount, okey, info, index) for index in range(count)]
+
+
+async def _as_bytes(piece: Piece) -> bytes:
+    """A piece's bytes; a file segment is read in a thread (and released)."""
+    if not isinstance(piece, FileSegment):
+        return bytes(piece)
+    try:
+        return await asyncio.to_thread(os.pread, piece.fd, piece.count, piece.offset)
+    finally:
+        piece.release()
 
 
 def _scope(mount: Mount) -> tuple[str, str]:

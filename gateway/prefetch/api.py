@@ -12,17 +12,14 @@ the stream waits, inactive, for its first GET (see the package docstring).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from gateway import errors
-from gateway.blocks import FileSegment
 from gateway.config import PrefetchConfig
 from gateway.prefetch.order import Order, OrderError, manifest_keys, parse_request
 from gateway.prefetch.prefetcher import Prefetcher
@@ -94,19 +91,14 @@ class PrefetchApi:
 
     async def _manifest(self, bucket: str, key: str) -> str:
         try:
-            read = await self._reader.open_object(bucket, key)
+            data = await self._reader.read_whole(bucket, key, MAX_ORDER_BYTES)
         except errors.NotFound as exc:
             raise OrderError("NoSuchManifest", f"manifest {bucket}/{key}: {exc}") from None
-        if read.length > MAX_ORDER_BYTES:
-            await read.aclose()
-            raise OrderError("ManifestTooLarge", f"a manifest may hold {MAX_ORDER_BYTES} bytes")
-        parts: list[bytes] = []
-        try:
-            async for piece in read.chunks():
-                parts.append(await _piece_bytes(piece))
-        finally:
-            await read.aclose()
-        return b"".join(parts).decode("utf-8", "replace")
+        except ValueError:
+            raise OrderError(
+                "ManifestTooLarge", f"a manifest may hold {MAX_ORDER_BYTES} bytes"
+            ) from None
+        return data.decode("utf-8", "replace")
 
     async def on_peer(self, name: str, body: bytes) -> None:
         """A registration or drop another node accepted (a signed peer message)."""
@@ -129,15 +121,6 @@ async def _read_bounded(request: web.Request) -> bytes:
                              "or register the epoch in parts")  # fmt: skip
         parts.append(chunk)
     return b"".join(parts)
-
-
-async def _piece_bytes(piece: bytes | memoryview | FileSegment) -> bytes:
-    if not isinstance(piece, FileSegment):
-        return bytes(piece)
-    try:
-        return await asyncio.to_thread(os.pread, piece.fd, piece.count, piece.offset)
-    finally:
-        piece.release()
 
 
 def _no_stream(stream_id: str) -> web.Response:

@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Awaitable
 from typing import Any
 
 from gateway import errors
-from gateway.blocks import BlockRef, BlockSource, FileSegment
+from gateway.blocks import BlockRef, BlockSource
 from gateway.metrics import Metrics
 from gateway.reader import Reader
 from gateway.warm.spec import Progress, WarmSpec
@@ -134,7 +133,7 @@ class ShareRun:
 
     async def _manifest(self) -> list[str]:
         assert self.spec.manifest is not None
-        data = await read_object(self._reader, self.spec.bucket, self.spec.manifest, MAX_MANIFEST)
+        data = await self._reader.read_whole(self.spec.bucket, self.spec.manifest, MAX_MANIFEST)
         lines = (line.strip() for line in data.decode("utf-8").splitlines())
         return [line for line in lines if line and not line.startswith("#")]
 
@@ -232,30 +231,6 @@ async def list_prefix(reader: Reader, bucket: str, prefix: str) -> list[tuple[st
         if not page.is_truncated or not page.next_marker:
             return items
         after = page.next_marker
-
-
-async def read_object(reader: Reader, bucket: str, key: str, limit: int) -> bytes:
-    """A whole (small) object through the cache, as bytes; ``ValueError`` past ``limit``."""
-    read = await reader.open_object(bucket, key)
-    if read.length > limit:
-        await read.aclose()
-        raise ValueError(f"{key} is {read.length} bytes, more than {limit}")
-    parts: list[bytes] = []
-    try:
-        async for piece in read.chunks():
-            parts.append(await _bytes(piece))
-    finally:
-        await read.aclose()
-    return b"".join(parts)
-
-
-async def _bytes(piece: bytes | memoryview | FileSegment) -> bytes:
-    if not isinstance(piece, FileSegment):
-        return bytes(piece)
-    try:
-        return await asyncio.to_thread(os.pread, piece.fd, piece.count, piece.offset)
-    finally:
-        piece.release()
 
 
 def _first(group: BaseExceptionGroup) -> BaseException:
