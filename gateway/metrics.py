@@ -113,9 +113,7 @@ class Metrics:
         # Called before each scrape, to set gauges that are cheaper to read than to track.
         self.before_render: list[Callable[[], None]] = []
         # Labelled children of the per-request series, by label values (bounded sets).
-        self._answer_children: dict[tuple[str, int, str], tuple[Any, Any, Any]] = {}
-        self._served_children: dict[tuple[str, str], Any] = {}
-        self._lookup_children: dict[tuple[str, str, str], Any] = {}
+        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
         self.requests = Counter(
             "hoard_requests_total",
             "S3 requests answered, by operation, HTTP status and mount.",
@@ -401,45 +399,32 @@ class Metrics:
     def answered(
         self, operation: str, status: int, mount: str, seconds: float, body_bytes: int
     ) -> None:
-        """Count one S3 response: its operation, status, latency and body bytes.
-
-        ``labels()`` hashes and locks on every call, which is a noticeable share
-        of a cached small-object GET; the children of each bounded label set are
-        looked up once and kept.
-        """
-        key = (operation, status, mount)
-        children = self._answer_children.get(key)
-        if children is None:
-            children = (
-                self.requests.labels(operation, str(status), mount),
-                self.request_duration.labels(operation, mount),
-                self.response_bytes.labels(operation, mount),
-            )
-            self._answer_children[key] = children
-        answered, duration, sent = children
-        answered.inc()
-        duration.observe(seconds)
-        if body_bytes:
-            sent.inc(body_bytes)
+        """Count one S3 response: its operation, status, latency and body bytes."""
+        self._child(self.requests, operation, str(status), mount).inc()
+        self._child(self.request_duration, operation, mount).observe(seconds)
+        self._child(self.response_bytes, operation, mount).inc(body_bytes)
 
     def metadata_lookup(self, kind: str, state: str, mount: str) -> None:
         """Count one metadata lookup by outcome (``METADATA_STATES``)."""
-        child = self._lookup_children.get((kind, state, mount))
-        if child is None:
-            child = self.metadata_lookups.labels(kind, state, mount)
-            self._lookup_children[kind, state, mount] = child
-        child.inc()
+        self._child(self.metadata_lookups, kind, state, mount).inc()
 
     def served(self, mount: str, tally: Mapping[str, int]) -> None:
         """Count object bytes handed to a client, by the tier that supplied them (``SOURCES``)."""
         for source, count in tally.items():
             if count:
-                child = self._served_children.get((source, mount))
-                if child is None:
-                    child = self._served_children[source, mount] = self.bytes_served.labels(
-                        source, mount
-                    )
-                child.inc(count)
+                self._child(self.bytes_served, source, mount).inc(count)
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, looked up once per label set and kept.
+
+        ``labels()`` hashes and locks on every call, a noticeable share of a
+        cached small-object GET; the per-request series have bounded label sets.
+        """
+        key = (metric, labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     def render(self) -> bytes:
         for refresh in self.before_render:
