@@ -36,13 +36,14 @@ from gateway.blocks import BlockRef, BlockSource, Piece
 from gateway.cache.admission import Doorkeeper
 from gateway.cache.disk import DiskTier
 from gateway.cache.disk_open import raise_fd_limit
+from gateway.cache.journal import Journal
 from gateway.cache.memory import MemoryTier
 from gateway.cache.metadata import MetadataCache
 from gateway.cache.metadata_store import MetadataStore
 from gateway.client import commands as commands_
 from gateway.client.admin import AdminClient, AdminError
 from gateway.cluster.node import ClusterNode
-from gateway.cluster.peers import BlockRequest, Invalidation, MetadataQuery
+from gateway.cluster.peers import BlockRequest, MetadataQuery
 from gateway.config import (
     ConfigError,
     Credential,
@@ -51,6 +52,7 @@ from gateway.config import (
     load_settings,
     split_listen,
 )
+from gateway.invalidation import Invalidation
 from gateway.metrics import Metrics, enable_multiprocess
 from gateway.namespace import Namespace
 from gateway.origins.base import Origin
@@ -202,11 +204,12 @@ def build(
     store = MetadataStore(
         cache.dir / "metadata.sqlite3", max_rows=10 * cache.metadata_entries, shared=shared
     )
+    journal = Journal(cache.dir / "journal")  # what sibling workers invalidated
     router = cluster.directory if cluster is not None else None
     prefetcher = Prefetcher(settings.prefetch, lambda: reader, metrics, cache.block_size)
     read_ahead = ReadAheadPolicy(cache.read_ahead, cache.read_ahead_max, cache.read_ahead_idle)
     reader = Reader(namespace, blocks, metadata, metrics, cache.block_size, read_ahead, store,
-                    router, observe=prefetcher.observe)  # fmt: skip
+                    router, observe=prefetcher.observe, journal=journal)  # fmt: skip
     prefetch_api = PrefetchApi(
         prefetcher, reader, settings.prefetch, cluster.announce if cluster is not None else None
     )
@@ -241,6 +244,7 @@ def build(
     metrics.before_render.append(tier_levels)
 
     async def start(app: web.Application) -> None:
+        journal.open()
         await disk.start()
         await store.start()
         if cluster is not None:
@@ -261,6 +265,7 @@ def build(
         await asyncio.gather(*(origin.close() for origin in namespace.origins()))
         await disk.close()
         await store.close()
+        journal.close()
         await metadata.aclose()
         body.close()
 

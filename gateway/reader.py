@@ -26,10 +26,12 @@ from dataclasses import dataclass
 from gateway import errors
 from gateway.blocks import BlockRef, BlockSource, FileSegment, Piece
 from gateway.cache.block import BlockId, block_bounds, block_plan
+from gateway.cache.journal import EVERYTHING, Journal, SoloJournal
 from gateway.cache.metadata import MetadataCache, Policy
-from gateway.cache.metadata_store import MetadataStore
+from gateway.cache.metadata_store import MetadataStore, Stored
 from gateway.cluster.directory import MetadataRouter, encode
-from gateway.cluster.peers import Invalidation, MetadataQuery
+from gateway.cluster.peers import MetadataQuery
+from gateway.invalidation import Invalidation
 from gateway.metrics import Metrics
 from gateway.namespace import Mount, Namespace
 from gateway.origins.base import BucketInfo, ListPage, ObjectInfo, Origin
@@ -149,10 +151,13 @@ class Reader:
     def __init__(self, namespace: Namespace, blocks: BlockSource, metadata: MetadataCache,
                  metrics: Metrics, block_size: int, read_ahead: ReadAheadPolicy | None = None,
                  store: MetadataStore | None = None, router: MetadataRouter | None = None,
-                 observe: Callable[[str, str], None] | None = None) -> None:  # fmt: skip
+                 observe: Callable[[str, str], None] | None = None,
+                 journal: Journal | SoloJournal | None = None) -> None:  # fmt: skip
         """``router``: in a cluster, metadata misses go to their owner node;
-        ``observe(bucket, key)`` is told of every object GET (epoch-order prefetch)."""
+        ``observe(bucket, key)`` is told of every object GET (epoch-order prefetch);
+        ``journal``: the node's invalidations, shared with sibling workers."""
         self.namespace = namespace
+        self.journal = journal or SoloJournal()
         self.router = router  # a cluster: metadata misses go to their owner node
         self.store = store
         self.blocks = blocks
@@ -178,6 +183,7 @@ class Reader:
         return await mount.origin.bucket_region(mount.origin_bucket)
 
     async def head_object(self, bucket: str, key: str) -> ObjectInfo:
+        self.catch_up()
         mount = self.namespace.resolve(bucket)
         okey = mount.origin_key(key)
         fetch = lambda: self._owner_head(mount, okey)  # noqa: E731
@@ -194,6 +200,7 @@ class Reader:
         precondition: Precondition | None = None,
     ) -> ObjectRead:
         """Open ``key`` for reading; ``precondition`` runs on the metadata before any range."""
+        self.catch_up()
         mount = self.namespace.resolve(bucket)
         if self._observe is not None:
             self._observe(bucket, key)
@@ -232,6 +239,7 @@ class Reader:
         start_after: str = "",
         max_keys: int = 1000,
     ) -> ListPage:
+        self.catch_up()
         mount = self.namespace.resolve(bucket)
         from_origin = self._origin_pages(mount.origin, mount.origin_bucket)
 
@@ -260,7 +268,7 @@ class Reader:
         mount = self.namespace.resolve(bucket)
         origin, origin_bucket = _scope(mount)
         okey_prefix = mount.origin_key(prefix)
-        await self._invalidate_prefix((origin, origin_bucket), okey_prefix)
+        await self._invalidate(Invalidation(origin, origin_bucket, prefix=okey_prefix))
         memory = self.blocks.memory.discard_where(
             lambda b: (
                 b.origin == origin and b.bucket == origin_bucket and b.key.startswith(okey_prefix)
@@ -276,30 +284,24 @@ class Reader:
     async def invalidate(self, bucket: str, key: str) -> None:
         """A write changed ``key``: forget its metadata, its listings and its blocks."""
         mount = self.namespace.resolve(bucket)
-        await self._invalidate_key(_scope(mount), mount.origin_key(key))
+        await self._invalidate(Invalidation(*_scope(mount), key=mount.origin_key(key)))
 
     async def invalidate_prefix(self, bucket: str, prefix: str) -> None:
         """A bucket-level change: forget metadata under ``prefix`` (blocks stay valid by ETag)."""
         mount = self.namespace.resolve(bucket)
-        await self._invalidate_prefix(_scope(mount), mount.origin_key(prefix))
+        await self._invalidate(Invalidation(*_scope(mount), prefix=mount.origin_key(prefix)))
 
     async def invalidate_origin(self, items: list[Invalidation]) -> None:
         """Another node's write: the same drops, named by origin, origin bucket and key."""
         for item in items:
-            scope = (item.origin, item.bucket)
-            if item.key is not None:
-                await self._invalidate_key(scope, item.key)
-            else:
-                await self._invalidate_prefix(scope, item.prefix or "")
+            await self._invalidate(item)
 
     async def forget_metadata(self) -> None:
-        """Drop every metadata entry, in memory and on disk (this node missed more
-        invalidations than another node could remember for it). Blocks stay: they
-        are named by ETag, and fresh metadata names the right ones."""
-        for watches in self._watches.values():
-            for watch in watches:
-                watch.changed = True
-        self.metadata.clear()
+        """Drop every metadata entry, in memory and on disk, in every worker (this node
+        missed more invalidations than another node could remember for it). Blocks
+        stay: they are named by ETag, and fresh metadata names the right ones."""
+        self._forget_all_locally()
+        self.journal.publish([EVERYTHING])
         if self.store is not None:
             await self.store.clear()
 
@@ -311,27 +313,56 @@ class Reader:
             return Invalidation(origin, origin_bucket, prefix=mount.origin_key(""))
         return Invalidation(origin, origin_bucket, key=mount.origin_key(key))
 
-    async def _invalidate_key(self, scope: tuple[str, str], okey: str) -> None:
-        self._changed(scope, okey)  # first: a write-through under way must not land after this
-        if self.router is not None:
-            self.router.invalidated(scope)
-        self.metadata.invalidate_key(scope, okey)
+    def catch_up(self) -> None:
+        """Apply what sibling workers invalidated since this worker last looked.
+
+        Called as every read starts: a write any worker acknowledged before is
+        then forgotten here too (see ``cache/journal.py``).
+        """
+        news = self.journal.news()
+        if news is None:
+            self._forget_all_locally()
+            return
+        for item in news:
+            self._forget_locally(item)
+
+    async def _invalidate(self, item: Invalidation) -> None:
+        """Every place a change of ``item`` reaches on this node, before the write is
+        acknowledged: this worker's memory, the siblings' (through the journal),
+        the metadata store, and the key's blocks in memory and on disk."""
+        self._forget_locally(item)  # first: a write-through under way must not land after this
+        self.journal.publish([item])
+        origin, origin_bucket = item.scope
+        if item.key is None:
+            if self.store is not None:
+                await self.store.drop(item.scope, item.prefix or "")
+            return
+        okey = item.key
         if self.store is not None:
-            await self.store.drop(scope, okey, exact=True)
-        origin, origin_bucket = scope
+            await self.store.drop(item.scope, okey, exact=True)
         self.blocks.memory.discard_where(
             lambda b: b.key == okey and b.bucket == origin_bucket and b.origin == origin
         )
         if self.blocks.disk is not None:
             await self.blocks.disk.drop_object(origin, origin_bucket, okey)
 
-    async def _invalidate_prefix(self, scope: tuple[str, str], oprefix: str) -> None:
-        self._changed(scope, oprefix, prefix=True)
+    def _forget_locally(self, item: Invalidation) -> None:
+        """Drop from this process's memory the metadata ``item`` makes stale (blocks are
+        named by ETag: new metadata names new blocks, so old ones may stay)."""
+        if item.key is not None:
+            self._changed(item.scope, item.key)
+            self.metadata.invalidate_key(item.scope, item.key)
+        else:
+            self._changed(item.scope, item.prefix or "", prefix=True)
+            self.metadata.invalidate_prefix(item.scope, item.prefix or "")
         if self.router is not None:
-            self.router.invalidated(scope)
-        self.metadata.invalidate_prefix(scope, oprefix)
-        if self.store is not None:
-            await self.store.drop(scope, oprefix)
+            self.router.invalidated(item.scope)
+
+    def _forget_all_locally(self) -> None:
+        for watches in self._watches.values():
+            for watch in watches:
+                watch.changed = True
+        self.metadata.clear()
 
     # -- write-through -------------------------------------------------------------------
 
@@ -354,18 +385,18 @@ class Reader:
         that finds the metadata finds the blocks; a reader that comes earlier
         fills from the origin as usual.
 
-        Not guaranteed: a write through another worker process between the
-        HEAD and the end is not seen by ``watch`` (the HEAD's ETag check
-        still catches one that landed before the HEAD).
+        A write through a sibling worker reaches ``watch`` through the
+        node's journal, which is read before each check.
         """
         mount = self.namespace.resolve(bucket)
         okey = mount.origin_key(key)
+        learned = self.journal.seq()
         info = await self._origin_head(mount, okey)
-        if watch.changed or _bare(info.etag) != _bare(etag) or info.size != size:
+        if self._changed_since(watch) or _bare(info.etag) != _bare(etag) or info.size != size:
             return 0
         cached = 0
         for index, block in enumerate(_blocks(data, self.block_size)):
-            if watch.changed:  # checked right before each store: no await in between
+            if self._changed_since(watch):  # checked right before each store: no await between
                 return cached
             ref = self._ref(mount, okey, info, index)
             stored = self.blocks.memory.put(ref.block, block)
@@ -374,13 +405,18 @@ class Reader:
             if stored:
                 cached += len(block)
                 self.metrics.write_through_bytes.inc(len(block))
-        if watch.changed:
+        if self._changed_since(watch):
             return cached  # the blocks stay: named by this ETag, they are right for it
         scope = _scope(mount)
         self.metadata.put_head(scope, okey, info, _policy(mount))
         if self.store is not None:
-            self.store.save(scope, okey, info)
+            self.store.save(scope, okey, info, learned)
         return cached
+
+    def _changed_since(self, watch: Watch) -> bool:
+        """Whether ``watch``'s key was invalidated by any worker of the node since it began."""
+        self.catch_up()
+        return watch.changed
 
     def _changed(self, scope: tuple[str, str], okey: str, *, prefix: bool = False) -> None:
         """Tell every watch on ``okey`` (or, with ``prefix``, under it) that it changed."""
@@ -419,6 +455,7 @@ class Reader:
         A stale entry is revalidated before it is answered (no stale-while-revalidate
         here): the asking node would otherwise store it as fresh for a whole TTL.
         """
+        self.catch_up()
         origin = next((o for o in self.namespace.origins() if o.name == query.origin), None)
         if origin is None:
             raise errors.OriginUnavailable(f"no origin named {query.origin!r} here")
@@ -483,26 +520,36 @@ class Reader:
 
         Within the TTL a stored answer is used as it is (so a restart costs no
         origin request); past it the object is known, so a HEAD revalidates it
-        instead of a block GET.
+        instead of a block GET. A stored answer some write made stale since it
+        was learned is not believed (``_believable``).
         """
         if self.store is None:
             return await fetch()
         scope = _scope(mount)
-        stored = await self.store.load(scope, okey)
-        if stored is not None and stored[1] < mount.metadata_ttl:
-            return stored[0]
+        stored = await self._believable(scope, okey)
+        if stored is not None and stored.age < mount.metadata_ttl:
+            return stored.info
         async with self.store.fetch_lock(scope, okey):
             if self.store.shared:  # a sibling worker may have fetched it meanwhile
-                stored = await self.store.load(scope, okey)
-                if stored is not None and stored[1] < mount.metadata_ttl:
-                    return stored[0]
+                stored = await self._believable(scope, okey)
+                if stored is not None and stored.age < mount.metadata_ttl:
+                    return stored.info
             if stored is not None:
                 fetch = lambda: self._owner_head(mount, okey)  # noqa: E731 - known object
+            learned = self.journal.seq()  # before asking: a write after it makes this suspect
             info = await fetch()
-            self.store.save(scope, okey, info)
+            self.store.save(scope, okey, info, learned)
             if self.store.shared:
                 await self.store.flush()  # visible to siblings before the lock opens
         return info
+
+    async def _believable(self, scope: tuple[str, str], okey: str) -> Stored | None:
+        """The store's answer for ``okey``, unless a write since it was learned made it stale."""
+        assert self.store is not None
+        stored = await self.store.load(scope, okey)
+        if stored is None or not self.journal.current(*scope, okey, stored.learned):
+            return None
+        return stored
 
     async def _first_block(
         self, mount: Mount, okey: str, index: int, admit: bool | None = None
@@ -581,6 +628,7 @@ class Reader:
         A cold lookup starts the fill of block 0 with the same origin request,
         admitted to disk as ``admit`` says (see ``BlockSource.fill``).
         """
+        self.catch_up()
         mount = self.namespace.resolve(bucket)
         okey = mount.origin_key(key)
         info = await self._metadata_for_read(mount, okey, None, admit)

@@ -46,7 +46,7 @@ from urllib.parse import quote, unquote
 
 from gateway import errors
 from gateway.capture import Budget, Capture
-from gateway.cluster.peers import Invalidation
+from gateway.invalidation import Invalidation
 from gateway.namespace import Mount, Namespace
 from gateway.origins.base import ObjectInfo
 from gateway.origins.posix_write import PartInfo, PutResult, UploadInfo

@@ -25,7 +25,6 @@ from gateway import errors
 from gateway.blocks import FileSegment, Piece
 from gateway.cluster.peers import (
     BlockRequest,
-    Invalidation,
     MetadataQuery,
     PeerChanged,
     PeerClient,
@@ -35,6 +34,7 @@ from gateway.cluster.peers import (
     PeerUnavailable,
     sign,
 )
+from gateway.invalidation import Invalidation
 from gateway.s3.body import BodySender
 from tests.harness import free_port
 

@@ -8,6 +8,12 @@ time it was learned. A worker that misses in memory asks here before the
 origin: within the mount's TTL the stored answer is as good as a fresh one;
 past it, the object is known, so a cheap HEAD revalidates it.
 
+Each row also keeps ``learned``: the node journal's sequence number read
+before the origin request that taught it (``cache/journal.py``). A write
+through any worker marks the journal after that, so the reader trusts a row
+only while the journal says nothing touched its key since: a sibling's fetch
+that raced a write may store its old answer, and it is never believed.
+
 Saves are batched in memory and written every ``flush_interval`` seconds by
 one dedicated thread (SQLite's threading rules; nothing blocks the loop). A
 crash loses at most that interval of metadata, which costs a HEAD later, never
@@ -42,11 +48,21 @@ _STRIPES = 1024
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS objects (
     origin TEXT NOT NULL, bucket TEXT NOT NULL, key TEXT NOT NULL,
-    info TEXT NOT NULL, stored_at REAL NOT NULL,
+    info TEXT NOT NULL, stored_at REAL NOT NULL, learned INTEGER NOT NULL,
     PRIMARY KEY (origin, bucket, key)
 );
 CREATE INDEX IF NOT EXISTS objects_age ON objects (stored_at);
 """
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Stored:
+    """A stored answer: the object, seconds since it was learned, and the journal
+    sequence number read before it was asked (``learned``)."""
+
+    info: ObjectInfo
+    age: float
+    learned: int
 
 
 def _encode(info: ObjectInfo) -> str:
@@ -70,7 +86,7 @@ class MetadataStore:
         self._flush_interval = flush_interval
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="metadata-store")
         self._db: sqlite3.Connection | None = None
-        self._pending: dict[tuple[str, str, str], tuple[str, float]] = {}
+        self._pending: dict[tuple[str, str, str], tuple[str, float, int]] = {}
         self._flusher: asyncio.Task[None] | None = None
 
     @property
@@ -90,6 +106,9 @@ class MetadataStore:
         self._db = sqlite3.connect(self._path, timeout=30, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(objects)")}
+        if columns and "learned" not in columns:  # an older layout: a cache, so start over
+            self._db.execute("DROP TABLE objects")
         self._db.executescript(_SCHEMA)
 
     async def close(self) -> None:
@@ -101,20 +120,17 @@ class MetadataStore:
             await self._call(self._db.close)
         self._thread.shutdown(wait=True)
 
-    async def load(self, scope: Scope, key: str) -> tuple[ObjectInfo, float] | None:
-        """The stored metadata of ``key`` and its age in seconds, if any."""
-        pending = self._pending.get((*scope, key))
-        if pending is not None:
-            return _decode(pending[0]), time.time() - pending[1]
-        row = await self._call(self._select, scope, key)
+    async def load(self, scope: Scope, key: str) -> Stored | None:
+        """The stored metadata of ``key``, if any."""
+        row = self._pending.get((*scope, key)) or await self._call(self._select, scope, key)
         if row is None:
             return None
-        return _decode(row[0]), time.time() - row[1]
+        return Stored(_decode(row[0]), time.time() - row[1], row[2])
 
-    def _select(self, scope: Scope, key: str) -> tuple[str, float] | None:
+    def _select(self, scope: Scope, key: str) -> tuple[str, float, int] | None:
         assert self._db is not None
         cursor = self._db.execute(
-            "SELECT info, stored_at FROM objects WHERE origin=? AND bucket=? AND key=?",
+            "SELECT info, stored_at, learned FROM objects WHERE origin=? AND bucket=? AND key=?",
             (*scope, key),
         )
         return cursor.fetchone()
@@ -155,9 +171,10 @@ class MetadataStore:
         assert self._db is not None
         self._db.execute("DELETE FROM objects")
 
-    def save(self, scope: Scope, key: str, info: ObjectInfo) -> None:
-        """Remember ``info``; written with the next flush."""
-        self._pending[(*scope, key)] = (_encode(info), time.time())
+    def save(self, scope: Scope, key: str, info: ObjectInfo, learned: int) -> None:
+        """Remember ``info``, asked of the origin at journal sequence ``learned``;
+        written with the next flush."""
+        self._pending[(*scope, key)] = (_encode(info), time.time(), learned)
 
     async def drop(self, scope: Scope, key_prefix: str, exact: bool = False) -> None:
         """Forget ``key_prefix`` (or every key under it): a write or an admin drop."""
@@ -185,12 +202,12 @@ class MetadataStore:
         batch, self._pending = self._pending, {}
         await self._call(self._write, batch)
 
-    def _write(self, batch: dict[tuple[str, str, str], tuple[str, float]]) -> None:
+    def _write(self, batch: dict[tuple[str, str, str], tuple[str, float, int]]) -> None:
         assert self._db is not None
-        rows = [(*k, info, stored_at) for k, (info, stored_at) in batch.items()]
+        rows = [(*k, *row) for k, row in batch.items()]
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
-            self._db.executemany("INSERT OR REPLACE INTO objects VALUES (?, ?, ?, ?, ?)", rows)
+            self._db.executemany("INSERT OR REPLACE INTO objects VALUES (?, ?, ?, ?, ?, ?)", rows)
             (count,) = self._db.execute("SELECT count(*) FROM objects").fetchone()
             if count > self._max_rows:
                 self._db.execute(

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from gateway.cluster.peers import Invalidation
+from gateway.invalidation import Invalidation
 
 
 class Backlog:

@@ -60,6 +60,7 @@ from yarl import URL
 
 from gateway import errors
 from gateway.cache.block import BlockId
+from gateway.invalidation import Invalidation
 
 if TYPE_CHECKING:  # types only: blocks.py may well come to import this module
     from gateway.blocks import Piece
@@ -144,23 +145,6 @@ class BlockRequest:
         texts = {f.name: values[f.name] for f in fields(cls) if f.name != "cached_only"}
         ints = {n: _int(texts.pop(n)) for n in ("index", "first", "last", "offset", "length")}
         return cls(**texts, **ints, cached_only=values.get("cached_only") == "1")
-
-
-@dataclass(frozen=True, slots=True)
-class Invalidation:
-    """One key, or every key under a prefix ("" is the whole bucket), to drop."""
-
-    origin: str
-    bucket: str
-    key: str | None = None
-    prefix: str | None = None
-
-    def __post_init__(self) -> None:
-        if (self.key is None) == (self.prefix is None):
-            raise ValueError("an invalidation names a key or a prefix, not both or neither")
-        optional = [v for v in (self.key, self.prefix) if v is not None]
-        if not all(isinstance(v, str) for v in (self.origin, self.bucket, *optional)):
-            raise TypeError("the fields of an invalidation are strings")
 
 
 @dataclass(frozen=True, slots=True)
