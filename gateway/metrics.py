@@ -35,6 +35,8 @@ from prometheus_client.registry import Collector
 # Tiers an object byte can come from, and outcomes of a metadata lookup.
 SOURCES = ("memory", "disk", "origin", "peer")
 METADATA_STATES = ("hit", "miss", "stale", "stale_error", "negative")
+# How expired metadata of a known object was revalidated (gateway/metadata/revalidate.py).
+REVALIDATIONS = ("confirmed", "changed", "unlisted", "too_big", "list_failed")
 # Origin protection: who waits, which limit held a request back, breaker states.
 PRIORITIES = ("client", "background")
 LIMITS = ("concurrency", "requests", "bytes")
@@ -192,6 +194,14 @@ class Metrics:
             "Metadata cache lookups by kind (head, list) and outcome "
             "(hit, miss, stale, stale_error, negative; evicted, with no mount) and mount.",
             ["kind", "state", "mount"],
+            registry=self.registry,
+        )
+        self.revalidations = Counter(
+            "hoard_metadata_revalidations_total",
+            "Expired metadata of known objects revalidated, by outcome: confirmed by a "
+            "listing of its directory (no HEAD), or one HEAD because the listing showed it "
+            "changed or unlisted, or could not be had whole (too_big, list_failed), and mount.",
+            ["outcome", "mount"],
             registry=self.registry,
         )
         self.cache_bytes = Gauge(
@@ -395,6 +405,8 @@ class Metrics:
             for kind in ("head", "list"):
                 for state in METADATA_STATES:
                     self.metadata_lookups.labels(kind, state, mount)
+            for outcome in REVALIDATIONS:
+                self.revalidations.labels(outcome, mount)
 
     def answered(
         self, operation: str, status: int, mount: str, seconds: float, body_bytes: int
@@ -407,6 +419,10 @@ class Metrics:
     def metadata_lookup(self, kind: str, state: str, mount: str) -> None:
         """Count one metadata lookup by outcome (``METADATA_STATES``)."""
         self._child(self.metadata_lookups, kind, state, mount).inc()
+
+    def revalidated(self, outcome: str, mount: str) -> None:
+        """Count one revalidation of a known object by outcome (``REVALIDATIONS``)."""
+        self._child(self.revalidations, outcome, mount).inc()
 
     def served(self, mount: str, tally: Mapping[str, int]) -> None:
         """Count object bytes handed to a client, by the tier that supplied them (``SOURCES``)."""

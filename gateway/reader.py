@@ -20,18 +20,19 @@ import asyncio
 import dataclasses
 import os
 from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from gateway import errors
 from gateway.blocks import BlockRef, BlockSource, FileSegment, Piece
 from gateway.cache.block import BlockId, block_bounds, block_plan
 from gateway.cache.journal import EVERYTHING, Journal, SoloJournal
-from gateway.cache.metadata import MetadataCache, Policy
+from gateway.cache.metadata import Aged, FetchHead, FetchPage, MetadataCache, Policy
 from gateway.cache.metadata_store import MetadataStore, Stored
 from gateway.cluster.directory import MetadataRouter, encode
 from gateway.cluster.peers import MetadataQuery
 from gateway.invalidation import Invalidation
+from gateway.metadata.revalidate import Revalidator
 from gateway.metrics import Metrics
 from gateway.namespace import Mount, Namespace
 from gateway.origins.base import BucketInfo, ListPage, ObjectInfo, Origin
@@ -169,6 +170,7 @@ class Reader:
         # Per object a reader streams: where its last read ended, and its read-ahead window.
         self._read_ends: OrderedDict[BlockId, tuple[int, Window]] = OrderedDict()
         self._watches: dict[tuple[str, str, str], set[Watch]] = {}
+        self._revalidator = Revalidator(metadata, store, self._believable, metrics.revalidated)
 
     async def list_buckets(self) -> list[BucketInfo]:
         return await self.namespace.list_buckets()
@@ -241,17 +243,7 @@ class Reader:
     ) -> ListPage:
         self.catch_up()
         mount = self.namespace.resolve(bucket)
-        from_origin = self._origin_pages(mount.origin, mount.origin_bucket)
-
-        async def fetch_page(prefix_: str, delimiter_: str, after: str, limit: int) -> ListPage:
-            if self.router is None:
-                return await from_origin(prefix_, delimiter_, after, limit)
-            query = MetadataQuery("list", mount.origin.name, mount.origin_bucket, prefix_,
-                                  mount.metadata_ttl, mount.negative_ttl, delimiter_, after, limit)  # fmt: skip
-            return await self.router.page(
-                query, lambda: from_origin(prefix_, delimiter_, after, limit)
-            )
-
+        fetch_page = self._page_fetcher(mount)
         lookup = await self.metadata.listing(
             _scope(mount),
             mount.origin_key(prefix),
@@ -474,9 +466,21 @@ class Reader:
         )  # fmt: skip
         return encode(lookup.value)
 
-    def _origin_pages(
-        self, origin: Origin, origin_bucket: str
-    ) -> Callable[[str, str, str, int], Awaitable[ListPage]]:
+    def _page_fetcher(self, mount: Mount) -> FetchPage:
+        """Origin pages of ``mount``'s bucket; in a cluster, asked of the prefix's owner."""
+        from_origin = self._origin_pages(mount.origin, mount.origin_bucket)
+        if self.router is None:
+            return from_origin
+        router = self.router
+
+        async def fetch_page(prefix: str, delimiter: str, after: str, limit: int) -> ListPage:
+            query = MetadataQuery("list", mount.origin.name, mount.origin_bucket, prefix,
+                                  mount.metadata_ttl, mount.negative_ttl, delimiter, after, limit)  # fmt: skip
+            return await router.page(query, lambda: from_origin(prefix, delimiter, after, limit))
+
+        return fetch_page
+
+    def _origin_pages(self, origin: Origin, origin_bucket: str) -> FetchPage:
         async def fetch_page(prefix: str, delimiter: str, after: str, limit: int) -> ListPage:
             with self.metrics.origin_call(origin.name, "ListObjectsV2"):
                 return await origin.list_objects(origin_bucket, prefix, delimiter, after, limit)
@@ -503,7 +507,8 @@ class Reader:
         if byte_range is not None and byte_range.suffix is not None:
             fetch = lambda: self._owner_head(mount, okey)  # noqa: E731 - the size is unknown
         elif self.metadata.has_entry(scope, okey) or self.blocks.clustered:
-            # A refresh needs no bytes; in a cluster the first block may be owned elsewhere.
+            # A refresh needs no bytes (and is bulk, see _known_or); in a cluster the
+            # first block may be owned elsewhere.
             fetch = lambda: self._owner_head(mount, okey)  # noqa: E731
         else:
             index = (byte_range.first or 0) // self.block_size if byte_range else 0
@@ -513,35 +518,49 @@ class Reader:
         )
         return lookup.value
 
-    async def _stored_or(
-        self, mount: Mount, okey: str, fetch: Callable[[], Awaitable[ObjectInfo]]
-    ) -> ObjectInfo:
-        """A memory miss: the on-disk metadata store, else ``fetch`` from the origin.
+    async def _stored_or(self, mount: Mount, okey: str, fetch: FetchHead) -> ObjectInfo | Aged:
+        """A memory miss or expiry: the node's store, else what is known revalidated,
+        else ``fetch`` from the origin.
 
-        Within the TTL a stored answer is used as it is (so a restart costs no
-        origin request); past it the object is known, so a HEAD revalidates it
-        instead of a block GET. A stored answer some write made stale since it
-        was learned is not believed (``_believable``).
+        A stored answer within the TTL is used as it is, as old as it is (so a
+        restart costs no origin request, and no tier restarts the TTL). An
+        object known here or in the store, past its TTL, is revalidated in bulk
+        (``metadata/revalidate.py``). A stored answer some write made stale
+        since it was learned is not believed (``_believable``).
         """
         if self.store is None:
-            return await fetch()
+            return await self._known_or(mount, okey, None, fetch)
         scope = _scope(mount)
         stored = await self._believable(scope, okey)
         if stored is not None and stored.age < mount.metadata_ttl:
-            return stored.info
+            return Aged(stored.info, stored.age)
         async with self.store.fetch_lock(scope, okey):
             if self.store.shared:  # a sibling worker may have fetched it meanwhile
                 stored = await self._believable(scope, okey)
                 if stored is not None and stored.age < mount.metadata_ttl:
-                    return stored.info
-            if stored is not None:
-                fetch = lambda: self._owner_head(mount, okey)  # noqa: E731 - known object
+                    return Aged(stored.info, stored.age)
             learned = self.journal.seq()  # before asking: a write after it makes this suspect
-            info = await fetch()
-            self.store.save(scope, okey, info, learned)
-            if self.store.shared:
-                await self.store.flush()  # visible to siblings before the lock opens
-        return info
+            answer = await self._known_or(mount, okey, stored, fetch)
+            if not isinstance(answer, Aged):  # a confirmed row was refreshed in the store
+                self.store.save(scope, okey, answer, learned)
+                if self.store.shared:
+                    await self.store.flush()  # visible to siblings before the lock opens
+        return answer
+
+    async def _known_or(
+        self, mount: Mount, okey: str, stored: Stored | None, fetch: FetchHead
+    ) -> ObjectInfo | Aged:
+        """What is known of ``okey`` (in memory, else ``stored``) revalidated, else ``fetch``."""
+        scope = _scope(mount)
+        known = self.metadata.known(scope, okey)
+        if known is None and stored is not None:
+            known = (stored.info, self.metadata.now() - stored.age)
+        if known is None:
+            return await fetch()
+        return await self._revalidator.known(
+            scope, okey, *known, _policy(mount), self._page_fetcher(mount),
+            lambda: self._owner_head(mount, okey),
+        )  # fmt: skip
 
     async def _believable(self, scope: tuple[str, str], okey: str) -> Stored | None:
         """The store's answer for ``okey``, unless a write since it was learned made it stale."""

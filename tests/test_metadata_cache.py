@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from gateway.cache.metadata import Lookup, MetadataCache, Policy
+from gateway.cache.metadata import Aged, Lookup, MetadataCache, Policy
 from gateway.config import S3OriginConfig
 from gateway.errors import NoSuchKey, OriginThrottled, OriginUnavailable
 from gateway.origins.base import ListEntry, ListPage, ObjectInfo
@@ -168,6 +168,65 @@ async def test_hit_within_ttl_does_not_fetch(cache: MetadataCache, clock: Clock)
 
     assert hit == Lookup(info(), "hit") and fetch.calls == 1
     assert cache.stats()["hits"] == 1
+
+
+async def test_an_answer_from_a_slower_tier_keeps_its_age(
+    cache: MetadataCache, clock: Clock
+) -> None:
+    """The TTL rule: an entry the node's store learned 50 s ago, in a 60 s TTL, is
+    revalidated 10 s after it reached memory, not 60: no tier restarts the clock."""
+
+    async def from_store() -> Aged:
+        return Aged(info(etag='"1"'), age=50.0)
+
+    await cache.head(SCOPE, "k", POLICY, from_store)
+    clock.advance(9.9)
+    assert (await cache.head(SCOPE, "k", POLICY, Fetch(info()))).state == "hit"
+    clock.advance(0.2)
+    refresh = Fetch(info(etag='"2"'))
+    assert (await cache.head(SCOPE, "k", POLICY, refresh)).state == "stale"
+    await settle()
+    assert refresh.calls == 1
+    assert (await cache.head(SCOPE, "k", POLICY, refresh)).value.etag == '"2"'
+
+
+async def test_known_tells_what_is_held_and_when_it_was_learned(
+    cache: MetadataCache, clock: Clock
+) -> None:
+    assert cache.known(SCOPE, "k") is None
+    learned_at = clock.now
+    await cache.head(SCOPE, "k", POLICY, Fetch(info()))
+    clock.advance(100)
+    assert cache.known(SCOPE, "k") == (info(), learned_at)  # stale, still known
+    with pytest.raises(NoSuchKey):
+        await cache.head(SCOPE, "gone", POLICY, Fetch(NoSuchKey("gone")))
+    assert cache.known(SCOPE, "gone") is None
+
+
+async def test_whole_listing_is_one_walk_asked_after_since(
+    cache: MetadataCache, clock: Clock
+) -> None:
+    lister = Lister([f"d/{i}" for i in range(2500)] + ["e/1"])
+    lister.gate = asyncio.Event()
+    since = clock.now
+    results = await held(
+        lister.gate, [cache.whole_listing(SCOPE, "d/", since, POLICY, lister) for _ in range(20)]
+    )
+    assert len(lister.calls) == 3  # 2,500 keys: three origin pages, walked once for all
+    assert all(r == results[0] for r in results) and len(results[0][0]) == 2500
+    assert results[0][1] == since
+
+    clock.advance(5)
+    again = await cache.whole_listing(SCOPE, "d/", since, POLICY, lister)  # still recent enough
+    assert again == results[0] and len(lister.calls) == 3
+    newer = await cache.whole_listing(SCOPE, "d/", clock.now, POLICY, lister)  # must be newer
+    assert newer[1] == clock.now and len(lister.calls) == 6
+
+
+async def test_whole_listing_of_a_prefix_too_big_is_none(clock: Clock) -> None:
+    cache = MetadataCache(clock=clock, whole_listing_limit=1000)
+    lister = Lister([f"d/{i}" for i in range(2500)])
+    assert await cache.whole_listing(SCOPE, "d/", clock.now, POLICY, lister) is None
 
 
 async def test_scopes_are_separate(cache: MetadataCache) -> None:

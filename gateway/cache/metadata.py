@@ -21,8 +21,12 @@ What is cached
   terms of the ``fetch`` callables passed with them.
 
 Time
-  An entry is fresh for ``Policy.ttl`` after it was stored (``math.inf``: an
-  immutable dataset never revalidates). Past that it is *stale*:
+  An entry is fresh for ``Policy.ttl`` after it was *learned*: when the origin
+  request that taught it began (``math.inf``: an immutable dataset never
+  revalidates). A ``fetch`` that answers from a slower tier (the node's store,
+  a listing) returns ``Aged(info, age)``, and the entry is as old as that
+  answer: no tier restarts the clock, so what is served is never more than
+  ``ttl`` old while fresh. Past that it is *stale*:
     * stale-while-revalidate: up to ``stale_while_revalidate`` past expiry it is
       served at once (``"stale"``) while exactly one background refresh runs;
       callers after it lands see the new value. A failed refresh is logged and
@@ -77,6 +81,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 FetchPage = Callable[[str, str, str, int], Awaitable[ListPage]]
+FetchHead = Callable[[], Awaitable["ObjectInfo | Aged"]]
 Load = Callable[[], Awaitable[Any]]
 ORIGIN_PAGE = 1000  # keys per origin page while walking a whole listing: S3's maximum
 # Lookup outcome -> stats() counter; a negative hit is a hit ("evicted" is no lookup).
@@ -100,11 +105,20 @@ class Policy:
     label: str = ""  # the mount these lookups are for, passed to ``on_event`` (metrics)
 
 
+@dataclass(frozen=True, slots=True)
+class Aged:
+    """An answer ``age`` seconds old (from the node's store or a listing), not just asked."""
+
+    info: ObjectInfo
+    age: float
+
+
 @dataclass(slots=True)
 class _Entry:
     value: Any  # ObjectInfo | list[ListEntry] | ListPage; None: negative head or too-big prefix
     fresh_until: float
     weight: int = 1
+    learned: float = 0.0  # the clock when the answer was asked of the origin
 
 
 class _Lru:
@@ -168,7 +182,7 @@ class MetadataCache:
         self._counts = dict.fromkeys(("hits", "misses", "stale", "stale_error"), 0)
 
     async def head(
-        self, scope: Hashable, key: str, policy: Policy, fetch: Callable[[], Awaitable[ObjectInfo]]
+        self, scope: Hashable, key: str, policy: Policy, fetch: FetchHead
     ) -> Lookup[ObjectInfo]:
         """The metadata of ``key``, from the cache or one coalesced ``fetch()``.
 
@@ -184,8 +198,40 @@ class MetadataCache:
 
     def has_entry(self, scope: Hashable, key: str) -> bool:
         """Whether metadata of ``key`` is held, fresh or stale (a refresh needs no bytes)."""
+        return self.known(scope, key) is not None
+
+    def known(self, scope: Hashable, key: str) -> tuple[ObjectInfo, float] | None:
+        """The held metadata of ``key``, fresh or stale, and when it was learned."""
         entry = self._tables["head"].entries.get((scope, key))
-        return entry is not None and entry.value is not None
+        if entry is None or entry.value is None:
+            return None
+        return entry.value, entry.learned
+
+    def now(self) -> float:
+        """This cache's clock (``learned`` times are on it)."""
+        return self._clock()
+
+    async def whole_listing(
+        self, scope: Hashable, prefix: str, since: float, policy: Policy, fetch_page: FetchPage
+    ) -> tuple[list[ListEntry], float] | None:
+        """The whole listing covering ``prefix``, learned at ``since`` or later, and
+        when it was learned; ``None`` if the prefix is too big to hold whole.
+
+        A cached one that is older is not served stale (as ``listing`` would):
+        the caller must know what the origin held after ``since``. Concurrent
+        callers share one walk.
+        """
+        for _ in range(2):  # a flight that began before ``since`` is joined, then one more
+            k = self._find_whole(scope, prefix) or (scope, prefix)
+            entry = self._tables["list"].get(k)
+            if entry is not None and entry.learned >= since:
+                return None if entry.value is None else (entry.value, entry.learned)
+            load = partial(self._load_whole, (scope, prefix), policy, fetch_page)
+            await asyncio.shield(self._flight(("list", (scope, prefix)), load))
+        entry = self._tables["list"].get((scope, prefix))
+        if entry is None or entry.value is None:
+            return None
+        return entry.value, entry.learned
 
     def put_head(self, scope: Hashable, key: str, info: ObjectInfo, policy: Policy) -> None:
         """Remember ``info`` (a GET response carried it) as fresh for ``policy.ttl``."""
@@ -261,22 +307,26 @@ class MetadataCache:
     # --- loading: one flight per key, storing its own result ---------------------
 
     async def _load_head(
-        self, k: tuple[Hashable, str], policy: Policy, fetch: Callable[[], Awaitable[ObjectInfo]]
+        self, k: tuple[Hashable, str], policy: Policy, fetch: FetchHead
     ) -> ObjectInfo:
+        learned = self._clock()
         try:
-            info = await fetch()
+            answer = await fetch()
         except NoSuchKey:
             if self._owns(("head", k)):
-                self._store("head", k, None, policy.negative_ttl)
+                self._store("head", k, None, policy.negative_ttl, learned=learned)
             raise
+        if isinstance(answer, Aged):
+            answer, learned = answer.info, self._clock() - answer.age
         if self._owns(("head", k)):
-            self._store("head", k, info, policy.ttl)
-        return info
+            self._store("head", k, answer, policy.ttl, learned=learned)
+        return answer
 
     async def _load_whole(
         self, k: tuple[Hashable, str], policy: Policy, fetch_page: FetchPage
     ) -> list[ListEntry] | None:
         # Flat pages in order; trusted sorted, as paginate() trusts them.
+        learned = self._clock()
         entries: list[ListEntry] = []
         marker = ""
         while len(entries) <= self._whole_limit:
@@ -284,29 +334,38 @@ class MetadataCache:
             entries.extend(page.entries)
             if not page.is_truncated or not page.next_marker:
                 if self._owns(("list", k)):
-                    self._store("list", k, entries, policy.ttl, weight=len(entries))
+                    self._store("list", k, entries, policy.ttl, len(entries), learned)
                 return entries
             marker = page.next_marker
         # Over the limit: stop reading (the prefix may hold millions of keys) and
         # remember for a TTL that it is too big, so misses go straight to pages.
         if self._owns(("list", k)):
-            self._store("list", k, None, policy.ttl)
+            self._store("list", k, None, policy.ttl, learned=learned)
         return None
 
     async def _load_page(
         self, k: tuple[Any, ...], policy: Policy, fetch_page: FetchPage
     ) -> ListPage:
+        learned = self._clock()
         page = await fetch_page(*k[1:])
         if self._owns(("page", k)):
             weight = len(page.entries) + len(page.common_prefixes)
-            self._store("list", k, page, policy.ttl, weight=weight)
+            self._store("list", k, page, policy.ttl, weight, learned)
         return page
 
     def _store(
-        self, table: str, k: tuple[Any, ...], value: Any, ttl: float, weight: int = 1
+        self,
+        table: str,
+        k: tuple[Any, ...],
+        value: Any,
+        ttl: float,
+        weight: int = 1,
+        learned: float | None = None,
     ) -> None:
+        learned = self._clock() if learned is None else learned
         # Weight at least 1: an empty listing or a marker still costs memory.
-        evicted = self._tables[table].put(k, _Entry(value, self._clock() + ttl, max(1, weight)))
+        entry = _Entry(value, learned + ttl, max(1, weight), learned)
+        evicted = self._tables[table].put(k, entry)
         for _ in range(evicted):
             self._count(table, "evicted")
 

@@ -39,9 +39,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from gateway.origins.base import ObjectInfo
+from gateway.origins.base import ListEntry, ObjectInfo
 
 Scope = tuple[str, str]
+_Row = tuple[str, float, int, str, int]  # info, stored_at, learned, etag, size
 log = logging.getLogger(__name__)
 _STRIPES = 1024
 
@@ -49,6 +50,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS objects (
     origin TEXT NOT NULL, bucket TEXT NOT NULL, key TEXT NOT NULL,
     info TEXT NOT NULL, stored_at REAL NOT NULL, learned INTEGER NOT NULL,
+    etag TEXT NOT NULL, size INTEGER NOT NULL,
     PRIMARY KEY (origin, bucket, key)
 );
 CREATE INDEX IF NOT EXISTS objects_age ON objects (stored_at);
@@ -86,7 +88,8 @@ class MetadataStore:
         self._flush_interval = flush_interval
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="metadata-store")
         self._db: sqlite3.Connection | None = None
-        self._pending: dict[tuple[str, str, str], tuple[str, float, int]] = {}
+        self._pending: dict[tuple[str, str, str], _Row] = {}
+        self._confirmations: list[tuple[float, str, str, str, str, int, float]] = []
         self._flusher: asyncio.Task[None] | None = None
 
     @property
@@ -107,7 +110,7 @@ class MetadataStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(objects)")}
-        if columns and "learned" not in columns:  # an older layout: a cache, so start over
+        if columns and "etag" not in columns:  # an older layout: a cache, so start over
             self._db.execute("DROP TABLE objects")
         self._db.executescript(_SCHEMA)
 
@@ -127,17 +130,22 @@ class MetadataStore:
             return None
         return Stored(_decode(row[0]), time.time() - row[1], row[2])
 
-    def _select(self, scope: Scope, key: str) -> tuple[str, float, int] | None:
+    def _select(self, scope: Scope, key: str) -> tuple[str, float, int, str, int] | None:
         assert self._db is not None
         cursor = self._db.execute(
-            "SELECT info, stored_at, learned FROM objects WHERE origin=? AND bucket=? AND key=?",
+            "SELECT info, stored_at, learned, etag, size FROM objects"
+            " WHERE origin=? AND bucket=? AND key=?",
             (*scope, key),
         )
         return cursor.fetchone()
 
     @contextlib.asynccontextmanager
-    async def fetch_lock(self, scope: Scope, key: str) -> AsyncIterator[None]:
+    async def fetch_lock(self, scope: Scope, key: str, kind: str = "meta") -> AsyncIterator[None]:
         """Hold while fetching ``key``'s metadata, so sibling workers fetch it once.
+
+        ``kind`` names a separate set of stripes (``"list"``: a directory's
+        listing), so a task holding a key's lock may take a listing's without
+        ever waiting on itself.
 
         Lock files are striped (a fixed set, chosen by hash), so two keys may
         share a stripe and briefly wait for each other; that is the price of
@@ -149,7 +157,7 @@ class MetadataStore:
             return
         stripe = zlib.crc32("\0".join((*scope, key)).encode("utf-8", "surrogatepass")) % _STRIPES
         fd = os.open(
-            self._path.parent / "locks" / f"meta-{stripe:04d}", os.O_RDWR | os.O_CREAT, 0o600
+            self._path.parent / "locks" / f"{kind}-{stripe:04d}", os.O_RDWR | os.O_CREAT, 0o600
         )
         try:
             while True:
@@ -174,7 +182,16 @@ class MetadataStore:
     def save(self, scope: Scope, key: str, info: ObjectInfo, learned: int) -> None:
         """Remember ``info``, asked of the origin at journal sequence ``learned``;
         written with the next flush."""
-        self._pending[(*scope, key)] = (_encode(info), time.time(), learned)
+        self._pending[(*scope, key)] = (_encode(info), time.time(), learned, info.etag, info.size)
+
+    def confirm(self, scope: Scope, entries: list[ListEntry], listed_at: float) -> None:
+        """A listing asked at wall time ``listed_at`` showed ``entries``: every stored
+        row it shows unchanged (same ETag and size) is as young as the listing. A
+        row keeps its ``learned``: a write after that still makes it suspect.
+        Written with the next flush."""
+        self._confirmations.extend(
+            (listed_at, *scope, e.key, e.etag, e.size, listed_at) for e in entries
+        )
 
     async def drop(self, scope: Scope, key_prefix: str, exact: bool = False) -> None:
         """Forget ``key_prefix`` (or every key under it): a write or an admin drop."""
@@ -197,17 +214,25 @@ class MetadataStore:
         )
 
     async def flush(self) -> None:
-        if not self._pending or self._db is None:
+        if not (self._pending or self._confirmations) or self._db is None:
             return
         batch, self._pending = self._pending, {}
-        await self._call(self._write, batch)
+        confirmations, self._confirmations = self._confirmations, []
+        await self._call(self._write, batch, confirmations)
 
-    def _write(self, batch: dict[tuple[str, str, str], tuple[str, float, int]]) -> None:
+    def _write(self, batch: dict[tuple[str, str, str], _Row], confirmations: list[Any]) -> None:
         assert self._db is not None
         rows = [(*k, *row) for k, row in batch.items()]
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
-            self._db.executemany("INSERT OR REPLACE INTO objects VALUES (?, ?, ?, ?, ?, ?)", rows)
+            self._db.executemany(
+                "INSERT OR REPLACE INTO objects VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows
+            )
+            self._db.executemany(
+                "UPDATE objects SET stored_at=? WHERE origin=? AND bucket=? AND key=?"
+                " AND etag=? AND size=? AND stored_at<?",
+                confirmations,
+            )
             (count,) = self._db.execute("SELECT count(*) FROM objects").fetchone()
             if count > self._max_rows:
                 self._db.execute(

@@ -1,0 +1,22 @@
+"""Object and listing metadata: what the origin said about objects, and how it stays true.
+
+Training sets are millions of small objects read once per epoch, in epochs
+that outlast any TTL. Asking the origin about each object once per TTL (a HEAD
+per key) is the thundering herd Hoard exists to prevent, so metadata that
+expires is revalidated in bulk: one listing of the object's directory answers
+for up to 1,000 keys per origin page (``revalidate.py``).
+
+The tiers today, fastest first (to be gathered into this package):
+  * ``cache/metadata.py``: each worker's memory (heads and whole listings,
+    TTLs, stale-while-revalidate, coalesced misses);
+  * ``cache/metadata_store.py``: the node's SQLite store, shared by workers
+    and kept across restarts;
+  * ``cluster/directory.py``: in a cluster, the key's (or prefix's) owner node;
+  * the origin.
+``cache/journal.py`` carries every invalidation to every worker of the node.
+
+Age travels with an answer across tiers: an entry served from the store or
+confirmed by a listing is as old as that answer, never refreshed by being
+copied, so what a client sees as fresh is at most ``metadata_ttl`` old (in a
+cluster, an owner's listing may add up to its own TTL: see ``revalidate.py``).
+"""
