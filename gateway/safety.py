@@ -1,0 +1,76 @@
+"""Safe defaults at start-up: no weak secret on a port other hosts can reach.
+
+A secret guards everything a key may do (read every bucket it names, through
+Hoard's own origin credentials), and the cluster secret guards the peer
+endpoints (any block, any metadata, invalidations). A secret that is empty,
+short enough to guess, or one of the placeholders this repository ships in its
+example configs, Compose file and Kubernetes Secret, is no guard at all. Hoard
+therefore refuses to start with one, naming the key, unless it listens on a
+loopback address only: there a developer's ``change-me`` harms nobody else, and
+gets a loud warning instead.
+
+Not guaranteed: that a long secret is a random one. The check catches the
+mistakes seen in practice (an unset variable expanding to "", a template
+value never replaced), not a weak choice.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+from gateway.config import Settings, split_listen
+
+MIN_SECRET_LENGTH = 16
+# Values shipped as examples in config/, docker-compose.yml and deploy/: never real.
+PLACEHOLDERS = frozenset({
+    "change-me", "changeme", "change-me-trainer-secret", "change-me-cluster-secret",
+    "trainer-secret", "compose-cluster-secret", "secret", "password",
+})  # fmt: skip
+
+
+def weakness(secret: str) -> str | None:
+    """Why ``secret`` is unfit to guard a reachable port, or None."""
+    if not secret:
+        return "is empty"
+    if secret.lower() in PLACEHOLDERS or secret.lower().startswith("change-me"):
+        return "is a placeholder shipped with Hoard's examples"
+    if len(secret) < MIN_SECRET_LENGTH:
+        return f"is shorter than {MIN_SECRET_LENGTH} characters"
+    return None
+
+
+def weak_secrets(settings: Settings) -> list[str]:
+    """One line per weak secret, naming its key (never showing the secret)."""
+    problems = []
+    for index, credential in enumerate(settings.credentials):
+        why = weakness(credential.secret_key.get_secret_value())
+        if why:
+            problems.append(f"credentials.{index}.secret_key ({credential.access_key!r}) {why}")
+    cluster = settings.cluster
+    if cluster.enabled and cluster.secret is not None:
+        why = weakness(cluster.secret.get_secret_value())
+        if why:
+            problems.append(f"cluster.secret {why}")
+    return problems
+
+
+def is_loopback(listen: str) -> bool:
+    """Whether ``listen`` (host:port) is reachable from this host only."""
+    host, _ = split_listen(listen)
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
+
+
+def refusals(settings: Settings) -> tuple[list[str], list[str]]:
+    """(refused, warned): weak secrets are refused off loopback and only warned about on it."""
+    problems = weak_secrets(settings)
+    if not problems:
+        return [], []
+    advice = (" - use a random secret of 16 or more characters from the environment "
+              "(e.g. `openssl rand -hex 32`)")  # fmt: skip
+    lines = [problem + advice for problem in problems]
+    return ([], lines) if is_loopback(settings.listen) else (lines, [])
