@@ -88,6 +88,10 @@ class S3Front:
         request["bucket"] = found.bucket
         request["mount"] = self._reader.mount_label(found.bucket)
         principal = self._auth.authenticate(view)
+        if principal.anonymous and not found.supported:
+            # Anonymous reads are object reads and listings Hoard answers itself, never an
+            # ACL, version, upload or tagging read fetched with Hoard's origin credentials.
+            raise S3Error(Code.AccessDenied)
         principal.authorize(found.bucket, mutating=request.method in ("PUT", "POST", "DELETE"))
         copy_source = request.headers.get("x-amz-copy-source")
         if copy_source is not None:  # a copy also reads its source: may this caller?
