@@ -68,7 +68,7 @@ from gateway.reader import Reader
 from gateway.s3.auth import Authenticator
 from gateway.s3.body import BodySender
 from gateway.s3.front import S3Front
-from gateway.safety import refusals
+from gateway.safety import private_cache, refusals
 from gateway.server import build_app
 from gateway.warm.fanout import ShareClient
 from gateway.warm.http import WarmHttp
@@ -377,6 +377,7 @@ def _event_loop(kind: str) -> asyncio.AbstractEventLoop:
 def serve(settings: Settings, reload: Callable[[], Settings] | None = None) -> None:
     """Run the gateway; ``reload`` re-reads the config on SIGHUP."""
     raise_fd_limit()
+    private_cache(settings.cache.dir, settings.cache.umask)
     credential = None
     if not settings.credentials and not settings.allow_anonymous:
         credential = generated_credential(settings.cache.dir)

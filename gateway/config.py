@@ -93,6 +93,19 @@ Size = Annotated[int, BeforeValidator(parse_size)]
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
+def parse_umask(value: object) -> int:
+    """A umask in octal: ``"077"``, ``"0o027"`` (YAML's ``0077`` arrives as the int 63)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 0o777:
+        return value
+    text = str(value).strip().lower().removeprefix("0o")
+    if not text or len(text) > 4 or any(c not in "01234567" for c in text):
+        raise ValueError(f"invalid umask {value!r} (octal, such as 077 or 027)")
+    return int(text, 8) & 0o777
+
+
+Umask = Annotated[int, BeforeValidator(parse_umask)]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -104,6 +117,9 @@ def _default_cache_dir() -> Path:
 
 class CacheConfig(_Strict):
     dir: Path = Field(default_factory=_default_cache_dir)
+    # The process umask: cached blocks, metadata and job files of private objects are
+    # 0600 in 0700 directories by default; 027 lets a group read a shared cache.
+    umask: Umask = 0o077
     size: Size = parse_size("10GiB")
     memory: Size = parse_size("512MiB")
     block_size: Size = parse_size("8MiB")

@@ -9,6 +9,13 @@ therefore refuses to start with one, naming the key, unless it listens on a
 loopback address only: there a developer's ``change-me`` harms nobody else, and
 gets a loud warning instead.
 
+Cached objects are as private as the origin keeps them: ``cache.umask`` (077
+by default) is the process umask, so block files, the metadata store and job
+files are 0600 in 0700 directories, and a cache directory left open by an
+older version is closed at start. It applies to every file the process
+creates, objects written to a posix origin included; a shared cache (or a
+posix origin read by others) sets 027 or 022.
+
 Not guaranteed: that a long secret is a random one. The check catches the
 mistakes seen in practice (an unset variable expanding to "", a template
 value never replaced), not a weak choice.
@@ -17,6 +24,8 @@ value never replaced), not a weak choice.
 from __future__ import annotations
 
 import ipaddress
+import os
+from pathlib import Path
 
 from gateway.config import Settings, split_listen
 
@@ -74,3 +83,14 @@ def refusals(settings: Settings) -> tuple[list[str], list[str]]:
               "(e.g. `openssl rand -hex 32`)")  # fmt: skip
     lines = [problem + advice for problem in problems]
     return ([], lines) if is_loopback(settings.listen) else (lines, [])
+
+
+def private_cache(cache_dir: Path, umask: int) -> None:
+    """Apply ``cache.umask`` to everything this process creates; tighten the cache dir.
+
+    A cache made by an older Hoard (0755) is closed too: what lies inside is
+    reachable only through the directory.
+    """
+    os.umask(umask)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(cache_dir, 0o777 & ~umask)
