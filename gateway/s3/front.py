@@ -108,7 +108,7 @@ class S3Front:
         if exc.code is Code.NotModified:
             return web.Response(status=304, headers=exc.headers)
         if exc.status >= 500:
-            log.warning("%s %s: %s", request.method, request.path, exc.message)
+            log.warning("%s %r: %s", request.method, request.path, exc.message)
         fields = dict(exc.fields)
         fields.setdefault("Resource", request.path)
         if exc.code is Code.InvalidRange:
