@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import logging
 import multiprocessing
@@ -32,7 +33,7 @@ from typing import Any
 import urllib3
 from aiohttp import web
 
-from gateway import errors
+from gateway import errors, listener
 from gateway.accesslog import AccessLog
 from gateway.admin import Admin
 from gateway.blocks import BlockRef, BlockSource, Piece
@@ -69,7 +70,7 @@ from gateway.s3.auth import Authenticator
 from gateway.s3.body import BodySender
 from gateway.s3.front import S3Front
 from gateway.safety import private_cache, refusals
-from gateway.server import build_app
+from gateway.server import build_app, rejected
 from gateway.warm.fanout import ShareClient
 from gateway.warm.http import WarmHttp
 from gateway.warm.jobs import WarmJobs
@@ -396,9 +397,9 @@ def serve(settings: Settings, reload: Callable[[], Settings] | None = None) -> N
 
 
 def _run(app: web.Application, settings: Settings, sock: socket.socket) -> None:
-    web.run_app(
-        app, sock=sock, shutdown_timeout=settings.shutdown_timeout,
-        access_log=None, print=None, loop=_event_loop(settings.event_loop),
+    listener.run(
+        app, sock, functools.partial(rejected, app), _event_loop(settings.event_loop),
+        shutdown_timeout=settings.shutdown_timeout, access_log=None,
         # Bodies are stored as sent: a gzip-encoded upload must reach the origin still gzipped.
         auto_decompress=False,
     )  # fmt: skip
