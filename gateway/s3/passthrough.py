@@ -25,6 +25,7 @@ from gateway.s3 import writes
 from gateway.s3.call import Call
 from gateway.s3.chunked import RequestBody, read_whole
 from gateway.s3.errors import Code, S3Error
+from gateway.s3.numbers import natural
 
 # Client headers that describe the client's own request to Hoard, not the object.
 _NOT_FORWARDED = frozenset({
@@ -85,7 +86,7 @@ async def passthrough(call: Call) -> web.StreamResponse:
             if name.lower() not in _NOT_RETURNED:
                 response.headers.add(name, value)
         declared = next((v for n, v in answer.headers if n.lower() == "content-length"), None)
-        if declared is not None and declared.isdigit():
+        if declared is not None and natural(declared) is not None:
             response.content_length = int(declared)
         await response.prepare(request)
         async for chunk in answer.body:
