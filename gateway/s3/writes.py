@@ -181,7 +181,7 @@ def _source_check(headers: Mapping[str, str]) -> SourceCheck | None:
     return check
 
 
-def _part_number(query: Mapping[str, str]) -> int:
+def part_number(query: Mapping[str, str]) -> int:
     raw = query.get("partNumber", "")
     number = natural(raw, 5)
     if number is None or not 1 <= number <= 10_000:
@@ -275,7 +275,7 @@ async def create_multipart_upload(call: Call) -> web.StreamResponse:
 
 
 async def upload_part(call: Call) -> web.StreamResponse:
-    number = _part_number(call.query)
+    number = part_number(call.query)
     upload_id = call.query["uploadId"]
     if "x-amz-copy-source" in call.request.headers:
         return await _upload_part_copy(call, upload_id, number)
