@@ -34,7 +34,11 @@ from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
+from gateway.accesslog import field
 from gateway.client.admin import AdminClient, AdminError
+from gateway.config import PrefetchConfig, parse_umask
+from gateway.prefetch.order import OrderError, manifest_keys
+from gateway.safety import is_loopback, weakness
 from tests.conftest import ORIGIN_KEY, ORIGIN_SECRET
 from tests.harness import ACCESS_KEY, REPO, SECRET_KEY, HoardProcess, metric, s3_client
 from tests.origin_proxy import OriginProxy
@@ -598,3 +602,51 @@ def test_smuggling_is_refused_whole(node, smuggled):
     assert re.match(rb"HTTP/1\.[01] 400 ", answer), answer[:200]
     assert answer.count(b"HTTP/1.") == 1, "a second, smuggled request was answered"
     assert b"Server: Hoard" in answer and b"<RequestId>" in answer
+
+
+# --------------------------------------------------------------------------- the pieces
+
+
+@pytest.mark.parametrize(
+    ("secret", "weak"),
+    [("", True), ("x" * 15, True), ("change-me", True), ("CHANGE-ME-trainer-secret", True),
+     ("trainer-secret", True), ("compose-cluster-secret", True), ("x" * 16, False),
+     (uuid.uuid4().hex, False)],
+)  # fmt: skip
+def test_which_secrets_are_weak(secret, weak):
+    assert (weakness(secret) is not None) == weak
+
+
+@pytest.mark.parametrize(
+    ("listen", "loopback"),
+    [("127.0.0.1:9000", True), ("127.1.2.3:9000", True), ("[::1]:9000", True),
+     ("localhost:9000", True), ("0.0.0.0:9000", False), ("[::]:9000", False),
+     ("10.0.0.1:9000", False), ("hoard.internal:9000", False)],
+)  # fmt: skip
+def test_which_listen_addresses_are_loopback(listen, loopback):
+    assert is_loopback(listen) == loopback
+
+
+@pytest.mark.parametrize(
+    ("value", "umask"),
+    [("077", 0o077), ("0o027", 0o027), (63, 0o077), ("0022", 0o022), ("8", None), ("", None),
+     ("77777", None), (True, None)],
+)  # fmt: skip
+def test_umask_values(value, umask):
+    if umask is None:
+        with pytest.raises(ValueError):
+            parse_umask(value)
+    else:
+        assert parse_umask(value) == umask
+
+
+def test_access_log_fields_are_escaped():
+    assert field("/b/k") == "/b/k" and field("") == "-"
+    assert field("a b\r\n\x1b[0m\\\x85\u2028é") == "a\\x20b\\x0d\\x0a\\x1b[0m\\\\\\x85\\u2028é"
+
+
+def test_a_manifest_line_that_is_not_a_key_is_named_by_number():
+    config = PrefetchConfig()
+    with pytest.raises(OrderError) as caught:
+        manifest_keys("a\n\n" + "s" * 2000 + "\n", config)
+    assert "manifest line 3" in caught.value.message and "sss" not in caught.value.message
