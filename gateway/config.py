@@ -53,7 +53,9 @@ _SIZE_UNITS = {
     "tb": 1000**4,
 }
 _DURATION_UNITS = {"": 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_QUANTITY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+# ASCII digits of bounded length: sizes and durations also arrive from clients (a prefetch
+# window, a pin_ttl), and "\d" reads any script's digits; 5,000 of them overflowed int().
+_QUANTITY = re.compile(r"^\s*([0-9]{1,30}(?:\.[0-9]{1,30})?)\s*([a-zA-Z]*)\s*$", re.ASCII)
 
 
 def parse_size(value: object) -> int:
@@ -76,7 +78,7 @@ def parse_duration(value: object) -> float:
     if isinstance(value, bool):
         raise ValueError(f"invalid duration {value!r}")
     if isinstance(value, int | float):
-        if value < 0:
+        if not value >= 0:  # negative, or NaN (JSON lets a client send one)
             raise ValueError(f"invalid duration {value!r}: must not be negative")
         return float(value)
     text = str(value).strip().lower()

@@ -226,6 +226,21 @@ def test_prefetch_streams_of_other_buckets_are_invisible_and_kept(node, buckets)
     full.call("DELETE", "/_hoard/prefetch/rank-0")
 
 
+@pytest.mark.parametrize(
+    "value", ["9" * 5000, "\u0661GiB", float("nan")], ids=["long", "arabic", "nan"]
+)
+def test_admin_sizes_and_durations_must_be_ascii_numbers(node, buckets, value):
+    """Before: a 5,000-digit prefetch window overflowed int() (a 500)."""
+    full = admin(node)
+    answer = refused(full.call, "POST", "/_hoard/prefetch",
+                     body={"stream": "w", "bucket": buckets["mine"], "keys": ["a.txt"],
+                           "window": value})  # fmt: skip
+    assert answer == (400, "InvalidWindow")
+    answer = refused(full.call, "POST", "/_hoard/warm",
+                     body={"bucket": buckets["mine"], "prefix": "", "pin": True, "pin_ttl": value})  # fmt: skip
+    assert answer == (400, "InvalidArgument")
+
+
 def test_a_limited_key_is_refused_the_other_bucket_on_the_s3_front(node, buckets):
     client = s3_client(node.endpoint, *LIMITED)
     with pytest.raises(botocore.exceptions.ClientError) as caught:
