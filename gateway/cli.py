@@ -69,7 +69,7 @@ from gateway.reader import Reader
 from gateway.s3.auth import Authenticator
 from gateway.s3.body import BodySender
 from gateway.s3.front import S3Front
-from gateway.safety import private_cache, refusals
+from gateway.safety import ambient_origins, private_cache, refusals
 from gateway.server import build_app, rejected
 from gateway.warm.fanout import ShareClient
 from gateway.warm.http import WarmHttp
@@ -493,6 +493,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     for line in warned:
         log.warning("INSECURE, allowed only because Hoard listens on loopback: %s", line)
+    for line in ambient_origins(settings):
+        log.warning("%s", line)
     serve(settings, reload=lambda: load(args))
     return 0
 

@@ -27,7 +27,7 @@ import ipaddress
 import os
 from pathlib import Path
 
-from gateway.config import Settings, split_listen
+from gateway.config import S3OriginConfig, Settings, split_listen
 
 MIN_SECRET_LENGTH = 16
 # Values shipped as examples in config/, docker-compose.yml and deploy/: never real.
@@ -61,6 +61,22 @@ def weak_secrets(settings: Settings) -> list[str]:
         if why:
             problems.append(f"cluster.secret {why}")
     return problems
+
+
+def ambient_origins(settings: Settings) -> list[str]:
+    """One line per S3 origin that signs with the host's ambient AWS credentials.
+
+    Not an error (an instance role is the usual way on AWS), but worth saying at
+    start: every key Hoard accepts reaches whatever those credentials can, within
+    its ``buckets``/``readonly`` limits, and the shipped example forwards to AWS.
+    """
+    return [
+        f"origin {name!r} signs with the host's ambient AWS credentials (no access_key "
+        "configured): every accepted key reaches what they can, within its buckets and "
+        "readonly limits"
+        for name, origin in settings.origins.items()
+        if isinstance(origin, S3OriginConfig) and origin.access_key is None
+    ]
 
 
 def is_loopback(listen: str) -> bool:

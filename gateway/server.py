@@ -92,6 +92,8 @@ def _code_for(status: int) -> str:
         return "NoSuchKey"
     if status == 405:
         return "MethodNotAllowed"
+    if status == 413:
+        return "EntityTooLarge"
     if status == 431:
         return "RequestHeaderSectionTooLarge"
     return "InvalidRequest" if status < 500 else "InternalError"

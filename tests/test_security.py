@@ -36,9 +36,9 @@ from botocore.credentials import Credentials
 
 from gateway.accesslog import field
 from gateway.client.admin import AdminClient, AdminError
-from gateway.config import PrefetchConfig, parse_umask
+from gateway.config import PrefetchConfig, build_settings, parse_umask
 from gateway.prefetch.order import OrderError, manifest_keys
-from gateway.safety import is_loopback, weakness
+from gateway.safety import ambient_origins, is_loopback, weakness
 from tests.conftest import ORIGIN_KEY, ORIGIN_SECRET
 from tests.harness import ACCESS_KEY, REPO, SECRET_KEY, HoardProcess, metric, s3_client
 from tests.origin_proxy import OriginProxy
@@ -239,6 +239,13 @@ def test_admin_sizes_and_durations_must_be_ascii_numbers(node, buckets, value):
     answer = refused(full.call, "POST", "/_hoard/warm",
                      body={"bucket": buckets["mine"], "prefix": "", "pin": True, "pin_ttl": value})  # fmt: skip
     assert answer == (400, "InvalidArgument")
+
+
+def test_an_oversized_admin_body_is_an_s3_error(node):
+    """aiohttp's own refusal of a body past client_max_size, answered in S3 XML."""
+    answer = signed_send(node.port, "POST", "/_hoard/warm", body=b"{" + b" " * (2 * 1024**2))
+    assert (answer.status, s3_error(answer)) == (413, "EntityTooLarge")
+    assert answer.headers["Server"] == "Hoard" and answer.headers["x-amz-request-id"]
 
 
 def test_a_limited_key_is_refused_the_other_bucket_on_the_s3_front(node, buckets):
@@ -665,3 +672,12 @@ def test_a_manifest_line_that_is_not_a_key_is_named_by_number():
     with pytest.raises(OrderError) as caught:
         manifest_keys("a\n\n" + "s" * 2000 + "\n", config)
     assert "manifest line 3" in caught.value.message and "sss" not in caught.value.message
+
+
+def test_origins_on_ambient_credentials_are_named_at_start():
+    settings = build_settings({
+        "origins": {"aws": {"type": "s3"}, "keyed": {"type": "s3", "access_key": "k",
+                                                     "secret_key": "s"}},
+    })  # fmt: skip
+    (line,) = ambient_origins(settings)
+    assert line.startswith("origin 'aws' signs with the host's ambient AWS credentials")
