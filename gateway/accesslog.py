@@ -1,4 +1,4 @@
-"""The access log: one line per request, as text or JSON, written in batches.
+r"""The access log: one line per request, as text or JSON, written in batches.
 
 The stdlib ``logging`` machinery costs more per record than a whole cached
 small-object GET spends elsewhere, so request lines bypass it: each request
@@ -7,6 +7,13 @@ every ``interval`` seconds or every ``batch`` lines, in one write. Lines name
 the request id, operation, bucket, path (never the query, which can hold a
 presigned signature), status, bytes, duration and where the bytes came from;
 never a header, a signature or a secret.
+
+In the text format every field is escaped: a control character, a space, a
+backslash or any other character that is not printable becomes ``\xHH``,
+``\uHHHH`` or ``\\``, so a client (even an unauthenticated one, whose path is
+logged too) cannot end a line, forge another one, split a field or drive a
+terminal with escape sequences. Fields are never empty (``-``). The JSON
+format escapes by its own rules.
 
 Not guaranteed: lines buffered when the process is killed (SIGKILL) are lost;
 a clean shutdown flushes them.
@@ -73,8 +80,9 @@ class AccessLog:
                 "bytes": sent, "duration": round(seconds, 6), "source": source, "error": error,
             })  # fmt: skip
         else:
-            line = (f"{self._now()} {self._pid} {request_id} {method} {path} {operation} "
-                    f"{bucket or '-'} {status} {sent} {seconds:.4f} {source} {error}")  # fmt: skip
+            line = (f"{self._now()} {self._pid} {field(request_id)} {field(method)} {field(path)} "
+                    f"{field(operation)} {field(bucket)} {status} {sent} {seconds:.4f} "
+                    f"{field(source)} {field(error)}")  # fmt: skip
         self._lines.append(line)
         if len(self._lines) >= self._batch:
             self.flush()
@@ -102,3 +110,21 @@ class AccessLog:
         while True:
             await asyncio.sleep(self._interval)
             self.flush()
+
+
+def field(value: str) -> str:
+    """``value`` as one field of a text line: no space, control or unprintable character."""
+    if value.isprintable() and " " not in value and "\\" not in value:
+        return value or "-"  # the common case: one scan, no copy
+    return "".join(map(_escaped, value))
+
+
+def _escaped(char: str) -> str:
+    if char == "\\":
+        return "\\\\"
+    if char.isprintable() and char != " ":
+        return char
+    code = ord(char)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"

@@ -4,6 +4,14 @@ Every one of them needs a signed request from a configured credential, even
 when anonymous S3 reads are allowed; health and readiness (in ``server.py``)
 are the only open ones. Answers are JSON, errors are S3 XML-free JSON too:
 these are for operators and tools, not S3 clients.
+
+Authorization is the S3 front's rule, ``Principal.authorize``, applied to the
+bucket(s) each call names: dropping a cache, warming (with or without pins) and
+registering prefetch are writes, so a ``readonly`` key or one whose ``buckets``
+leave the bucket out gets 403 ``AccessDenied`` and nothing is started. Job and
+stream views show only what lies in buckets the key may use; anything else is
+answered as if it did not exist. Node-wide views (stats, cluster) name no
+bucket and no object and are open to every configured key.
 """
 
 from __future__ import annotations
@@ -14,10 +22,11 @@ from typing import Any
 from aiohttp import web
 
 from gateway import errors
+from gateway.access import denied
 from gateway.metrics import Metrics
 from gateway.prefetch.api import PrefetchApi
 from gateway.reader import Reader
-from gateway.s3.auth import Authenticator
+from gateway.s3.auth import Authenticator, Principal
 from gateway.s3.errors import S3Error
 from gateway.s3.front import request_view
 from gateway.warm.http import PATH as WARM_PATH
@@ -55,11 +64,11 @@ class Admin:
         if path == "/_hoard/cluster" and request.method == "GET":
             return web.json_response(self._cluster_view())
         if path == "/_hoard/cache" and request.method == "DELETE":
-            return await self._drop(request)
+            return await self._drop(request, principal)
         if self._prefetch is not None and path.split("/")[2] == "prefetch":
-            return await self._prefetch.handle(request, path)
+            return await self._prefetch.handle(request, path, principal)
         if self._warm is not None and (path == WARM_PATH or path.startswith(WARM_PATH + "/")):
-            return await self._warm.admin(request, path)
+            return await self._warm.admin(request, path, principal)
         return web.json_response({"error": "NotFound"}, status=404)
 
     def _cluster_view(self) -> dict[str, Any]:
@@ -71,12 +80,15 @@ class Admin:
             return {"enabled": False, "live": [], "members": [], "cache_bytes": cached}
         return {"enabled": True, **self._cluster(), "cache_bytes": cached}
 
-    async def _drop(self, request: web.Request) -> web.StreamResponse:
+    async def _drop(self, request: web.Request, principal: Principal) -> web.StreamResponse:
         bucket = request.query.get("bucket", "")
         prefix = request.query.get("prefix", "")
         if not bucket:
             return web.json_response({"error": "InvalidArgument", "message": "bucket is required"},
                                      status=400)  # fmt: skip
+        refused = denied(principal, bucket, mutating=True)
+        if refused is not None:
+            return refused
         try:
             dropped = await self._reader.drop(bucket, prefix)
         except errors.NoSuchBucket:

@@ -6,13 +6,16 @@ clients of a running one (``gateway/client/commands.py``).
 ``hoard serve`` with no config serves ``--data-dir`` (default ``./data``) as a
 posix origin on 127.0.0.1:9000 and generates a credential pair on first start,
 kept in the cache directory so it survives restarts. A bad config prints one
-line per problem and exits 2, with no traceback.
+line per problem and exits 2, with no traceback; so does a weak secret on a
+port other hosts can reach (``safety.py``). The port is bound before anything
+is printed: a busy port is one line and exit status 1, and no secret is shown.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import logging
 import multiprocessing
@@ -20,6 +23,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -29,7 +33,7 @@ from typing import Any
 import urllib3
 from aiohttp import web
 
-from gateway import errors
+from gateway import errors, listener
 from gateway.accesslog import AccessLog
 from gateway.admin import Admin
 from gateway.blocks import BlockRef, BlockSource, Piece
@@ -53,6 +57,7 @@ from gateway.config import (
     split_listen,
 )
 from gateway.invalidation import Invalidation
+from gateway.listener import bind
 from gateway.metrics import Metrics, enable_multiprocess
 from gateway.namespace import Namespace
 from gateway.origins.base import Origin
@@ -66,7 +71,8 @@ from gateway.reader import Reader
 from gateway.s3.auth import Authenticator
 from gateway.s3.body import BodySender
 from gateway.s3.front import S3Front
-from gateway.server import build_app
+from gateway.safety import ambient_origins, private_cache, refusals
+from gateway.server import build_app, rejected
 from gateway.warm.fanout import ShareClient
 from gateway.warm.http import WarmHttp
 from gateway.warm.jobs import WarmJobs
@@ -377,6 +383,7 @@ def _event_loop(kind: str) -> asyncio.AbstractEventLoop:
 def serve(settings: Settings, reload: Callable[[], Settings] | None = None) -> None:
     """Run the gateway; ``reload`` re-reads the config on SIGHUP."""
     raise_fd_limit()
+    private_cache(settings.cache.dir, settings.cache.umask)
     credential = None
     if not settings.credentials and not settings.allow_anonymous:
         credential = generated_credential(settings.cache.dir)
@@ -384,20 +391,20 @@ def serve(settings: Settings, reload: Callable[[], Settings] | None = None) -> N
     if settings.workers > 1:
         supervise(settings, _banner(settings, credential), reload)
         return
+    sock = bind(settings.listen, reuse_port=False)
     app = build(settings, reload=reload)
 
     async def announce(app: web.Application) -> None:
         print(_banner(settings, credential), flush=True)
 
     app.on_startup.append(announce)
-    _run(app, settings, reuse_port=False)
+    _run(app, settings, sock)
 
 
-def _run(app: web.Application, settings: Settings, reuse_port: bool) -> None:
-    host, port = split_listen(settings.listen)
-    web.run_app(
-        app, host=host, port=port, shutdown_timeout=settings.shutdown_timeout,
-        access_log=None, print=None, loop=_event_loop(settings.event_loop), reuse_port=reuse_port,
+def _run(app: web.Application, settings: Settings, sock: socket.socket) -> None:
+    listener.run(
+        app, sock, functools.partial(rejected, app), _event_loop(settings.event_loop),
+        shutdown_timeout=settings.shutdown_timeout, access_log=None,
         # Bodies are stored as sent: a gzip-encoded upload must reach the origin still gzipped.
         auto_decompress=False,
     )  # fmt: skip
@@ -408,13 +415,14 @@ def _worker(settings: Settings, metrics_dir: Path, reload: Callable[[], Settings
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, signal.SIG_DFL)  # aiohttp and build() install their own handlers
     enable_multiprocess(metrics_dir)
-    _run(build(settings, metrics_dir, reload), settings, reuse_port=True)
+    _run(build(settings, metrics_dir, reload), settings, bind(settings.listen, reuse_port=True))
 
 
 def supervise(
     settings: Settings, banner: str, reload: Callable[[], Settings] | None = None
 ) -> None:
     """Start ``workers`` processes, restart any that dies, stop them all on SIGTERM/SIGINT."""
+    bind(settings.listen, reuse_port=True).close()  # a busy port: one line, before any worker
     metrics_dir = settings.cache.dir / f"prometheus-{os.getpid()}"
     shutil.rmtree(metrics_dir, ignore_errors=True)
     metrics_dir.mkdir(parents=True)
@@ -474,6 +482,11 @@ def main(argv: list[str] | None = None) -> int:
         for line in str(exc).splitlines():
             print(f"hoard: config error: {line}", file=sys.stderr)
         return EXIT_CONFIG
+    refused, warned = refusals(settings)
+    for line in refused:
+        print(f"hoard: config error: {line} (or listen on loopback only)", file=sys.stderr)
+    if refused:
+        return EXIT_CONFIG
     # One access-log line per request: skip the caller lookup (a stack walk per
     # record) and the thread names the format does not print.
     logging._srcfile = None
@@ -483,6 +496,10 @@ def main(argv: list[str] | None = None) -> int:
         level=settings.log_level.upper(),
         format="%(asctime)s %(process)d %(levelname)s %(name)s %(message)s",
     )
+    for line in warned:
+        log.warning("INSECURE, allowed only because Hoard listens on loopback: %s", line)
+    for line in ambient_origins(settings):
+        log.warning("%s", line)
     serve(settings, reload=lambda: load(args))
     return 0
 

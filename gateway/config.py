@@ -53,7 +53,9 @@ _SIZE_UNITS = {
     "tb": 1000**4,
 }
 _DURATION_UNITS = {"": 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_QUANTITY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+# ASCII digits of bounded length: sizes and durations also arrive from clients (a prefetch
+# window, a pin_ttl), and "\d" reads any script's digits; 5,000 of them overflowed int().
+_QUANTITY = re.compile(r"^\s*([0-9]{1,30}(?:\.[0-9]{1,30})?)\s*([a-zA-Z]*)\s*$", re.ASCII)
 
 
 def parse_size(value: object) -> int:
@@ -76,7 +78,7 @@ def parse_duration(value: object) -> float:
     if isinstance(value, bool):
         raise ValueError(f"invalid duration {value!r}")
     if isinstance(value, int | float):
-        if value < 0:
+        if not value >= 0:  # negative, or NaN (JSON lets a client send one)
             raise ValueError(f"invalid duration {value!r}: must not be negative")
         return float(value)
     text = str(value).strip().lower()
@@ -93,6 +95,19 @@ Size = Annotated[int, BeforeValidator(parse_size)]
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
+def parse_umask(value: object) -> int:
+    """A umask in octal: ``"077"``, ``"0o027"`` (YAML's ``0077`` arrives as the int 63)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 0o777:
+        return value
+    text = str(value).strip().lower().removeprefix("0o")
+    if not text or len(text) > 4 or any(c not in "01234567" for c in text):
+        raise ValueError(f"invalid umask {value!r} (octal, such as 077 or 027)")
+    return int(text, 8) & 0o777
+
+
+Umask = Annotated[int, BeforeValidator(parse_umask)]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -104,6 +119,9 @@ def _default_cache_dir() -> Path:
 
 class CacheConfig(_Strict):
     dir: Path = Field(default_factory=_default_cache_dir)
+    # The process umask: cached blocks, metadata and job files of private objects are
+    # 0600 in 0700 directories by default; 027 lets a group read a shared cache.
+    umask: Umask = 0o077
     size: Size = parse_size("10GiB")
     memory: Size = parse_size("512MiB")
     block_size: Size = parse_size("8MiB")

@@ -8,6 +8,14 @@ and everything else to the S3 front. ``_hoard`` can never be a bucket (S3
 bucket names have no underscore); ``metrics`` can, so only an unsigned GET of
 exactly ``/metrics`` with no query is the scrape endpoint, and a signed
 request for it still lists the bucket.
+
+Every request is answered by Hoard and accounted (a metric and an access-log
+line), whatever it is: the catch-all route matches any path S3 accepts (a key
+may hold a newline), a request the router or a handler still refuses becomes
+an S3 XML error here, an ``Expect`` value other than ``100-continue`` is
+ignored instead of answered with aiohttp's plain-text 417, and what aiohttp's
+HTTP parser refuses before any handler runs is answered by ``rejected``
+(installed by ``listener.py``), as S3 XML with a request id too.
 """
 
 from __future__ import annotations
@@ -19,12 +27,14 @@ import time
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.http import HttpVersion11
 
 from gateway.accesslog import AccessLog
 from gateway.admin import Admin
 from gateway.cluster.peers import PREFIX as PEER_PREFIX
 from gateway.cluster.peers import PeerServer
 from gateway.metrics import Metrics
+from gateway.s3 import xml
 from gateway.s3.front import S3Front
 from gateway.s3.routing import split_host
 
@@ -55,7 +65,11 @@ async def _observe(
     state = request.app[STATE]
     request["request_id"] = state["request_ids"].new()
     started = time.perf_counter()
-    response = await handler(request)
+    try:
+        response = await handler(request)
+    except web.HTTPException as exc:  # a route or handler refusal aiohttp would answer in text
+        request["error_code"] = _code_for(exc.status)
+        response = xml_error(exc.status, request["error_code"], exc.reason, request["request_id"])
     elapsed = time.perf_counter() - started
     operation = request.get("operation", "Admin")
     metrics: Metrics = state["metrics"]
@@ -71,6 +85,54 @@ async def _observe(
         response.status, sent, elapsed, request.get("source", "-"), request.get("error_code", "-"),
     )  # fmt: skip
     return response
+
+
+def _code_for(status: int) -> str:
+    if status == 404:
+        return "NoSuchKey"
+    if status == 405:
+        return "MethodNotAllowed"
+    if status == 413:
+        return "EntityTooLarge"
+    if status == 431:
+        return "RequestHeaderSectionTooLarge"
+    return "InvalidRequest" if status < 500 else "InternalError"
+
+
+def xml_error(status: int, code: str, message: str, request_id: str) -> web.Response:
+    """An S3 error answer made outside the S3 front (no bucket or key was understood)."""
+    body = xml.error(code, message, request_id, {})
+    headers = {"x-amz-request-id": request_id, "x-amz-id-2": request_id, "Server": "Hoard"}
+    return web.Response(status=status, body=body, headers=headers, content_type="application/xml")
+
+
+def rejected(app: web.Application, status: int, reason: str) -> web.Response:
+    """The answer to a request aiohttp's HTTP parser refused, accounted like any other.
+
+    ``reason`` names what was wrong (the parser's error class), never the bytes
+    sent: they may be anything, and they stay out of the answer and the log.
+    """
+    state = app[STATE]
+    request_id = state["request_ids"].new()
+    code = _code_for(status)
+    response = xml_error(status, code, f"The request could not be parsed: {reason}.", request_id)
+    state["metrics"].answered("Rejected", status, "", 0.0, len(response.body or b""))
+    state["access_log"].record(request_id, "-", "-", "Rejected", "", status,
+                               len(response.body or b""), 0.0, "-", code)  # fmt: skip
+    return response
+
+
+async def _expect(request: web.Request) -> None:
+    """``Expect: 100-continue`` is answered as aiohttp does; other values are ignored.
+
+    aiohttp's default answers them with a plain-text 417 before any middleware
+    runs; S3 clients do not send them, and ignoring one is what S3 does.
+    """
+    if request.version != HttpVersion11:
+        return
+    if request.headers.get("Expect", "").lower() == "100-continue":
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the answer's own bytes are still to come
 
 
 async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:
@@ -121,7 +183,8 @@ def build_app(
     async def close_log(app: web.Application) -> None:
         await access.close()
 
-    app.router.add_route("*", "/{tail:.*}", dispatch)
+    # [\s\S], not ".": a key may hold a newline, and "." stops at one.
+    app.router.add_route("*", r"/{tail:[\s\S]*}", dispatch, expect_handler=_expect)
     app.on_response_prepare.append(_add_request_id)
     app.on_startup.append(mark_ready)
     app.on_shutdown.append(mark_not_ready)

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import aiohttp
 from aiohttp import web
+from yarl import URL
 
 from tests.harness import free_port
 
@@ -154,8 +155,11 @@ class OriginProxy:
             return web.Response(status=503, body=_SLOW_DOWN, content_type="application/xml")
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
         body = await request.read()
+        # encoded=True: the path goes on byte for byte, as a transparent hop must send it
+        # (yarl would otherwise resolve "%2E%2E" segments and change which key is asked for).
+        target = URL(self.upstream + request.raw_path, encoded=True)
         async with self._session.request(
-            request.method, self.upstream + request.raw_path, headers=headers, data=body or None
+            request.method, target, headers=headers, data=body or None
         ) as upstream:
             out = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP}
             response = web.StreamResponse(status=upstream.status, headers=out)

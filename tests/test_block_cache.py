@@ -7,6 +7,7 @@ origin request and can slow down or fail the origin on demand.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import socket
@@ -148,6 +149,9 @@ def test_corrupted_block_is_refetched_never_served(node, proxy, origin_client, b
     data = put(origin_client, bucket, "fragile", 2 * MiB)
     url = f"{node.endpoint}/{bucket}/fragile"
     assert get_many([url]) == [data]
+    # The answer may be sent before its block is written and indexed (the fill writes
+    # to disk beside the client): wait for the index to hold it, not for time to pass.
+    _wait_for_disk_bytes(node.endpoint, 2 * MiB)
     files = _block_files(node.workdir / "cache")
     assert len(files) == 1
     raw = bytearray(files[0].read_bytes())
@@ -161,6 +165,26 @@ def test_corrupted_block_is_refetched_never_served(node, proxy, origin_client, b
     assert proxy.counts["GetObject"] == 1
     metrics = asyncio.run(_text(f"{node.endpoint}/metrics"))
     assert "hoard_cache_corrupt_blocks_total 1.0" in metrics
+
+
+def _wait_for_disk_bytes(endpoint: str, wanted: int, timeout: float = 30.0) -> None:
+    """Until the disk tier's indexed bytes (``hoard_cache_bytes{tier="disk"}``) reach ``wanted``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        exposition = asyncio.run(_text(f"{endpoint}/metrics"))
+        if sum_samples(exposition, 'hoard_cache_bytes{tier="disk"}') >= wanted:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"the disk tier never held {wanted} bytes")
+
+
+def _file_bytes(files: list[Path]) -> int:
+    """Bytes of ``files`` still there: eviction may remove one between listing and stat."""
+    total = 0
+    for path in files:
+        with contextlib.suppress(FileNotFoundError):
+            total += path.stat().st_size
+    return total
 
 
 async def _text(url: str) -> str:
@@ -198,7 +222,7 @@ def test_disk_bound_respected_with_dataset_3x_the_bound(tmp_path, proxy, origin_
         objects = {f"d/{i}": put(origin_client, bucket, f"d/{i}", 3 * MiB) for i in range(16)}
         for key, data in objects.items():
             assert get_many([f"{node.endpoint}/{bucket}/{key}"]) == [data]
-            used = sum(p.stat().st_size for p in _block_files(node.workdir / "cache"))
+            used = _file_bytes(_block_files(node.workdir / "cache"))
             assert used <= 16 * MiB + 2 * MiB, used
         for key, data in list(objects.items())[:3]:  # evicted early, refetched correctly
             assert get_many([f"{node.endpoint}/{bucket}/{key}"]) == [data]

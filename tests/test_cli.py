@@ -222,6 +222,7 @@ def test_example_config_parses_with_every_documented_key(monkeypatch):
 
     for name in [n for n in os.environ if n.startswith("HOARD_")]:
         monkeypatch.delenv(name)
+    monkeypatch.setenv("TRAINER_SECRET", "an-operator-secret-of-32-chars..")
     settings = build_settings(read_yaml(REPO / "config" / "hoard.yaml"))
     assert settings.mounts[0].metadata_ttl == float("inf")
     assert settings.cache.block_size == 8 * 1024 * 1024

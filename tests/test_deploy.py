@@ -42,7 +42,8 @@ import pytest
 import requests
 import yaml
 
-from gateway.config import Settings, build_settings, read_yaml, split_listen
+from gateway.config import ConfigError, Settings, build_settings, read_yaml, split_listen
+from gateway.safety import refusals
 from tests.harness import HoardProcess, s3_client
 
 REPO = Path(__file__).resolve().parent.parent
@@ -62,6 +63,14 @@ def _tool(name: str) -> str | None:
         return found
     candidate = Path(sysconfig.get_path("scripts")) / name
     return str(candidate) if os.access(candidate, os.X_OK) else None
+
+
+# What an operator exports before `docker compose up` / puts in the Kubernetes Secret:
+# real secrets (the shipped files carry none that Hoard would accept).
+OPERATOR_SECRETS = {
+    "TRAINER_SECRET": "t" + uuid.uuid4().hex,
+    "HOARD_CLUSTER_SECRET": uuid.uuid4().hex,
+}
 
 
 def _clean_env(**extra: str) -> dict[str, str]:
@@ -202,11 +211,12 @@ def test_dockerignore_sends_only_what_the_build_copies():
 
 # --------------------------------------------------------------------------- Compose
 
-_COMPOSE_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?-)([^}]*))?\}")
+_COMPOSE_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}")
 
 
 def _interpolate(value: Any, environ: dict[str, str]) -> Any:
-    """Compose's ``${VAR}`` / ``${VAR:-default}`` / ``${VAR-default}``, as ``up`` applies them."""
+    """Compose's ``${VAR}`` / ``${VAR:-default}`` / ``${VAR-default}`` / ``${VAR:?error}``,
+    as ``up`` applies them (an unset required variable: ``LookupError``)."""
     if isinstance(value, dict):
         return {k: _interpolate(v, environ) for k, v in value.items()}
     if isinstance(value, list):
@@ -220,6 +230,8 @@ def _interpolate(value: Any, environ: dict[str, str]) -> Any:
             return default
         if operator == "-" and name not in environ:
             return default
+        if operator == ":?" and not environ.get(name):
+            raise LookupError(f"{name}: {default}")
         return environ.get(name, "")
 
     result = _COMPOSE_VAR.sub(substitute, value)
@@ -228,8 +240,10 @@ def _interpolate(value: Any, environ: dict[str, str]) -> Any:
 
 
 def _compose(environ: dict[str, str] | None = None) -> dict[str, Any]:
-    """docker-compose.yml as ``docker compose up`` sees it with no .env file (the defaults)."""
-    return _interpolate(yaml.safe_load(COMPOSE_FILE.read_text()), environ or {})
+    """docker-compose.yml as ``docker compose up`` sees it with only the required secrets set."""
+    return _interpolate(
+        yaml.safe_load(COMPOSE_FILE.read_text()), OPERATOR_SECRETS if environ is None else environ
+    )
 
 
 def _service_environment(service: dict[str, Any]) -> dict[str, str]:
@@ -268,7 +282,7 @@ def _compose_binary() -> str | None:
 def _run_compose(binary: str, compose_file: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [binary, "--project-directory", str(REPO), "-f", str(compose_file), *args],
-        capture_output=True, text=True, timeout=60, check=False, env=_clean_env(),
+        capture_output=True, text=True, timeout=60, check=False, env=_clean_env(**OPERATOR_SECRETS),
     )  # fmt: skip
 
 
@@ -683,7 +697,7 @@ def _k8s_settings(monkeypatch: pytest.MonkeyPatch, pod_ip: str) -> Settings:
     """The ConfigMap's hoard.yaml loaded as in the pod at ``pod_ip``: the Secret's values as env."""
     for name in [k for k in os.environ if k.startswith("HOARD_")]:
         monkeypatch.delenv(name)
-    environ = {**_k8s("Secret")["stringData"], "POD_IP": pod_ip}
+    environ = {**_k8s("Secret")["stringData"], **OPERATOR_SECRETS, "POD_IP": pod_ip}
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
     config = _k8s("ConfigMap")["data"]["hoard.yaml"]
@@ -729,7 +743,7 @@ def test_kubernetes_config_loads_with_hoards_loader(monkeypatch: pytest.MonkeyPa
 
 def test_kubernetes_config_serves_its_probes(moto_endpoint: str, tmp_path: Path):
     """The ConfigMap's hoard.yaml run for real (origin moved to moto): probes and /metrics answer."""
-    environ = {**_k8s("Secret")["stringData"], "POD_IP": "127.0.0.1"}
+    environ = {**_k8s("Secret")["stringData"], **OPERATOR_SECRETS, "POD_IP": "127.0.0.1"}
     config = _read_yaml_text(_k8s("ConfigMap")["data"]["hoard.yaml"], environ)
     del config["listen"]
     config["cache"]["dir"] = str(tmp_path / "cache")
@@ -757,3 +771,31 @@ def test_readme_says_what_was_and_was_not_run():
         assert needed in section, needed
     for port in ("9001", "9090", "3000"):
         assert f"localhost:{port}" in section, port
+
+
+# --------------------------------------------------------------------------- shipped secrets
+
+
+def test_shipped_placeholders_are_refused_and_real_secrets_accepted():
+    """Every shipped file keeps working with real secrets and refuses to run without them."""
+    shipped = {**_k8s("Secret")["stringData"], "POD_IP": "10.1.2.3"}
+    configmap = _read_yaml_text(_k8s("ConfigMap")["data"]["hoard.yaml"], shipped)
+    refused, _ = refusals(build_settings(configmap))
+    assert [line.split()[0] for line in refused] == ["credentials.0.secret_key", "cluster.secret"]
+    assert all("placeholder" in line for line in refused)
+    real = _read_yaml_text(_k8s("ConfigMap")["data"]["hoard.yaml"], {**shipped, **OPERATOR_SECRETS})
+    assert refusals(build_settings(real)) == ([], [])
+
+    with pytest.raises(LookupError, match="TRAINER_SECRET"):
+        _compose({})  # `docker compose up` without the secrets: Compose refuses
+    for node in NODES:
+        node_env = _service_environment(_compose()["services"][node])
+        config = read_yaml(REPO / _binds(_compose()["services"][node])[CONFIG_PATH], node_env)
+        assert refusals(build_settings(config)) == ([], []), node
+
+    with pytest.raises(ConfigError, match="TRAINER_SECRET is not set"):
+        read_yaml(REPO / "config" / "hoard.yaml", {})  # the image's default config
+    default = build_settings(read_yaml(REPO / "config" / "hoard.yaml", OPERATOR_SECRETS))
+    assert split_listen(default.listen)[0] == "0.0.0.0" and refusals(default) == ([], [])
+    short = read_yaml(REPO / "config" / "hoard.yaml", {"TRAINER_SECRET": "change-me"})
+    assert refusals(build_settings(short))[0], "the old default secret must be refused"

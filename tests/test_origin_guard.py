@@ -392,7 +392,10 @@ def test_example_config_documents_every_protection_key() -> None:
     from gateway.config import BreakerConfig, LimitsConfig, RetryConfig, build_settings, read_yaml
     from tests.harness import REPO
 
-    raw = read_yaml(REPO / "config" / "hoard.yaml", environ={})
+    raw = read_yaml(
+        REPO / "config" / "hoard.yaml",
+        environ={"TRAINER_SECRET": "an-operator-secret-of-32-chars.."},
+    )
     aws = raw["origins"]["aws"]
     for key, model in (
         ("limits", LimitsConfig),

@@ -65,6 +65,7 @@ async def test_an_expired_pin_protects_nothing(tier):
 def test_config_documents_warm_keys_and_the_default_quota_is_half_the_disk(monkeypatch):
     for name in [n for n in os.environ if n.startswith("HOARD_")]:
         monkeypatch.delenv(name)
+    monkeypatch.setenv("TRAINER_SECRET", "an-operator-secret-of-32-chars..")
     settings = build_settings(read_yaml(REPO / "config" / "hoard.yaml"))
     assert settings.cache.pin_limit == 250 * 1024**3
     assert settings.warm.concurrency == 8 and settings.warm.poll_timeout == 2.0

@@ -5,6 +5,11 @@
 - ``GET /_hoard/prefetch/{id}`` → position, window, bytes ahead and in flight, lookups in flight.
 - ``DELETE /_hoard/prefetch/{id}`` → 200 ``{"stream", "dropped": true}``.
 
+Each call is checked against the key's ``buckets``/``readonly`` limits with the
+rule of ``gateway/access.py``: registering and dropping are writes on the
+stream's bucket (a registration may not replace another bucket's stream of the
+same id), a stream in a bucket the key may not use is not found.
+
 In a cluster, a registration or a drop accepted here is passed to every other
 live node (signed peer messages ``prefetch`` and ``prefetch-drop``); there
 the stream waits, inactive, for its first GET (see the package docstring).
@@ -20,9 +25,11 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from gateway import errors
+from gateway.access import denied, json_error
 from gateway.config import PrefetchConfig
 from gateway.prefetch.order import Order, OrderError, manifest_keys, parse_request
 from gateway.prefetch.prefetcher import Prefetcher
+from gateway.s3.auth import Principal
 
 if TYPE_CHECKING:
     from gateway.reader import Reader
@@ -49,22 +56,26 @@ class PrefetchApi:
         self._config = config
         self._announce = announce  # tells the other live nodes, in a cluster
 
-    async def handle(self, request: web.Request, path: str) -> web.StreamResponse:
-        """Answer a signed request under ``/_hoard/prefetch``."""
+    async def handle(
+        self, request: web.Request, path: str, principal: Principal
+    ) -> web.StreamResponse:
+        """Answer a signed request under ``/_hoard/prefetch`` by ``principal``."""
         try:
             if path == PATH and request.method == "POST":
-                return await self._register(request)
+                return await self._register(request, principal)
             stream_id = path.removeprefix(PATH + "/")
-            if path.startswith(PATH + "/") and request.method == "GET":
+            if path.startswith(PATH + "/") and request.method in ("GET", "DELETE"):
                 found = self._prefetcher.status(stream_id)
-                return web.json_response(found) if found else _no_stream(stream_id)
-            if path.startswith(PATH + "/") and request.method == "DELETE":
-                return await self._drop(stream_id)
+                if found is None or not principal.may_use(found["bucket"]):
+                    return _no_stream(stream_id)
+                if request.method == "GET":
+                    return web.json_response(found)
+                return denied(principal, found["bucket"], True) or await self._drop(stream_id)
         except OrderError as exc:
-            return _error(400, exc.code, exc.message)
-        return _error(404, "NotFound", f"no endpoint {request.method} {path}")
+            return json_error(400, exc.code, exc.message)
+        return json_error(404, "NotFound", f"no endpoint {request.method} {path}")
 
-    async def _register(self, request: web.Request) -> web.StreamResponse:
+    async def _register(self, request: web.Request, principal: Principal) -> web.StreamResponse:
         body = await _read_bounded(request)
         try:
             asked = parse_request(json.loads(body), self._config)
@@ -72,6 +83,11 @@ class PrefetchApi:
             if isinstance(exc, OrderError):
                 raise
             raise OrderError("InvalidRequest", f"the body is not JSON: {exc}") from None
+        replaced = self._prefetcher.status(asked.stream)
+        for bucket in (asked.bucket, replaced["bucket"] if replaced else asked.bucket):
+            refused = denied(principal, bucket, mutating=True)
+            if refused is not None:
+                return refused
         keys = asked.keys
         if keys is None:
             assert asked.manifest is not None
@@ -124,10 +140,6 @@ async def _read_bounded(request: web.Request) -> bytes:
 
 
 def _no_stream(stream_id: str) -> web.Response:
-    return _error(
+    return json_error(
         404, "NoSuchStream", f"no prefetch stream {stream_id!r} (expired or never registered)"
     )
-
-
-def _error(status: int, code: str, message: str) -> web.Response:
-    return web.json_response({"error": code, "message": message}, status=status)

@@ -75,8 +75,20 @@ def parse_request(body: object, config: PrefetchConfig) -> Request:
 
 
 def manifest_keys(text: str, config: PrefetchConfig) -> tuple[str, ...]:
-    """The keys of a manifest: one per line, blank lines skipped."""
-    return check_keys([line.strip() for line in text.splitlines() if line.strip()], config)
+    """The keys of a manifest: one per line, blank lines skipped.
+
+    A line that cannot be a key is named by its number, never quoted: a manifest
+    is object content, and an error message must not become a way to read it.
+    """
+    keys = []
+    for number, line in enumerate(text.splitlines(), 1):
+        key = line.strip()
+        if key and len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
+            raise OrderError("InvalidRequest", f"manifest line {number} is not an object key "
+                                               f"(longer than {MAX_KEY_BYTES} bytes)")  # fmt: skip
+        if key:
+            keys.append(key)
+    return check_keys(keys, config)
 
 
 def check_keys(keys: list[str], config: PrefetchConfig) -> tuple[str, ...]:

@@ -88,6 +88,10 @@ class S3Front:
         request["bucket"] = found.bucket
         request["mount"] = self._reader.mount_label(found.bucket)
         principal = self._auth.authenticate(view)
+        if principal.anonymous and not found.supported:
+            # Anonymous reads are object reads and listings Hoard answers itself, never an
+            # ACL, version, upload or tagging read fetched with Hoard's origin credentials.
+            raise S3Error(Code.AccessDenied)
         principal.authorize(found.bucket, mutating=request.method in ("PUT", "POST", "DELETE"))
         copy_source = request.headers.get("x-amz-copy-source")
         if copy_source is not None:  # a copy also reads its source: may this caller?
@@ -104,7 +108,7 @@ class S3Front:
         if exc.code is Code.NotModified:
             return web.Response(status=304, headers=exc.headers)
         if exc.status >= 500:
-            log.warning("%s %s: %s", request.method, request.path, exc.message)
+            log.warning("%s %r: %s", request.method, request.path, exc.message)
         fields = dict(exc.fields)
         fields.setdefault("Resource", request.path)
         if exc.code is Code.InvalidRange:

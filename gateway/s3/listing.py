@@ -17,6 +17,7 @@ from gateway.s3 import xml
 from gateway.s3.buckets import XML_TYPE
 from gateway.s3.call import Call
 from gateway.s3.errors import Code, S3Error
+from gateway.s3.numbers import query_integer
 
 MAX_KEYS_LIMIT = 1000
 
@@ -35,18 +36,7 @@ def decode_token(token: str) -> str:
 
 
 def _max_keys(call: Call) -> int:
-    raw = call.query.get("max-keys", str(MAX_KEYS_LIMIT))
-    try:
-        value = int(raw)
-    except ValueError:
-        raise S3Error(
-            Code.InvalidArgument, "Provided max-keys not an integer or within integer range"
-        ) from None
-    if value < 0:
-        raise S3Error(
-            Code.InvalidArgument, "Argument maxKeys must be an integer between 0 and 2147483647"
-        )
-    return value
+    return query_integer(call.query, "max-keys", MAX_KEYS_LIMIT)
 
 
 def url_encoding_requested(query: Mapping[str, str]) -> bool:

@@ -59,7 +59,20 @@ def _overrides(call: Call) -> dict[str, str]:
             Code.InvalidRequest,
             "Request specific response headers cannot be used for anonymous GET requests.",
         )
+    for param, header in _OVERRIDES.items():
+        if header in found and not _header_safe(found[header]):
+            # A CR or LF would split the answer's headers (aiohttp refuses it mid-answer
+            # and drops the connection); NUL and other controls have no place there either.
+            raise S3Error(
+                Code.InvalidArgument,
+                f"{param} must not hold control characters.",
+                fields={"ArgumentName": param},
+            )
     return found
+
+
+def _header_safe(value: str) -> bool:
+    return value.isprintable() or all(c == "\t" or c.isprintable() for c in value)
 
 
 def _range_headers(read_start: int, read_end: int, size: int) -> dict[str, str]:

@@ -11,8 +11,12 @@ from __future__ import annotations
 import re
 
 from gateway.reader import RangeSpec
+from gateway.s3.numbers import saturating
 
-_SINGLE_RANGE = re.compile(r"^\s*bytes\s*=\s*(\d*)\s*-\s*(\d*)\s*$", re.IGNORECASE)
+# ASCII only: "\d" would read other scripts' digits, IGNORECASE alone would match "\u017f" as "s".
+_SINGLE_RANGE = re.compile(
+    r"^[ \t]*bytes[ \t]*=[ \t]*([0-9]*)[ \t]*-[ \t]*([0-9]*)[ \t]*$", re.IGNORECASE | re.ASCII
+)
 
 
 def parse_range(header: str | None) -> RangeSpec | None:
@@ -22,13 +26,16 @@ def parse_range(header: str | None) -> RangeSpec | None:
     match = _SINGLE_RANGE.match(header)
     if match is None:
         return None
-    first, last = match.group(1), match.group(2)
-    if first and last:
-        if int(last) < int(first):
+    # A number too long to be an offset means "past any end" (416 for a first byte,
+    # the end of the object for a last byte), as S3 reads it; never int()'s ValueError.
+    first = saturating(match.group(1)) if match.group(1) else None
+    last = saturating(match.group(2)) if match.group(2) else None
+    if first is not None and last is not None:
+        if last < first:
             return None  # RFC 9110: an invalid range-spec makes the header ignorable
-        return RangeSpec(first=int(first), last=int(last))
-    if first:
-        return RangeSpec(first=int(first))
-    if last:
-        return RangeSpec(suffix=int(last))
+        return RangeSpec(first=first, last=last)
+    if first is not None:
+        return RangeSpec(first=first)
+    if last is not None:
+        return RangeSpec(suffix=last)
     return None

@@ -50,7 +50,7 @@ _SUBRESOURCES = frozenset(
      "versionId", "versioning", "versions", "website"}
 )  # fmt: skip
 _MAX_EXPIRES = 2**31 - 1  # S3 refuses SigV2 expiry times past 2038 as invalid dates
-_EXPIRES = re.compile(r"\d{1,10}")
+_EXPIRES = re.compile(r"[0-9]{1,10}")
 _FOLD = re.compile(r"\s*\r?\n\s*")
 
 

@@ -37,7 +37,7 @@ ALGORITHM = "AWS4-HMAC-SHA256"
 UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
 MAX_PRESIGN_EXPIRES = 604800  # seven days, S3's limit for X-Amz-Expires
 _MAX_CACHED_KEYS = 1024
-_AMZ_DATE = re.compile(r"\d{8}T\d{6}Z")
+_AMZ_DATE = re.compile(r"[0-9]{8}T[0-9]{6}Z")
 _SHA256_HEX = re.compile(r"[0-9a-fA-F]{64}")
 _PAYLOAD_MARKERS = (
     "UNSIGNED-PAYLOAD, STREAMING-UNSIGNED-PAYLOAD-TRAILER, STREAMING-AWS4-HMAC-SHA256-PAYLOAD, "
@@ -283,7 +283,7 @@ def _presigned_claim(req: RequestView, params: dict[str, str]) -> _Claim:
 
 
 def _parse_expires(value: str) -> int:
-    if not re.fullmatch(r"-?\d{1,12}", value):
+    if not re.fullmatch(r"-?[0-9]{1,12}", value):
         raise _query_error("X-Amz-Expires should be a number")
     expires = int(value)
     if expires < 0:
@@ -307,7 +307,7 @@ def _parse_credential(value: str, fail: Callable[[str], S3Error]) -> tuple[str, 
     access_key, date, region, service, terminal = parts
     if not access_key:
         raise fail("a non-empty Access Key (AKID) must be provided in the credential.")
-    if not re.fullmatch(r"\d{8}", date):
+    if not re.fullmatch(r"[0-9]{8}", date):
         raise fail(
             f'incorrect date format "{date}". This date in the credential must be in the '
             'format "yyyyMMdd".'

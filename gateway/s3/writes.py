@@ -44,6 +44,7 @@ from gateway.s3.chunked import RequestBody, read_whole
 from gateway.s3.conditionals import Conditions
 from gateway.s3.errors import Code, S3Error, from_domain
 from gateway.s3.listing import url_encoding_requested
+from gateway.s3.numbers import natural, query_integer
 from gateway.writer import Attributes, SourceCheck, UploadInfo, WriteCheck
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ _REPRESENTATION = ("Cache-Control", "Content-Disposition", "Content-Language", "
 # What makes copying an object onto itself legal besides a REPLACE directive.
 _SELF_COPY_CHANGES = ("x-amz-storage-class", "x-amz-website-redirect-location",
                       "x-amz-server-side-encryption")  # fmt: skip
-_COPY_RANGE = re.compile(r"bytes=(\d{1,19})-(\d{1,19})")
+_COPY_RANGE = re.compile(r"bytes=([0-9]{1,19})-([0-9]{1,19})")
 _SELF_COPY_MESSAGE = (
     "This copy request is illegal because it is trying to copy an object to itself without "
     "changing the object's metadata, storage class, website redirect location or encryption "
@@ -180,30 +181,16 @@ def _source_check(headers: Mapping[str, str]) -> SourceCheck | None:
     return check
 
 
-def _integer(query: Mapping[str, str], name: str, default: int) -> int:
-    raw = query.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        message = f"Provided {name} not an integer or within integer range"
-        raise S3Error(Code.InvalidArgument, message) from None
-    if value < 0:
-        message = f"Argument {name} must be an integer between 0 and 2147483647"
-        raise S3Error(Code.InvalidArgument, message)
-    return value
-
-
-def _part_number(query: Mapping[str, str]) -> int:
+def part_number(query: Mapping[str, str]) -> int:
     raw = query.get("partNumber", "")
-    if not raw.isdigit() or not 1 <= int(raw) <= 10_000:
+    number = natural(raw, 5)
+    if number is None or not 1 <= number <= 10_000:
         raise S3Error(
             Code.InvalidArgument,
             "Part number must be an integer between 1 and 10000, inclusive",
             fields={"ArgumentName": "partNumber", "ArgumentValue": raw},
         )
-    return int(raw)
+    return number
 
 
 def _xml(body: bytes) -> web.Response:
@@ -288,7 +275,7 @@ async def create_multipart_upload(call: Call) -> web.StreamResponse:
 
 
 async def upload_part(call: Call) -> web.StreamResponse:
-    number = _part_number(call.query)
+    number = part_number(call.query)
     upload_id = call.query["uploadId"]
     if "x-amz-copy-source" in call.request.headers:
         return await _upload_part_copy(call, upload_id, number)
@@ -342,8 +329,8 @@ async def abort_multipart_upload(call: Call) -> web.StreamResponse:
 
 
 async def list_parts(call: Call) -> web.StreamResponse:
-    max_parts = min(_integer(call.query, "max-parts", LIST_LIMIT), LIST_LIMIT)
-    marker = _integer(call.query, "part-number-marker", 0)
+    max_parts = min(query_integer(call.query, "max-parts", LIST_LIMIT), LIST_LIMIT)
+    marker = query_integer(call.query, "part-number-marker", 0)
     encode = url_encoding_requested(call.query)
     upload_id = call.query["uploadId"]
     parts = await call.writer.list_parts(call.bucket, call.key, upload_id)
@@ -366,7 +353,7 @@ async def list_multipart_uploads(call: Call) -> web.StreamResponse:
     prefix, delimiter = query.get("prefix", ""), query.get("delimiter", "")
     key_marker = query.get("key-marker", "")
     id_marker = query.get("upload-id-marker", "") if key_marker else ""  # S3 ignores it alone
-    max_uploads = min(_integer(query, "max-uploads", LIST_LIMIT), LIST_LIMIT)
+    max_uploads = min(query_integer(query, "max-uploads", LIST_LIMIT), LIST_LIMIT)
     encode = url_encoding_requested(query)
     found = await call.writer.list_multipart_uploads(call.bucket, prefix)
     uploads: list[UploadInfo] = []

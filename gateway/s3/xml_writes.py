@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from gateway.s3.errors import Code, S3Error
+from gateway.s3.numbers import natural
 from gateway.s3.xml import DECLARATION, NAMESPACE, OWNER_ID, _element, _url, iso8601
 from gateway.writer import PartInfo, UploadInfo
 
@@ -84,9 +85,10 @@ def parse_complete(body: bytes) -> list[tuple[int, str]]:
         if _local(element.tag) != "Part":
             continue
         number, etag = _child_text(element, "PartNumber"), _child_text(element, "ETag")
-        if number is None or etag is None or not number.strip().isdigit():
+        part_number = natural(number.strip(), 5) if number is not None else None
+        if part_number is None or etag is None:
             raise S3Error(Code.MalformedXML)
-        parts.append((int(number.strip()), etag.strip()))
+        parts.append((part_number, etag.strip()))
     if not parts:
         raise S3Error(Code.MalformedXML)
     return parts

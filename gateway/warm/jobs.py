@@ -235,6 +235,11 @@ class WarmJobs:
             )
         )
 
+    def bucket_of(self, job_id: str) -> str | None:
+        """The bucket a job accepted here warms (None: no such job), for authorization."""
+        record = self._jobs.get(job_id)
+        return None if record is None else str(record["spec"]["bucket"])
+
     async def status(self, job_id: str) -> dict[str, Any] | None:
         """The job as its shares report it, summed (a node that does not answer: its last)."""
         record = self._jobs.get(job_id)

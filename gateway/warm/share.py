@@ -64,6 +64,7 @@ class ShareRun:
         self._saved_counts = (-1, -1)
         self._saving = asyncio.Lock()
         self.interrupted = False  # set when the process stops: the share resumes on restart
+        self._lines: list[int] | None = None  # a manifest's line number of each key
 
     async def run(self) -> None:
         """Run to done, failed or cancelled; the outcome is in ``progress``, saved."""
@@ -134,8 +135,29 @@ class ShareRun:
     async def _manifest(self) -> list[str]:
         assert self.spec.manifest is not None
         data = await self._reader.read_whole(self.spec.bucket, self.spec.manifest, MAX_MANIFEST)
-        lines = (line.strip() for line in data.decode("utf-8").splitlines())
-        return [line for line in lines if line and not line.startswith("#")]
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = data[: exc.start].count(b"\n") + 1
+            raise ValueError(f"manifest line {line} is not UTF-8 text") from None
+        numbered = ((n, line.strip()) for n, line in enumerate(text.splitlines(), 1))
+        found = [(n, key) for n, key in numbered if key and not key.startswith("#")]
+        self._lines = [n for n, _ in found]
+        return [key for _, key in found]
+
+    def _sample(self, index: int, key: str, failure: BaseException) -> str:
+        """An error sample: a manifest's keys by their line and error kind, never their text.
+
+        A manifest is object content; echoing a line that is not a key (or an
+        error message quoting it) would let a warm job read any object it can
+        name. After a restart the lines are not known again: the entry's number
+        stands in.
+        """
+        if self.spec.manifest is None:
+            return f"{key}: {type(failure).__name__}: {failure}"
+        if self._lines is not None and index < len(self._lines):
+            return f"manifest line {self._lines[index]}: {type(failure).__name__}"
+        return f"manifest entry {index + 1}: {type(failure).__name__}"
 
     async def _sizes(self, keys: list[str]) -> list[tuple[str, int]]:
         """Each key's size from its metadata; -1 where it cannot be had (reported later)."""
@@ -178,7 +200,7 @@ class ShareRun:
             done = sum(ref.length for ref in mine)
         except* (errors.HoardError, OSError) as group:
             first = _first(group)
-            self.progress.error(f"{key}: {type(first).__name__}: {first}")
+            self.progress.error(self._sample(index, key, first))
             failed = 1
         self.progress.objects_done += 1
         self._metrics.warm_objects.inc()

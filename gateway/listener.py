@@ -1,0 +1,139 @@
+"""The listening socket and the server loop around the application.
+
+``web.run_app`` binds only after the application's start-up hooks ran, so a
+banner printed from one announced an endpoint that might never serve (a busy
+port), with the credential to use it, followed by a traceback. Binding first,
+here, makes the order right: bind, then announce, then serve; a port that
+cannot be had is one line on stderr and exit status 1.
+
+``run`` is ``web.run_app`` for one bound socket with one difference: what
+aiohttp's HTTP parser refuses (a malformed request line or header, a header
+too long) never reaches the application, and aiohttp answers it itself in
+plain text with its own ``Server`` header, logging a traceback per request.
+aiohttp has no hook for that answer (aio-libs/aiohttp#3287), so the
+connection handler is a subclass whose ``handle_error`` asks the application
+for the answer (``server.rejected``: S3 XML, a request id, accounted) and logs
+one line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import sys
+from collections.abc import Callable
+from contextlib import suppress
+from http import HTTPStatus
+from typing import Any
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+
+from gateway.config import split_listen
+
+EXIT_BIND = 1
+log = logging.getLogger("hoard")
+
+Rejected = Callable[[int, str], web.StreamResponse]
+
+
+def bind(listen: str, reuse_port: bool) -> socket.socket:
+    """The listening socket (``reuse_port``: shared by worker processes).
+
+    Raises ``SystemExit(1)`` after one line on stderr when the port cannot be had.
+    """
+    host, port = split_listen(listen)
+    sock: socket.socket | None = None
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(address)
+        sock.listen(1024)
+        return sock
+    except OSError as exc:
+        if sock is not None:
+            sock.close()
+        print(f"hoard: cannot listen on {listen}: {exc.strerror or exc}", file=sys.stderr)
+        raise SystemExit(EXIT_BIND) from None
+
+
+def run(
+    app: web.Application,
+    sock: socket.socket,
+    rejected: Rejected,
+    loop: asyncio.AbstractEventLoop,
+    **server: Any,
+) -> None:
+    """Serve ``app`` on ``sock`` until SIGTERM/SIGINT, as ``web.run_app`` does."""
+    asyncio.set_event_loop(loop)
+    main = loop.create_task(_serve(app, sock, rejected, server))
+    try:
+        loop.run_until_complete(main)
+    except (web.GracefulExit, KeyboardInterrupt):
+        pass
+    finally:
+        if not main.done():
+            main.cancel()
+            with suppress(asyncio.CancelledError):
+                loop.run_until_complete(main)
+        left = asyncio.all_tasks(loop)
+        for task in left:
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+
+async def _serve(
+    app: web.Application, sock: socket.socket, rejected: Rejected, server: dict[str, Any]
+) -> None:
+    runner = _Runner(app, rejected, handle_signals=True, **server)
+    await runner.setup()
+    try:
+        await web.SockSite(runner, sock).start()
+        await asyncio.Event().wait()  # until a signal raises GracefulExit
+    finally:
+        await runner.cleanup()
+
+
+class _Runner(web.AppRunner):
+    def __init__(self, app: web.Application, rejected: Rejected, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self._rejected = rejected
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        server.__class__ = _Server  # the same object, handing out Hoard's connection handler
+        server.rejected = self._rejected  # type: ignore[attr-defined]
+        return server
+
+
+class _Server(web.Server):
+    rejected: Rejected
+
+    def __call__(self) -> RequestHandler:
+        return _Handler(self, loop=self._loop, **self._kwargs)
+
+
+class _Handler(RequestHandler):
+    def handle_error(
+        self,
+        request: Any,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if request.writer.output_size > 0:
+            raise ConnectionError("a response was already started; cannot send an error")
+        reason = type(exc).__name__ if exc is not None else HTTPStatus(status).phrase
+        log.warning("request from %s refused before routing: %s %s", request.remote, status,
+                    reason, exc_info=status >= 500)  # fmt: skip
+        response = self._manager.rejected(status, reason)  # type: ignore[attr-defined]
+        response.force_close()
+        return response
