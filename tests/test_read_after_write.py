@@ -142,12 +142,11 @@ def test_delete_objects_copy_and_multipart_seen_by_every_worker(s3_node, bucket)
 
     parts = [os.urandom(5 * MiB), os.urandom(1 * MiB)]
     upload = client.create_multipart_upload(Bucket=bucket, Key=keys[2])["UploadId"]
-    etags = [
-        client.upload_part(
-            Bucket=bucket, Key=keys[2], UploadId=upload, PartNumber=n, Body=part
-        )["ETag"]
+    sent = [
+        client.upload_part(Bucket=bucket, Key=keys[2], UploadId=upload, PartNumber=n, Body=part)
         for n, part in enumerate(parts, start=1)
     ]
+    etags = [answer["ETag"] for answer in sent]
     client.complete_multipart_upload(
         Bucket=bucket, Key=keys[2], UploadId=upload,
         MultipartUpload={"Parts": [{"PartNumber": n, "ETag": e} for n, e in enumerate(etags, 1)]},
