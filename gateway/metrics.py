@@ -341,6 +341,19 @@ class Metrics:
             ["origin", "operation"],
             registry=self.registry,
         )
+        self.origin_resumes = Counter(
+            "hoard_origin_resumes_total",
+            "Origin GET bodies that broke mid-way and were continued from the next byte.",
+            ["origin"],
+            registry=self.registry,
+        )
+        self.origin_hedges = Counter(
+            "hoard_origin_hedges_total",
+            "Second requests started for a stalled origin GET, by origin and whether the "
+            "hedge delivered first (won: true, false).",
+            ["origin", "won"],
+            registry=self.registry,
+        )
         self.origin_breaker_open = Gauge(
             "hoard_origin_breaker_open",
             "1 while the circuit breaker for an origin is open or half-open, else 0.",
@@ -455,6 +468,9 @@ class OriginGuardMetrics:
         for operation in ORIGIN_OPERATIONS:
             metrics.origin_retries.labels(origin, operation)
             metrics.origin_retry_budget_exhausted.labels(origin, operation)
+        metrics.origin_resumes.labels(origin)
+        for won in ("true", "false"):
+            metrics.origin_hedges.labels(origin, won)
 
     def in_flight(self, priority: str, delta: int) -> None:
         self._m.origin_in_flight.labels(self._origin, priority).inc(delta)
@@ -473,6 +489,12 @@ class OriginGuardMetrics:
 
     def budget_exhausted(self, operation: str) -> None:
         self._m.origin_retry_budget_exhausted.labels(self._origin, operation).inc()
+
+    def resumed(self) -> None:
+        self._m.origin_resumes.labels(self._origin).inc()
+
+    def hedged(self, won: bool) -> None:
+        self._m.origin_hedges.labels(self._origin, "true" if won else "false").inc()
 
     def breaker(self, state: str) -> None:
         self._m.origin_breaker_open.labels(self._origin).set(0 if state == "closed" else 1)

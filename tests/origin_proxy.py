@@ -17,7 +17,8 @@ deterministic p = 0.25). A fault can answer a status (503 SlowDown, 412), reset
 the connection (RST) or truncate the body (FIN) after N body bytes, or stall
 after N body bytes (``hang``: before the headers) until the test calls
 ``release()``; ``stalled`` is set when a request stalls, so a test waits on
-that event, never on a sleep. ``injected`` counts the faults by kind.
+that event, never on a sleep. ``injected`` counts the faults by kind, as
+applied (a cut planned past the end of a short body does not happen).
 """
 
 from __future__ import annotations
@@ -224,12 +225,12 @@ class OriginProxy:
                 self._gets += 1
                 if self.faults is not None:
                     fault = self.faults(self._gets, request.path, byte_range)
-                if fault is not None:
-                    self.injected[fault.kind] += 1
         if self.latency:
             await asyncio.sleep(self.latency)
         if self.mode == "down" or (self.mode == "flaky" and self._flaky(request)):
             return web.Response(status=503, body=_SLOW_DOWN, content_type="application/xml")
+        if fault is not None and fault.kind in ("status", "hang"):
+            self._injected(fault)
         if fault is not None and fault.kind == "status":
             body = _PRECONDITION_FAILED if fault.status == 412 else _SLOW_DOWN
             return web.Response(status=fault.status, body=body, content_type="application/xml")
@@ -265,6 +266,10 @@ class OriginProxy:
             await response.write_eof()
             return response
 
+    def _injected(self, fault: Fault) -> None:
+        with self._lock:
+            self.injected[fault.kind] += 1
+
     async def _hold(self) -> None:
         assert self._release is not None
         self.stalled.set()
@@ -287,6 +292,7 @@ class OriginProxy:
                 sent += len(part)
             if sent < fault.after:
                 continue
+            self._injected(fault)
             if fault.kind == "stall":
                 await self._hold()
                 fault = Fault("stall", after=1 << 62)  # released: the rest flows

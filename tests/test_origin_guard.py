@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -195,6 +195,15 @@ async def test_a_get_holds_its_slot_until_its_body_is_read(tree: Path) -> None:
     assert sample(metrics, "hoard_origin_throttled_total", origin="nfs", limit="concurrency") == 1
 
 
+async def turns_until(condition: Callable[[], bool], turns: int = 100) -> None:
+    """Let the event loop run other tasks (no clock involved) until ``condition`` holds."""
+    for _ in range(turns):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"not reached in {turns} loop turns")
+
+
 class RecordingPosix(PosixOrigin):
     """The posix origin, noting the order in which GETs reach it (after the gate)."""
 
@@ -224,12 +233,14 @@ async def test_client_requests_go_before_background_ones_at_a_saturated_cap(tree
             await reader(key)
 
     # Background work (warm, prefetch) queues first; clients arrive after it.
+    def queued(level: str) -> float:
+        return sample(metrics, "hoard_origin_queued_requests", origin="nfs", priority=level)
+
     tasks = [asyncio.create_task(background_reader(f"obj{i}")) for i in (2, 3, 4)]
-    await asyncio.sleep(0)
+    await turns_until(lambda: queued("background") == 3)
     tasks += [asyncio.create_task(reader(f"obj{i}")) for i in (5, 6, 7)]
-    await asyncio.sleep(0)
-    assert sample(metrics, "hoard_origin_queued_requests", origin="nfs", priority="background") == 3
-    assert sample(metrics, "hoard_origin_queued_requests", origin="nfs", priority="client") == 3
+    await turns_until(lambda: queued("client") == 3)
+    assert queued("background") == 3
     for stream in holders:
         await stream.aclose()
     await asyncio.wait_for(asyncio.gather(*tasks), 10)

@@ -17,8 +17,9 @@ one per configured origin, built in ``cli.py``. For each request, in order:
 
 Body chunks are paced by the bytes/s bucket as they are read. A GET's first
 chunk is read inside its try, so a body that fails before its first byte is
-retried like any failed request; after the first byte a failure reaches the
-caller (the block fill), which alone knows what it already has.
+retried like any failed request; a body that breaks after it is resumed from
+the next byte, and a GET that stalls is hedged (``resume.py``), each resume a
+retry by the rules above.
 
 Writes are not guarded: everything but the read protocol (``forward``,
 ``put_object`` and the other posix writes) passes through to the wrapped
@@ -45,6 +46,7 @@ from gateway.config import PosixOriginConfig, S3OriginConfig
 from gateway.origins.base import BucketInfo, ListPage, ObjectInfo, ObjectStream, Origin
 from gateway.origins.breaker import CircuitBreaker, State
 from gateway.origins.limits import PriorityGate, TokenBucket
+from gateway.origins.resume import Patience, ResumingStream, first_of
 from gateway.origins.retry import Backoff, RetryBudget, retryable
 
 
@@ -58,6 +60,8 @@ class GuardEvents(Protocol):
     def retried(self, operation: str) -> None: ...
     def budget_exhausted(self, operation: str) -> None: ...
     def breaker(self, state: str) -> None: ...
+    def resumed(self) -> None: ...
+    def hedged(self, won: bool) -> None: ...
 
 
 class OriginGuard:
@@ -89,6 +93,7 @@ class OriginGuard:
         self._attempts = config.max_attempts
         self._backoff = Backoff(retry.base_delay, retry.max_delay, rand)
         self.budget = RetryBudget(retry.budget_ratio, retry.budget_min_per_second, clock)
+        self._patience = Patience(retry.hedge_after, retry.deadline)
         self.breaker = CircuitBreaker(
             config.breaker.failures,
             config.breaker.open_for,
@@ -126,7 +131,20 @@ class OriginGuard:
         async def open_stream() -> ObjectStream:
             return await self.inner.get_object(bucket, key, byte_range, if_match)
 
-        return await self._call("GetObject", open_stream, holds_slot=True)
+        def opening() -> Awaitable[ObjectStream]:
+            return self._call("GetObject", open_stream, holds_slot=True)
+
+        stream = await first_of(opening(), opening, self._patience, _aclose, self._events.hedged)
+        end, version = stream.end, stream.info.etag
+
+        async def reopen(first: int) -> ObjectStream:
+            async def rest() -> ObjectStream:
+                return await self.inner.get_object(bucket, key, (first, end), version)
+
+            return await self._call("GetObject", rest, holds_slot=True)
+
+        return ResumingStream(stream, reopen, self._may_resume, self._patience,
+                              self._events.hedged, self._events.resumed)  # fmt: skip
 
     async def list_objects(
         self,
@@ -193,6 +211,13 @@ class OriginGuard:
         self._events.retried(operation)
         return True
 
+    async def _may_resume(self, exc: errors.HoardError, tries: int) -> bool:
+        """Whether a GET body that broke after ``tries`` tries may go on (after the backoff)."""
+        if not self._may_retry(exc, "GetObject", tries):
+            return False
+        await self._sleep(self._backoff.delay(tries))
+        return self.breaker.state is not State.OPEN
+
     async def _attempt(self, request: Callable[[], Awaitable[Any]], holds_slot: bool) -> Any:
         release = await self._take_slot()
         try:
@@ -239,6 +264,10 @@ class OriginGuard:
     def _give_back(self, level: str) -> None:
         self.gate.release()
         self._events.in_flight(level, -1)
+
+
+async def _aclose(stream: ObjectStream) -> None:
+    await stream.aclose()
 
 
 class _Once:
