@@ -180,9 +180,10 @@ class ResumingStream:
         await self._switch(await self._reopen(self._next_byte))
 
     async def _switch(self, stream: ObjectStream) -> None:
-        if (stream.start, stream.end, stream.info.size) != (
-            self._next_byte, self.end, self.info.size
-        ):  # fmt: skip
+        if (stream.info.size, stream.info.etag) != (self.info.size, self.info.etag):
+            await stream.aclose()  # (an origin that ignores If-Match)
+            raise errors.OriginChanged(f"{self.info.key} changed at the origin during a read")
+        if (stream.start, stream.end) != (self._next_byte, self.end):
             await stream.aclose()
             raise errors.OriginUnavailable("the origin answered a resume with another range")
         old, self._current = self._current, stream
