@@ -42,6 +42,7 @@ BREAKER_STATES = ("open", "half_open", "closed")
 ORIGIN_OPERATIONS = ("GetObject", "HeadObject", "ListObjectsV2", "HeadBucket",
                      "GetBucketLocation", "ListBuckets")  # fmt: skip
 WARM_STATES = ("queued", "running", "done", "failed", "cancelled")
+CUT_REASONS = ("origin_unavailable", "origin_changed", "client_gone", "error")
 
 _LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -116,7 +117,8 @@ class Metrics:
         self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
         self.requests = Counter(
             "hoard_requests_total",
-            "S3 requests answered, by operation, HTTP status and mount.",
+            'S3 requests answered, by operation, HTTP status ("cut": a body cut after its '
+            "headers) and mount.",
             ["operation", "status", "mount"],
             registry=self.registry,
         )
@@ -134,6 +136,14 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.responses_cut = Counter(
+            "hoard_responses_cut_total",
+            "Responses cut after their headers (the connection dropped short of the "
+            "declared length), by reason (origin_unavailable, origin_changed, client_gone, "
+            'error). Counted in hoard_requests_total with status "cut".',
+            ["reason"],
+            registry=self.registry,
+        )
         self.bytes_served = Counter(
             "hoard_bytes_served_total",
             "Object bytes handed to S3 clients, by the tier they came from "
@@ -395,6 +405,8 @@ class Metrics:
         """
         for tier in ("memory", "disk"):
             self.cache_evictions.labels(tier)
+        for reason in CUT_REASONS:
+            self.responses_cut.labels(reason)
         for how in ("fetched", "cached"):
             self.warm_bytes.labels(how)
         for state in WARM_STATES:
@@ -410,12 +422,17 @@ class Metrics:
                     self.metadata_lookups.labels(kind, state, mount)
 
     def answered(
-        self, operation: str, status: int, mount: str, seconds: float, body_bytes: int
+        self, operation: str, status: int | str, mount: str, seconds: float, body_bytes: int
     ) -> None:
         """Count one S3 response: its operation, status, latency and body bytes."""
         self._child(self.requests, operation, str(status), mount).inc()
         self._child(self.request_duration, operation, mount).observe(seconds)
         self._child(self.response_bytes, operation, mount).inc(body_bytes)
+
+    def cut(self, operation: str, reason: str, mount: str, seconds: float, body_bytes: int) -> None:
+        """Count one response cut mid-body: as status "cut" (not its 200), and by reason."""
+        self.answered(operation, "cut", mount, seconds, body_bytes)
+        self._child(self.responses_cut, reason).inc()
 
     def metadata_lookup(self, kind: str, state: str, mount: str) -> None:
         """Count one metadata lookup by outcome (``METADATA_STATES``)."""

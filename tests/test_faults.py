@@ -115,5 +115,13 @@ def test_an_object_replaced_while_partly_cached_heals_at_once(
         assert get_body(other) == (200, None)
         assert get_body(other) == (200, new)
         assert get_body(other, {"Range": "bytes=5-9"}) == (206, new[5:10])
+        # The cut is told as it was: its reason, the bytes that went out, no clean 200.
+        assert metric(node.endpoint, 'hoard_responses_cut_total{reason="origin_changed"}') == 1
+        assert (
+            metric(node.endpoint, 'hoard_requests_total{operation="GetObject",status="cut"}') == 1
+        )
+        node.stop()
+        cut_lines = [line for line in node.log().splitlines() if "cut:origin_changed" in line]
+        assert len(cut_lines) == 1 and f" 200 {BLOCK} " in cut_lines[0], cut_lines
     finally:
         node.stop()
