@@ -125,3 +125,48 @@ def test_an_object_replaced_while_partly_cached_heals_at_once(
         assert len(cut_lines) == 1 and f" 200 {BLOCK} " in cut_lines[0], cut_lines
     finally:
         node.stop()
+
+
+@pytest.mark.parametrize("kind", ["stall", "hang"])
+def test_a_stalled_get_is_hedged_and_the_hedge_serves_the_client(
+    tmp_path, proxy, origin_client, bucket, kind
+):
+    data = put(origin_client, bucket, "slow", 200 * KiB)
+    node = HoardProcess(tmp_path, fault_config(proxy, retry={"hedge_after": "300ms"})).start()
+    try:
+        proxy.reset()
+        proxy.faults = fail_nth(1, Fault(kind, after=10 * KiB))
+        # The first GET stays held (nobody releases it); the hedge answers the client.
+        assert get_body(f"{node.endpoint}/{bucket}/slow") == (200, data)
+        assert proxy.stalled.is_set() and proxy.injected[kind] == 1
+        assert metric(node.endpoint, 'hoard_origin_hedges_total{won="true"}') == 1
+        assert proxy.counts["GetObject"] == 2
+    finally:
+        proxy.release()
+        node.stop()
+
+
+def test_a_read_waits_at_most_the_deadline_then_503_before_headers_or_a_cut_after(
+    tmp_path, proxy, origin_client, bucket
+):
+    put(origin_client, bucket, "never", 100 * KiB)
+    data = put(origin_client, bucket, "half", 2 * BLOCK)
+    settings = fault_config(proxy, retry={"hedge_after": "200ms", "deadline": "1s"})
+    settings["cache"]["read_ahead"] = 0
+    node = HoardProcess(tmp_path, settings).start()
+    try:
+        proxy.faults = lambda number, path, byte_range: (
+            Fault("hang") if path.endswith("never") or byte_range.startswith(f"bytes={BLOCK}-")
+            else None
+        )  # fmt: skip
+        status, body = get_body(f"{node.endpoint}/{bucket}/never")
+        assert status == 503 and b"<Code>ServiceUnavailable</Code>" in (body or b""), body
+        assert get_body(f"{node.endpoint}/{bucket}/half", {"Range": "bytes=0-99"}) == (
+            206,
+            data[:100],
+        )
+        assert get_body(f"{node.endpoint}/{bucket}/half") == (200, None)  # block 0, then cut
+        assert metric(node.endpoint, 'hoard_responses_cut_total{reason="origin_unavailable"}') == 1
+    finally:
+        proxy.release()
+        node.stop()
