@@ -183,7 +183,7 @@ def build(
     disk = DiskTier(
         cache.dir, cache.size, fsync=cache.fsync, open_files=cache.open_files,
         on_evict=lambda n: metrics.cache_evictions.labels("disk").inc(n),
-        on_corrupt=metrics.corrupt_blocks.inc,
+        on_corrupt=metrics.corrupt_blocks.inc, on_full=metrics.disk_full.inc,
     )  # fmt: skip
     body = BodySender()
     cluster = _cluster(
@@ -234,6 +234,7 @@ def build(
     def tier_levels() -> None:
         metrics.cache_bytes.labels("memory").set(memory.used)
         metrics.cache_bytes.labels("disk").set(disk.stats().used_bytes)
+        metrics.cache_limit_bytes.labels("disk").set(disk.limit)  # lowered by a full disk
         metrics.pinned_bytes.set(disk.stats().pinned_bytes)
         for state, count in warm.counts().items():
             metrics.warm_jobs.labels(state).set(count)

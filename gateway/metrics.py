@@ -192,6 +192,12 @@ class Metrics:
             ["tier"],
             registry=self.registry,
         )
+        self.disk_full = Counter(
+            "hoard_cache_disk_full_total",
+            "Times the disk tier found its file system full before its capacity, lowered its "
+            "limit to a low watermark and evicted down to it.",
+            registry=self.registry,
+        )
         self.corrupt_blocks = Counter(
             "hoard_cache_corrupt_blocks_total",
             "Disk blocks that failed their checksum or header check and were dropped.",

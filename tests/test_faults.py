@@ -6,6 +6,7 @@ events). Every body is checked byte for byte and every origin GET counted.
 from __future__ import annotations
 
 import asyncio
+import subprocess
 
 import aiohttp
 import pytest
@@ -170,3 +171,37 @@ def test_a_read_waits_at_most_the_deadline_then_503_before_headers_or_a_cut_afte
     finally:
         proxy.release()
         node.stop()
+
+
+def test_a_cache_disk_smaller_than_its_size_evicts_and_keeps_caching(
+    tmp_path, proxy, origin_client, bucket
+):
+    cache_dir = tmp_path / "small"
+    cache_dir.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(cache_dir)],
+                             capture_output=True, check=False)  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here")
+    try:
+        settings = fault_config(proxy)
+        settings["cache"] = {"dir": str(cache_dir), "block_size": "256KiB", "size": "1GiB",
+                             "memory": "1MiB", "memory_item_max": "16KiB", "read_ahead": 0}  # fmt: skip
+        objects = {
+            f"big/{i:02d}": put(origin_client, bucket, f"big/{i:02d}", 1 * MiB) for i in range(12)
+        }
+        node = HoardProcess(tmp_path, settings).start()
+        try:
+            urls = {key: f"{node.endpoint}/{bucket}/{key}" for key in objects}
+            for key in objects:  # 12 MiB through a 6 MiB file system
+                assert get_many([urls[key]]) == [objects[key]]
+            assert metric(node.endpoint, "hoard_cache_disk_full_total") >= 1
+            proxy.reset()
+            recent = list(objects)[-3:]  # the last read are on disk: the tier did not freeze
+            assert get_many([urls[key] for key in recent]) == [objects[key] for key in recent]
+            assert proxy.counts["GetObject"] == 0
+        finally:
+            node.stop()
+        errors = [line for line in node.log().splitlines() if "disk tier:" in line]
+        assert len(errors) <= 4, errors  # once per kind and interval, not per block
+    finally:
+        subprocess.run(["umount", "-l", str(cache_dir)], check=False)
