@@ -51,7 +51,7 @@ from gateway.config import (
     load_settings,
     split_listen,
 )
-from gateway.metrics import Metrics, enable_multiprocess
+from gateway.metrics import Metrics, enable_multiprocess, forget_process
 from gateway.namespace import Namespace
 from gateway.origins.base import Origin
 from gateway.origins.guard import OriginGuard
@@ -449,6 +449,8 @@ def supervise(
                     log.error(
                         "worker %s exited with %s; restarting it", process.name, process.exitcode
                     )
+                    if process.pid is not None:
+                        forget_process(metrics_dir, process.pid)
                     workers[index] = spawn(index)
             time.sleep(0.2)
         deadline = time.monotonic() + settings.shutdown_timeout + 5

@@ -61,6 +61,19 @@ def enable_multiprocess(directory: Path) -> None:
     values.ValueClass = values.MultiProcessValue()
 
 
+def forget_process(directory: Path, pid: int) -> None:
+    """Drop the gauges of worker ``pid``, which died (the supervisor calls this).
+
+    Its ``live*`` gauges (origin requests in flight and queued, prefetch
+    streams) would otherwise be summed into every scrape until the node
+    restarts; so would its ``max`` gauges (a breaker it saw open). Its counters
+    and histograms stay: what it did still happened.
+    """
+    multiprocess.mark_process_dead(pid, str(directory))
+    for stale in directory.glob(f"gauge_max_{pid}.db"):
+        stale.unlink(missing_ok=True)
+
+
 class ProcessTreeCollector(Collector):
     """The standard ``process_*`` metrics of a whole Hoard node.
 

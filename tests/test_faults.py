@@ -6,7 +6,11 @@ events). Every body is checked byte for byte and every origin GET counted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import subprocess
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -205,3 +209,41 @@ def test_a_cache_disk_smaller_than_its_size_evicts_and_keeps_caching(
         assert len(errors) <= 4, errors  # once per kind and interval, not per block
     finally:
         subprocess.run(["umount", "-l", str(cache_dir)], check=False)
+
+
+def _children(pid: int) -> list[int]:
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def test_the_gauges_of_a_killed_worker_are_dropped(tmp_path, proxy, origin_client, bucket):
+    put(origin_client, bucket, "held", 10 * KiB)
+    settings = {**fault_config(proxy, retry={"hedge_after": "forever"}), "workers": 2}
+    node = HoardProcess(tmp_path, settings).start()
+    in_flight = 'hoard_origin_in_flight_requests{origin="moto"}'
+
+    async def held_get() -> None:
+        with contextlib.suppress(aiohttp.ClientError):
+            await _get_body(f"{node.endpoint}/{bucket}/held")
+
+    async def kill_workers_while_a_get_is_held() -> list[int]:
+        pending = asyncio.ensure_future(held_get())
+        await asyncio.to_thread(proxy.stalled.wait, 10)
+        assert await asyncio.to_thread(metric, node.endpoint, in_flight) == 1
+        assert node.proc is not None
+        workers = _children(node.proc.pid)
+        for pid in workers:
+            os.kill(pid, signal.SIGKILL)
+        await pending  # its connection went with its worker
+        return workers
+
+    try:
+        proxy.faults = fail_nth(1, Fault("hang"))
+        killed = asyncio.run(kill_workers_while_a_get_is_held())
+        proxy.release()
+        node.wait_ready(30)
+        assert node.proc is not None
+        assert not set(_children(node.proc.pid)) & set(killed)  # replaced by new workers
+        # The dead worker's request in flight is no longer summed into the gauge.
+        assert metric(node.endpoint, in_flight) == 0
+    finally:
+        node.stop()
