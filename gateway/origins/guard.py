@@ -93,7 +93,9 @@ class OriginGuard:
         self._attempts = config.max_attempts
         self._backoff = Backoff(retry.base_delay, retry.max_delay, rand)
         self.budget = RetryBudget(retry.budget_ratio, retry.budget_min_per_second, clock)
-        self._patience = Patience(retry.hedge_after, retry.deadline)
+        self._patience = Patience(
+            retry.hedge_after, retry.deadline, may_hedge=lambda: not self.gate.queued
+        )
         self.breaker = CircuitBreaker(
             config.breaker.failures,
             config.breaker.open_for,

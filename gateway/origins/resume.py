@@ -19,8 +19,9 @@ wins and the other is cancelled and closed. Nothing waits more than
 headers, or as a cut body after them.
 
 Not guaranteed: one hedge per stall (a hedge that stalls too is waited for,
-up to the deadline); the deadline of an opening GET includes its wait for a
-concurrency slot.
+up to the deadline), and none while requests queue for the origin's
+concurrency slots; the deadline of an opening GET includes its wait for a
+slot.
 """
 
 from __future__ import annotations
@@ -39,10 +40,15 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class Patience:
-    """How long a read waits: until it hedges, and until it gives up (``inf``: never)."""
+    """How long a read waits: until it hedges, and until it gives up (``inf``: never).
+
+    ``may_hedge`` is asked before a hedge starts: an origin whose requests queue
+    for a concurrency slot is slow because of us, and a hedge would only queue.
+    """
 
     hedge_after: float
     deadline: float
+    may_hedge: Callable[[], bool] = lambda: True
 
 
 async def first_of(
@@ -65,7 +71,7 @@ async def first_of(
     try:
         async with asyncio.timeout(_seconds(patience.deadline)):
             done, _ = await asyncio.wait(racers, timeout=_seconds(patience.hedge_after))
-            if not done:
+            if not done and patience.may_hedge():
                 racers.add(asyncio.ensure_future(backup()))
                 hedging = True
             while racers:
