@@ -230,8 +230,14 @@ class Reader:
             return ObjectRead(client_info, 0, -1, False, None)
         sources: Counter[str] = Counter()
         pieces = self._pieces(mount, okey, info, start, end, sources)
-        again = (lambda: self.open_object(bucket, key, byte_range, precondition, False)) if retry else None  # fmt: skip
-        return ObjectRead(client_info, start, end, byte_range is not None, pieces, sources, again)
+
+        async def again() -> ObjectRead:
+            return await self.open_object(bucket, key, byte_range, precondition, retry=False)
+
+        partial = byte_range is not None
+        return ObjectRead(
+            client_info, start, end, partial, pieces, sources, again if retry else None
+        )
 
     async def read_whole(self, bucket: str, key: str, limit: int) -> bytes:
         """A whole (small) object through the cache, as bytes — a manifest of keys.

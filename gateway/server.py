@@ -69,9 +69,11 @@ async def _observe(
         metrics.answered(operation, response.status, mount, elapsed, written)
     if "served" in request:
         metrics.served(mount, request["served"])
-    # sendfile bytes bypass aiohttp's count; the declared length is what was sent.
+    # sendfile bytes bypass aiohttp's count; the declared length is what was sent
+    # (of a cut body, what was handed to the socket).
     sent = response.content_length if response.prepared and response.content_length else written
-    sent = written if cut is not None else sent
+    if cut is not None:
+        sent = written
     error = f"cut:{cut}" if cut is not None else request.get("error_code", "-")
     state["access_log"].record(
         request["request_id"], request.method, request.path, operation, request.get("bucket", ""),
