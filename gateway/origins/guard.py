@@ -13,7 +13,9 @@ one per configured origin, built in ``cli.py``. For each request, in order:
 4. on ``OriginUnavailable`` (5xx, SlowDown, timeouts, connection errors) a
    retry after a full-jitter backoff, while tries remain (``max_attempts`` in
    all), the retry budget allows and the breaker has not opened meanwhile
-   (``retry.py``). The slot is given back during the backoff.
+   (``retry.py``). The slot is given back during the backoff. All tries of a
+   client's request end within ``retry.deadline`` (then ``OriginUnavailable``);
+   background requests may queue longer.
 
 Body chunks are paced by the bytes/s bucket as they are read. A GET's first
 chunk is read inside its try, so a body that fails before its first byte is
@@ -36,6 +38,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import math
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -46,7 +50,7 @@ from gateway.config import PosixOriginConfig, S3OriginConfig
 from gateway.origins.base import BucketInfo, ListPage, ObjectInfo, ObjectStream, Origin
 from gateway.origins.breaker import CircuitBreaker, State
 from gateway.origins.limits import PriorityGate, TokenBucket
-from gateway.origins.resume import Patience, ResumingStream, first_of
+from gateway.origins.resume import Patience, ResumingStream, first_of, within
 from gateway.origins.retry import Backoff, RetryBudget, retryable
 
 
@@ -136,7 +140,7 @@ class OriginGuard:
         def opening() -> Awaitable[ObjectStream]:
             return self._call("GetObject", open_stream, holds_slot=True)
 
-        stream = await first_of(opening(), opening, self._patience, _aclose, self._events.hedged)
+        stream = await first_of(opening(), opening, self._opening(), _aclose, self._events.hedged)
         end, version = stream.end, stream.info.etag
 
         async def reopen(first: int) -> ObjectStream:
@@ -178,7 +182,8 @@ class OriginGuard:
         self.budget.record_request()
         ok: bool | None = None
         try:
-            result = await self._tries(operation, request, holds_slot)
+            tries = self._tries(operation, request, holds_slot)
+            result = await within(self._opening().deadline, tries)  # every try, every backoff
             ok = True
             return result
         except errors.HoardError as exc:
@@ -212,6 +217,13 @@ class OriginGuard:
             return False
         self._events.retried(operation)
         return True
+
+    def _opening(self) -> Patience:
+        """The patience of a request until its answer: a background request (warm,
+        prefetch, read-ahead) may queue for a slot as long as clients go first."""
+        if priority.current() is priority.Priority.CLIENT:
+            return self._patience
+        return dataclasses.replace(self._patience, deadline=math.inf)
 
     async def _may_resume(self, exc: errors.HoardError, tries: int) -> bool:
         """Whether a GET body that broke after ``tries`` tries may go on (after the backoff)."""

@@ -20,8 +20,9 @@ headers, or as a cut body after them.
 
 Not guaranteed: one hedge per stall (a hedge that stalls too is waited for,
 up to the deadline), and none while requests queue for the origin's
-concurrency slots; the deadline of an opening GET includes its wait for a
-slot.
+concurrency slots; the deadline of a client's opening GET includes its wait
+for a slot, and a background GET (warm, prefetch, read-ahead) has none until
+its first byte (it may queue behind clients as long as they keep coming).
 """
 
 from __future__ import annotations
@@ -93,6 +94,15 @@ async def first_of(
     finally:
         await _cancel(racers, discard)
     raise failures[0]
+
+
+async def within(deadline: float, work: Awaitable[T]) -> T:
+    """``work``'s result, or ``OriginUnavailable`` after ``deadline`` seconds (``inf``: never)."""
+    try:
+        async with asyncio.timeout(_seconds(deadline)):
+            return await work
+    except TimeoutError:
+        raise errors.OriginUnavailable(f"no answer from the origin in {deadline:g}s") from None
 
 
 async def _cancel(racers: set[asyncio.Future[T]], discard: Callable[[T], Awaitable[None]]) -> None:
