@@ -149,7 +149,7 @@ class OriginGuard:
 
             return await self._call("GetObject", rest, holds_slot=True)
 
-        return ResumingStream(stream, reopen, self._may_resume, self._patience,
+        return ResumingStream(stream, reopen, self._may_resume, self._patience, self._pace,
                               self._events.hedged, self._events.resumed)  # fmt: skip
 
     async def list_objects(
@@ -225,6 +225,13 @@ class OriginGuard:
             return self._patience
         return dataclasses.replace(self._patience, deadline=math.inf)
 
+    async def _pace(self, size: int) -> None:
+        """Hold a body chunk of ``size`` bytes back as the bytes/s limit says."""
+        delay = self._bytes.reserve(size)
+        if delay > 0:
+            self._events.throttled("bytes")
+            await self._sleep(delay)
+
     async def _may_resume(self, exc: errors.HoardError, tries: int) -> bool:
         """Whether a GET body that broke after ``tries`` tries may go on (after the backoff)."""
         if not self._may_retry(exc, "GetObject", tries):
@@ -242,7 +249,7 @@ class OriginGuard:
         if not holds_slot:
             release()
             return result
-        stream = GuardedStream(result, release, self._bytes, self._events, self._sleep)
+        stream = GuardedStream(result, release)
         try:
             await stream.prime()  # inside the try: a body that fails at once is retried
         except BaseException:
@@ -297,20 +304,15 @@ class _Once:
 
 
 class GuardedStream:
-    """A GET's body, paced by the bytes/s bucket, holding its slot until read or closed."""
+    """A GET's body, holding its slot until read or closed (paced by the ``ResumingStream``
+    around it, so that time held back by the bytes/s limit is not taken for a stall)."""
 
-    def __init__(
-        self, inner: ObjectStream, release: Callable[[], None], bucket: TokenBucket,
-        events: GuardEvents, sleep: Callable[[float], Awaitable[None]],
-    ) -> None:  # fmt: skip
+    def __init__(self, inner: ObjectStream, release: Callable[[], None]) -> None:
         self.info = inner.info
         self.start = inner.start
         self.end = inner.end
         self._inner = inner
         self._release = release
-        self._bucket = bucket
-        self._events = events
-        self._sleep = sleep
         self._chunks: AsyncIterator[bytes] | None = None
         self._first: bytes | None = None  # read by prime(), not yet delivered
         self._ended = False
@@ -344,10 +346,6 @@ class GuardedStream:
             chunk = await self._next()
         if chunk is None:
             raise StopAsyncIteration
-        delay = self._bucket.reserve(len(chunk))
-        if delay > 0:
-            self._events.throttled("bytes")
-            await self._sleep(delay)
         return chunk
 
     async def aclose(self) -> None:

@@ -126,12 +126,14 @@ class ResumingStream:
 
     ``reopen(first)`` opens bytes ``first``..``end`` with ``If-Match`` on this
     version; ``may_resume(failure, tries)`` is the guard's word on trying again
-    (it waits out the backoff). ``hedged(won)`` counts hedges.
+    (it waits out the backoff). ``pace(size)`` holds each chunk back as a
+    bytes/s limit says, outside the time that counts as a stall.
+    ``hedged(won)`` and ``resumed()`` count hedges and resumes.
     """
 
     def __init__(self, stream: ObjectStream, reopen: Reopen, may_resume: MayResume,
-                 patience: Patience, hedged: Callable[[bool], None],
-                 resumed: Callable[[], None]) -> None:  # fmt: skip
+                 patience: Patience, pace: Callable[[int], Awaitable[None]],
+                 hedged: Callable[[bool], None], resumed: Callable[[], None]) -> None:  # fmt: skip
         self.info = stream.info
         self.start = stream.start
         self.end = stream.end
@@ -141,6 +143,7 @@ class ResumingStream:
         self._reopen = reopen
         self._may_resume = may_resume
         self._patience = patience
+        self._pace = pace
         self._hedged = hedged
         self._resumed = resumed
         self._tries = 1  # tries since bytes last flowed
@@ -168,6 +171,7 @@ class ResumingStream:
                 continue
             self._next_byte += len(chunk)
             self._tries = 1
+            await self._pace(len(chunk))
             return chunk
 
     async def _next_chunk(self) -> bytes | None:
