@@ -203,7 +203,7 @@ def disk_full(code: Path, work: Path, proxy: OriginProxy, s3: Any) -> str:
             log = node.stop()
         errors = sum(1 for line in log.splitlines() if "ERROR" in line or "disk tier" in line)
         return (f"| cache on a 40 MiB tmpfs, cache.size 1 GiB: set A, then set B twice | "
-                f"{_tally(outcomes, 24)}; {second_pass} origin GETs over B's two passes "
+                f"{_tally(outcomes, 24)}; {second_pass} origin GETs on B's second pass "
                 f"(32 blocks each); {errors} error lines |")  # fmt: skip
     finally:
         subprocess.run(["umount", "-l", str(small)], check=False)
