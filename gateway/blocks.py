@@ -46,7 +46,6 @@ the origin.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable
@@ -63,8 +62,6 @@ from gateway.cluster.peers import PeerNotCached
 from gateway.cluster.placement import Placement
 from gateway.metrics import Metrics
 from gateway.origins.base import ObjectStream, Origin
-
-log = logging.getLogger(__name__)
 
 _TAIL_CHUNK = 1024 * 1024
 _STAGED_MEMORY = 65536  # staged block digests remembered (more than the memory tier holds)
@@ -355,9 +352,9 @@ class BlockSource:
             return None
         try:
             return await self.disk.begin(ref.block, ref.length)
-        except OSError as exc:
-            # Disk full or failing: serve from the origin without caching this block.
-            log.error("disk tier cannot take block %s: %s", ref.block.digest, exc)
+        except OSError:
+            # Disk full or failing (the tier logs it, and makes room if full):
+            # serve from the origin without caching this block.
             return None
 
     async def _from_disk(self, ref: BlockRef, flight: Flight) -> bool:
@@ -451,9 +448,8 @@ class BlockSource:
         try:
             await writer.write(chunk)
             return writer
-        except OSError as exc:
-            # Disk full or failing: keep serving from the origin, cache nothing torn.
-            log.error("disk tier write failed, serving without caching: %s", exc)
+        except OSError:
+            # Disk full or failing (logged by the tier): keep serving, cache nothing torn.
             await writer.abort()
             return None
 

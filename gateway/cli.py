@@ -58,7 +58,7 @@ from gateway.config import (
 )
 from gateway.invalidation import Invalidation
 from gateway.listener import bind
-from gateway.metrics import Metrics, enable_multiprocess
+from gateway.metrics import Metrics, enable_multiprocess, forget_process
 from gateway.namespace import Namespace
 from gateway.origins.base import Origin
 from gateway.origins.guard import OriginGuard
@@ -191,7 +191,7 @@ def build(
     disk = DiskTier(
         cache.dir, cache.size, fsync=cache.fsync, open_files=cache.open_files,
         on_evict=lambda n: metrics.cache_evictions.labels("disk").inc(n),
-        on_corrupt=metrics.corrupt_blocks.inc,
+        on_corrupt=metrics.corrupt_blocks.inc, on_full=metrics.disk_full.inc,
     )  # fmt: skip
     body = BodySender()
     cluster = _cluster(
@@ -243,6 +243,7 @@ def build(
     def tier_levels() -> None:
         metrics.cache_bytes.labels("memory").set(memory.used)
         metrics.cache_bytes.labels("disk").set(disk.stats().used_bytes)
+        metrics.cache_limit_bytes.labels("disk").set(disk.limit)  # lowered by a full disk
         metrics.pinned_bytes.set(disk.stats().pinned_bytes)
         for state, count in warm.counts().items():
             metrics.warm_jobs.labels(state).set(count)
@@ -461,6 +462,8 @@ def supervise(
                     log.error(
                         "worker %s exited with %s; restarting it", process.name, process.exitcode
                     )
+                    if process.pid is not None:
+                        forget_process(metrics_dir, process.pid)
                     workers[index] = spawn(index)
             time.sleep(0.2)
         deadline = time.monotonic() + settings.shutdown_timeout + 5

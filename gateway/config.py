@@ -215,6 +215,10 @@ class RetryConfig(_Strict):
     # Retries over the last 10 s may add this share of the requests, plus a floor.
     budget_ratio: float = Field(default=0.2, ge=0, le=10)
     budget_min_per_second: float = Field(default=10.0, ge=0)
+    # A GET that delivers no byte this long gets a second request for what is missing
+    # (first to deliver wins); none waits longer than the deadline for its next byte.
+    hedge_after: Duration = 5.0
+    deadline: Duration = 30.0
 
 
 class BreakerConfig(_Strict):

@@ -44,6 +44,7 @@ BREAKER_STATES = ("open", "half_open", "closed")
 ORIGIN_OPERATIONS = ("GetObject", "HeadObject", "ListObjectsV2", "HeadBucket",
                      "GetBucketLocation", "ListBuckets")  # fmt: skip
 WARM_STATES = ("queued", "running", "done", "failed", "cancelled")
+CUT_REASONS = ("origin_unavailable", "origin_changed", "client_gone", "error")
 
 _LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -60,6 +61,19 @@ def enable_multiprocess(directory: Path) -> None:
     """
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(directory)
     values.ValueClass = values.MultiProcessValue()
+
+
+def forget_process(directory: Path, pid: int) -> None:
+    """Drop the gauges of worker ``pid``, which died (the supervisor calls this).
+
+    Its ``live*`` gauges (origin requests in flight and queued, prefetch
+    streams) would otherwise be summed into every scrape until the node
+    restarts; so would its ``max`` gauges (a breaker it saw open). Its counters
+    and histograms stay: what it did still happened.
+    """
+    multiprocess.mark_process_dead(pid, str(directory))
+    for stale in directory.glob(f"gauge_max_{pid}.db"):
+        stale.unlink(missing_ok=True)
 
 
 class ProcessTreeCollector(Collector):
@@ -118,7 +132,8 @@ class Metrics:
         self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
         self.requests = Counter(
             "hoard_requests_total",
-            "S3 requests answered, by operation, HTTP status and mount.",
+            'S3 requests answered, by operation, HTTP status ("cut": a body cut after its '
+            "headers) and mount.",
             ["operation", "status", "mount"],
             registry=self.registry,
         )
@@ -136,6 +151,14 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.responses_cut = Counter(
+            "hoard_responses_cut_total",
+            "Responses cut after their headers (the connection dropped short of the "
+            "declared length), by reason (origin_unavailable, origin_changed, client_gone, "
+            'error). Counted in hoard_requests_total with status "cut".',
+            ["reason"],
+            registry=self.registry,
+        )
         self.bytes_served = Counter(
             "hoard_bytes_served_total",
             "Object bytes handed to S3 clients, by the tier they came from "
@@ -182,6 +205,12 @@ class Metrics:
             "hoard_cache_evictions_total",
             "Blocks evicted to stay within a tier's bound, by tier.",
             ["tier"],
+            registry=self.registry,
+        )
+        self.disk_full = Counter(
+            "hoard_cache_disk_full_total",
+            "Times the disk tier found its file system full before its capacity, lowered its "
+            "limit to a low watermark and evicted down to it.",
             registry=self.registry,
         )
         self.corrupt_blocks = Counter(
@@ -351,6 +380,19 @@ class Metrics:
             ["origin", "operation"],
             registry=self.registry,
         )
+        self.origin_resumes = Counter(
+            "hoard_origin_resumes_total",
+            "Origin GET bodies that broke mid-way and were continued from the next byte.",
+            ["origin"],
+            registry=self.registry,
+        )
+        self.origin_hedges = Counter(
+            "hoard_origin_hedges_total",
+            "Second requests started for a stalled origin GET, by origin and whether the "
+            "hedge delivered first (won: true, false).",
+            ["origin", "won"],
+            registry=self.registry,
+        )
         self.origin_breaker_open = Gauge(
             "hoard_origin_breaker_open",
             "1 while the circuit breaker for an origin is open or half-open, else 0.",
@@ -392,6 +434,8 @@ class Metrics:
         """
         for tier in ("memory", "disk"):
             self.cache_evictions.labels(tier)
+        for reason in CUT_REASONS:
+            self.responses_cut.labels(reason)
         for how in ("fetched", "cached"):
             self.warm_bytes.labels(how)
         for state in WARM_STATES:
@@ -409,12 +453,17 @@ class Metrics:
                 self.revalidations.labels(outcome, mount)
 
     def answered(
-        self, operation: str, status: int, mount: str, seconds: float, body_bytes: int
+        self, operation: str, status: int | str, mount: str, seconds: float, body_bytes: int
     ) -> None:
         """Count one S3 response: its operation, status, latency and body bytes."""
         self._child(self.requests, operation, str(status), mount).inc()
         self._child(self.request_duration, operation, mount).observe(seconds)
         self._child(self.response_bytes, operation, mount).inc(body_bytes)
+
+    def cut(self, operation: str, reason: str, mount: str, seconds: float, body_bytes: int) -> None:
+        """Count one response cut mid-body: as status "cut" (not its 200), and by reason."""
+        self.answered(operation, "cut", mount, seconds, body_bytes)
+        self._child(self.responses_cut, reason).inc()
 
     def metadata_lookup(self, kind: str, state: str, mount: str) -> None:
         """Count one metadata lookup by outcome (``METADATA_STATES``)."""
@@ -471,6 +520,9 @@ class OriginGuardMetrics:
         for operation in ORIGIN_OPERATIONS:
             metrics.origin_retries.labels(origin, operation)
             metrics.origin_retry_budget_exhausted.labels(origin, operation)
+        metrics.origin_resumes.labels(origin)
+        for won in ("true", "false"):
+            metrics.origin_hedges.labels(origin, won)
 
     def in_flight(self, priority: str, delta: int) -> None:
         self._m.origin_in_flight.labels(self._origin, priority).inc(delta)
@@ -489,6 +541,12 @@ class OriginGuardMetrics:
 
     def budget_exhausted(self, operation: str) -> None:
         self._m.origin_retry_budget_exhausted.labels(self._origin, operation).inc()
+
+    def resumed(self) -> None:
+        self._m.origin_resumes.labels(self._origin).inc()
+
+    def hedged(self, won: bool) -> None:
+        self._m.origin_hedges.labels(self._origin, "true" if won else "false").inc()
 
     def breaker(self, state: str) -> None:
         self._m.origin_breaker_open.labels(self._origin).set(0 if state == "closed" else 1)

@@ -20,7 +20,7 @@ import asyncio
 import dataclasses
 import os
 from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from gateway import errors
@@ -86,7 +86,11 @@ class ObjectRead:
     """
 
     def __init__(self, info: ObjectInfo, start: int, end: int, partial: bool,
-                 pieces: AsyncIterator[Piece] | None, sources: Counter[str] | None = None) -> None:  # fmt: skip
+                 pieces: AsyncIterator[Piece] | None, sources: Counter[str] | None = None,
+                 reopen: Callable[[], Awaitable[ObjectRead]] | None = None) -> None:  # fmt: skip
+        """``reopen``: the same read afresh, tried once if the object changed before
+        the first byte (its metadata is dropped by then)."""
+        self._reopen = reopen
         self.info = info
         self.start = start
         self.end = end
@@ -101,8 +105,20 @@ class ObjectRead:
         return self.end - self.start + 1
 
     async def prime(self) -> None:
-        if self._pieces is not None and self._first is None:
+        if self._pieces is None or self._first is not None:
+            return
+        try:
             self._first = await anext(self._pieces, None)
+        except errors.OriginChanged:
+            if self._reopen is None:
+                raise
+            fresh = await self._reopen()
+            await self.aclose()
+            self.info, self.start, self.end, self.partial = (
+                fresh.info, fresh.start, fresh.end, fresh.partial
+            )  # fmt: skip
+            self._pieces, self.sources, self._reopen = fresh._pieces, fresh.sources, None
+            await self.prime()
 
     async def chunks(self) -> AsyncIterator[Piece]:
         if self._pieces is None:
@@ -200,8 +216,13 @@ class Reader:
         key: str,
         byte_range: RangeSpec | None = None,
         precondition: Precondition | None = None,
+        retry: bool = True,
     ) -> ObjectRead:
-        """Open ``key`` for reading; ``precondition`` runs on the metadata before any range."""
+        """Open ``key`` for reading; ``precondition`` runs on the metadata before any range.
+
+        ``retry``: an object found changed at the origin before the first byte
+        (``ObjectRead.prime``) is opened once more, with fresh metadata.
+        """
         self.catch_up()
         mount = self.namespace.resolve(bucket)
         if self._observe is not None:
@@ -218,7 +239,14 @@ class Reader:
             return ObjectRead(client_info, 0, -1, False, None)
         sources: Counter[str] = Counter()
         pieces = self._pieces(mount, okey, info, start, end, sources)
-        return ObjectRead(client_info, start, end, byte_range is not None, pieces, sources)
+
+        async def again() -> ObjectRead:
+            return await self.open_object(bucket, key, byte_range, precondition, retry=False)
+
+        partial = byte_range is not None
+        return ObjectRead(
+            client_info, start, end, partial, pieces, sources, again if retry else None
+        )
 
     async def read_whole(self, bucket: str, key: str, limit: int) -> bytes:
         """A whole (small) object through the cache, as bytes — a manifest of keys.
@@ -624,7 +652,8 @@ class Reader:
                 if (i > 0 or sequential) and block_sources.keys() & {"origin", "peer"}:
                     self.metrics.read_ahead_window.observe(self.read_ahead.caught_up(window))
         except errors.OriginChanged:
-            self.metadata.invalidate_key(_scope(mount), okey)
+            # Every tier at once: the next read (or this one's retry) sees the new version.
+            await self._invalidate(Invalidation(*_scope(mount), key=okey))
             raise
 
     def _stream_window(

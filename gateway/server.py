@@ -75,14 +75,23 @@ async def _observe(
     metrics: Metrics = state["metrics"]
     mount = request.get("mount", "")
     written = response.body_length if response.prepared else 0
-    metrics.answered(operation, response.status, mount, elapsed, written)
+    cut = request.get("cut")
+    if cut is not None:  # a body cut short: its bytes and its cause, never a clean 200
+        written = request["sent"]
+        metrics.cut(operation, cut, mount, elapsed, written)
+    else:
+        metrics.answered(operation, response.status, mount, elapsed, written)
     if "served" in request:
         metrics.served(mount, request["served"])
-    # sendfile bytes bypass aiohttp's count; the declared length is what was sent.
+    # sendfile bytes bypass aiohttp's count; the declared length is what was sent
+    # (of a cut body, what was handed to the socket).
     sent = response.content_length if response.prepared and response.content_length else written
+    if cut is not None:
+        sent = written
+    error = f"cut:{cut}" if cut is not None else request.get("error_code", "-")
     state["access_log"].record(
         request["request_id"], request.method, request.path, operation, request.get("bucket", ""),
-        response.status, sent, elapsed, request.get("source", "-"), request.get("error_code", "-"),
+        response.status, sent, elapsed, request.get("source", "-"), error,
     )  # fmt: skip
     return response
 

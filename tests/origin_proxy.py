@@ -9,14 +9,28 @@ bytes. ``mode`` makes the origin misbehave: ``"down"`` refuses with 503,
 a remote store's round trip would, so that concurrent work overlaps.
 ``max_in_flight`` is the most requests it held at once. It runs its own event
 loop in a thread on a loopback port.
+
+Deterministic faults (``faults``): a plan maps each GetObject, by its number
+since ``reset()`` (1-based), path and Range header, to a ``Fault`` or None.
+``fail_nth`` and ``fail_every`` build the usual plans (every 4th GET is a
+deterministic p = 0.25). A fault can answer a status (503 SlowDown, 412), reset
+the connection (RST) or truncate the body (FIN) after N body bytes, or stall
+after N body bytes (``hang``: before the headers) until the test calls
+``release()``; ``stalled`` is set when a request stalls, so a test waits on
+that event, never on a sleep. ``injected`` counts the faults by kind, as
+applied (a cut planned past the end of a short body does not happen).
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 import threading
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
 
 import aiohttp
 from aiohttp import web
@@ -28,6 +42,48 @@ _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer",
                "proxy-authorization", "proxy-authenticate", "host", "content-length"}  # fmt: skip
 _SLOW_DOWN = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
               b"<Message>Please reduce your request rate.</Message></Error>")  # fmt: skip
+
+_PRECONDITION_FAILED = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>PreconditionFailed'
+                        b"</Code><Message>At least one of the pre-conditions you specified did not"
+                        b" hold</Message><Condition>If-Match</Condition></Error>")  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """What the proxy does to one GetObject answer.
+
+    ``reset``/``truncate``/``stall``: after ``after`` body bytes, send a TCP RST,
+    close cleanly short of Content-Length, or hold until released. ``hang``:
+    hold before the headers. ``status``: answer ``status`` (503 SlowDown, 412
+    PreconditionFailed) instead of forwarding.
+    """
+
+    kind: Literal["reset", "truncate", "stall", "hang", "status"]
+    after: int = 0
+    status: int = 503
+
+
+FaultPlan = Callable[[int, str, str], "Fault | None"]  # (GET number, path, Range) → fault
+
+
+def fail_nth(n: int, fault: Fault, path_suffix: str = "") -> FaultPlan:
+    """A plan: the ``n``-th GetObject (of those whose path ends so) gets ``fault``."""
+    seen = Counter[str]()
+
+    def plan(number: int, path: str, byte_range: str) -> Fault | None:
+        if not path.endswith(path_suffix):
+            return None
+        seen["n"] += 1
+        return fault if seen["n"] == n else None
+
+    return plan
+
+
+def fail_every(k: int, fault: Fault, first: int = 1) -> FaultPlan:
+    """A plan: GetObject number ``first``, ``first + k``, … get ``fault`` (p = 1/k)."""
+    return lambda number, path, byte_range: (
+        fault if number >= first and (number - first) % k == 0 else None
+    )
 
 
 def operation(method: str, path: str, query: dict[str, str]) -> str:
@@ -57,6 +113,11 @@ class OriginProxy:
         self._tries: Counter[tuple[str, str, str]] = Counter()  # per distinct request
         self.in_flight = 0
         self.max_in_flight = 0
+        self.faults: FaultPlan | None = None
+        self.injected: Counter[str] = Counter()  # faults applied, by kind
+        self.stalled = threading.Event()  # a request is being held (stall/hang)
+        self._gets = 0  # GetObject requests since reset(), numbering them for the plan
+        self._release: asyncio.Event | None = None
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
@@ -73,6 +134,7 @@ class OriginProxy:
         return self
 
     def stop(self) -> None:
+        self.release()
         asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
@@ -86,6 +148,15 @@ class OriginProxy:
             self.slow_downs = 0
             self.max_in_flight = self.in_flight
             self.get_bytes = 0
+            self._gets = 0
+            self.injected.clear()
+        self.faults = None
+
+    def release(self) -> None:
+        """Let every held request go on (and the next ones stall afresh)."""
+        self.stalled.clear()
+        if self._release is not None:
+            self._loop.call_soon_threadsafe(self._release.set)
 
     def gets(self, key_suffix: str = "") -> int:
         return sum(1 for path, _ in self.ranges if path.endswith(key_suffix))
@@ -97,6 +168,7 @@ class OriginProxy:
         self._loop.run_forever()
 
     async def _startup(self) -> None:
+        self._release = asyncio.Event()
         self._session = aiohttp.ClientSession(auto_decompress=False)
         app = web.Application(client_max_size=1024**3)
         app.router.add_route("*", "/{tail:.*}", self._handle)
@@ -145,14 +217,26 @@ class OriginProxy:
 
     async def _answer(self, request: web.Request, leave: Callable[[], None]) -> web.StreamResponse:
         op = operation(request.method, request.path, dict(request.query))
+        fault = None
         with self._lock:
             self.counts[op] += 1
             if op == "GetObject":
-                self.ranges.append((request.path, request.headers.get("Range", "")))
+                byte_range = request.headers.get("Range", "")
+                self.ranges.append((request.path, byte_range))
+                self._gets += 1
+                if self.faults is not None:
+                    fault = self.faults(self._gets, request.path, byte_range)
         if self.latency:
             await asyncio.sleep(self.latency)
         if self.mode == "down" or (self.mode == "flaky" and self._flaky(request)):
             return web.Response(status=503, body=_SLOW_DOWN, content_type="application/xml")
+        if fault is not None and fault.kind in ("status", "hang"):
+            self._injected(fault)
+        if fault is not None and fault.kind == "status":
+            body = _PRECONDITION_FAILED if fault.status == 412 else _SLOW_DOWN
+            return web.Response(status=fault.status, body=body, content_type="application/xml")
+        if fault is not None and fault.kind == "hang":
+            await self._hold()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
         body = await request.read()
         # encoded=True: the path goes on byte for byte, as a transparent hop must send it
@@ -166,6 +250,9 @@ class OriginProxy:
             if upstream.content_length is not None:  # HEAD answers carry it too
                 response.content_length = upstream.content_length
             await response.prepare(request)
+            if fault is not None and upstream.status < 300 and fault.kind != "hang":
+                await self._faulty_body(request, response, upstream, fault)
+                return response
             held = b""  # each chunk waits for the next, so the last one is known as last
             async for chunk in upstream.content.iter_chunked(64 * 1024):
                 with self._lock:
@@ -182,3 +269,51 @@ class OriginProxy:
                 await response.write(held)
             await response.write_eof()
             return response
+
+    def _injected(self, fault: Fault) -> None:
+        with self._lock:
+            self.injected[fault.kind] += 1
+
+    async def _hold(self) -> None:
+        assert self._release is not None
+        self.stalled.set()
+        await self._release.wait()
+        self._release = asyncio.Event()  # the next stall holds again
+
+    async def _faulty_body(
+        self,
+        request: web.Request,
+        response: web.StreamResponse,
+        upstream: aiohttp.ClientResponse,
+        fault: Fault,
+    ) -> None:
+        """Send ``fault.after`` body bytes, then the fault (a stall then sends the rest)."""
+        sent = 0
+        async for chunk in upstream.content.iter_chunked(64 * 1024):
+            part = chunk[: max(0, fault.after - sent)]
+            if part:
+                await response.write(part)
+                sent += len(part)
+            if sent < fault.after:
+                continue
+            self._injected(fault)
+            if fault.kind == "stall":
+                await self._hold()
+                fault = Fault("stall", after=1 << 62)  # released: the rest flows
+                await response.write(chunk[len(part) :])
+                continue
+            self._cut(request, reset=fault.kind == "reset")
+            return
+        await response.write_eof()
+
+    @staticmethod
+    def _cut(request: web.Request, reset: bool) -> None:
+        transport = request.transport
+        if transport is None:
+            return
+        if reset:  # SO_LINGER 0: close() sends RST, not FIN
+            sock = transport.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            transport.abort()
+        else:
+            transport.close()  # what is buffered goes out, then FIN

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -195,6 +195,15 @@ async def test_a_get_holds_its_slot_until_its_body_is_read(tree: Path) -> None:
     assert sample(metrics, "hoard_origin_throttled_total", origin="nfs", limit="concurrency") == 1
 
 
+async def turns_until(condition: Callable[[], bool], turns: int = 100) -> None:
+    """Let the event loop run other tasks (no clock involved) until ``condition`` holds."""
+    for _ in range(turns):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"not reached in {turns} loop turns")
+
+
 class RecordingPosix(PosixOrigin):
     """The posix origin, noting the order in which GETs reach it (after the gate)."""
 
@@ -224,12 +233,14 @@ async def test_client_requests_go_before_background_ones_at_a_saturated_cap(tree
             await reader(key)
 
     # Background work (warm, prefetch) queues first; clients arrive after it.
+    def queued(level: str) -> float:
+        return sample(metrics, "hoard_origin_queued_requests", origin="nfs", priority=level)
+
     tasks = [asyncio.create_task(background_reader(f"obj{i}")) for i in (2, 3, 4)]
-    await asyncio.sleep(0)
+    await turns_until(lambda: queued("background") == 3)
     tasks += [asyncio.create_task(reader(f"obj{i}")) for i in (5, 6, 7)]
-    await asyncio.sleep(0)
-    assert sample(metrics, "hoard_origin_queued_requests", origin="nfs", priority="background") == 3
-    assert sample(metrics, "hoard_origin_queued_requests", origin="nfs", priority="client") == 3
+    await turns_until(lambda: queued("client") == 3)
+    assert queued("background") == 3
     for stream in holders:
         await stream.aclose()
     await asyncio.wait_for(asyncio.gather(*tasks), 10)
@@ -405,3 +416,72 @@ def test_example_config_documents_every_protection_key() -> None:
         assert set(aws[key]) == set(model.model_fields), key
         assert model(**aws[key]) == model()  # the example shows the defaults
     assert build_settings(raw).origins["nfs"].max_attempts == 3
+
+
+# --- bodies that break mid-way are resumed ------------------------------------------------
+
+
+class Breaking(Scripted):
+    """A 100-byte object whose n-th GET body breaks after ``cuts[n]`` bytes (None: whole).
+
+    Honours the byte range and If-Match; ``etag`` may change between GETs.
+    """
+
+    def __init__(self, cuts: list[int | None]) -> None:
+        super().__init__("breaking")
+        self.data = bytes(range(100))
+        self.cuts = cuts
+        self.etag = '"v1"'
+        self.ranges: list[tuple[int, int]] = []
+
+    async def get_object(self, bucket: str, key: str, byte_range=None, if_match=None) -> Any:
+        self._answer(key)
+        if if_match is not None and if_match != self.etag:
+            raise errors.OriginChanged(f"{key} changed")
+        first, last = byte_range or (0, len(self.data) - 1)
+        self.ranges.append((first, last))
+        cut = self.cuts[len(self.ranges) - 1] if len(self.ranges) <= len(self.cuts) else None
+        return Cut(key, self.data, first, last, cut, self.etag)
+
+
+class Cut(Body):
+    def __init__(self, key: str, data: bytes, first: int, last: int, cut: int | None,
+                 etag: str) -> None:  # fmt: skip
+        super().__init__(key, data, False)
+        self.info = ObjectInfo(key, len(data), etag, datetime(2024, 1, 1, tzinfo=UTC))
+        self.start, self.end, self.cut = first, last, cut
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        body = self.data[self.start : self.end + 1]
+        if self.cut is None:
+            yield body
+            return
+        if self.cut:
+            yield body[: self.cut]
+        raise errors.OriginUnavailable("connection reset mid-body")
+
+
+async def test_a_body_that_breaks_is_resumed_from_the_next_byte_with_if_match() -> None:
+    clock, metrics = Clock(), Metrics()
+    origin = Breaking(cuts=[30, 10, None])  # breaks twice, each time after some progress
+    guarded = guard(origin, clock, metrics, max_attempts=2)
+    assert await read(await guarded.get_object("b", "k")) == origin.data
+    assert origin.ranges == [(0, 99), (30, 99), (40, 99)]
+    assert sample(metrics, "hoard_origin_resumes_total", origin="breaking") == 2
+
+
+async def test_a_body_that_keeps_breaking_without_progress_gives_up_after_max_attempts() -> None:
+    origin = Breaking(cuts=[30, 0, 0, 0, 0, None])
+    guarded = guard(origin, Clock(), Metrics(), max_attempts=3)
+    with pytest.raises(errors.OriginUnavailable):
+        await read(await guarded.get_object("b", "k"))
+    assert origin.ranges == [(0, 99), *[(30, 99)] * 3]  # three tries with no byte, then no more
+
+
+async def test_a_resume_of_a_changed_object_is_refused_never_mixed() -> None:
+    origin = Breaking(cuts=[30, None])
+    guarded = guard(origin, Clock(), Metrics())
+    stream = await guarded.get_object("b", "k")
+    origin.etag = '"v2"'  # replaced at the origin while the first body was flowing
+    with pytest.raises(errors.OriginChanged):
+        await read(stream)

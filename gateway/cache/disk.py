@@ -37,10 +37,23 @@ Several processes (the gateway workers of one node) share one directory.
   ``touch_interval`` seconds (and with this process's next commit), not one
   SQLite write per hit.
 
-Disk full: ``begin``, ``write`` and ``commit`` log the error, remove the part
-file and fail (OSError from the first two, False from ``commit`` and ``put``);
-nothing partial reaches ``blocks/`` and blocks already stored keep serving, so
-the caller can go on serving from memory.
+Disk full: ``begin``, ``write`` and ``commit`` remove the part file and fail
+(OSError from the first two, False from ``commit`` and ``put``); nothing
+partial reaches ``blocks/`` and blocks already stored keep serving, so the
+caller can go on serving from memory. A full file system (ENOSPC, or SQLite's
+"database or disk is full") also lowers the tier's limit to a low watermark
+and evicts down to it, so later fills replace old blocks (``disk_space.py``).
+Errors are logged once per interval and kind, with a count, never per block.
+
+Other programs writing into ``cache.dir``: a block is checked (header, size,
+checksum) when it is opened, and a kept descriptor is lent again only while
+the file's stat fingerprint (inode, size, mtime, ctime) is unchanged, so a
+write in place is caught at the next open and the block dropped as corrupt.
+A write that lands while a block is being sent (after its check, before or
+during sendfile) reaches that client as the bytes now in the file, with a 200
+and the right length: it is not detected for that response. Files deleted by
+others are misses; files put into ``blocks/`` fail the header check. The cache
+directory belongs to Hoard alone.
 
 fsync: off by default. A block lost in a crash is fetched again, a torn one
 fails its checksum and is dropped, and the index tolerates rows without files
@@ -73,6 +86,7 @@ from typing import Any, TypeVar
 import xxhash
 
 from gateway.cache import disk_files as files
+from gateway.cache import disk_space
 from gateway.cache.block import HEADER_SIZE, BlockId, encode_header
 from gateway.cache.disk_files import BlockFile, Corrupt, FillAbandoned, PartFollower
 from gateway.cache.disk_index import DiskIndex, IndexRow
@@ -135,8 +149,8 @@ class BlockWriter:
                 # abort() waits for it before closing the descriptor it uses
                 await asyncio.shield(self._pending)
         except OSError as exc:
-            log.error("disk tier: writing block %s failed: %s", self.block.digest, exc)
             await self.abort()
+            await self._tier._failed("write", exc, self.block)
             raise
         self.written += len(data)
 
@@ -192,18 +206,24 @@ class DiskTier:
         open_files: int = 4096,
         on_evict: Callable[[int], None] | None = None,
         on_corrupt: Callable[[], None] | None = None,
+        on_full: Callable[[], None] | None = None,
     ) -> None:
         """``capacity`` counts file bytes (headers included) across all processes.
 
         ``open_files``: descriptors of hot small blocks kept open (``disk_open.py``; 0: none).
 
         ``on_evict(n)`` is called with the number of blocks each eviction pass
-        removed, ``on_corrupt()`` once per bad block file found.
+        removed, ``on_corrupt()`` once per bad block file found, ``on_full()``
+        each time a full file system lowered the limit (``disk_space.py``).
         """
         if touch_interval <= 0:
             raise ValueError("touch_interval must be positive")
         self.directory = Path(directory)
         self.capacity = capacity
+        self.limit = capacity  # lowered when the file system fills first (disk_space.py)
+        self.errors = disk_space.ErrorLog(log)
+        self._on_full = on_full
+        self._making_room = False
         self._fsync = fsync
         self._touch_interval = touch_interval
         self._on_evict = on_evict
@@ -296,7 +316,7 @@ class DiskTier:
         try:
             fd = await _opening(asyncio.to_thread(files.claim, part, final, header))
         except OSError as exc:
-            log.error("disk tier: cannot start block %s: %s", block.digest, exc)
+            await self._failed("start", exc, block)
             raise
         return None if fd is None else BlockWriter(self, block, fd, part, length)
 
@@ -320,17 +340,17 @@ class DiskTier:
         try:
             await asyncio.to_thread(files.seal, writer.fd, header, writer.path, final, self._fsync)
         except OSError as exc:
-            log.error("disk tier: committing block %s failed: %s", block.digest, exc)
             await writer.abort()
+            await self._failed("commit", exc, block)
             return False
         writer.release()  # renamed: the part's name may already be another filler's
         row = IndexRow(block, writer.length, HEADER_SIZE + writer.length)
         touches, self._touched = self._touched, {}  # so this eviction pass sees our hits
         try:
-            evicted = await self._index.publish(row, touches, self.capacity)
+            evicted = await self._index.publish(row, touches, self.limit)
         except sqlite3.Error as exc:
-            log.error("disk tier: indexing block %s failed: %s", block.digest, exc)
             await asyncio.to_thread(files.unlink, final)  # an unindexed file would never go
+            await self._failed("index", exc, block)
             return False
         await self._remove_evicted(evicted)
         return block.digest not in evicted  # it evicts itself only if nothing else fits
@@ -375,10 +395,41 @@ class DiskTier:
 
     def stats(self) -> DiskStats:
         totals = self._index.totals
-        return DiskStats(totals.used, self.capacity, totals.entries, self._evictions,
+        return DiskStats(totals.used, self.limit, totals.entries, self._evictions,
                          self._corrupt, self._index.pinned)  # fmt: skip
 
     # -- internals -------------------------------------------------------------
+
+    async def _failed(self, step: str, exc: BaseException, block: BlockId) -> None:
+        """A write step failed: log it (once per interval and kind); a full disk makes room."""
+        full = disk_space.is_full(exc)
+        self.errors.error("full" if full else step, "disk tier: %s of block %s failed: %s",
+                          step, block.digest, exc)  # fmt: skip
+        if full:
+            await self._make_room()
+
+    async def _make_room(self) -> None:
+        """Lower the limit to the low watermark of what the file system holds; evict to it."""
+        if self._making_room:
+            return  # one pass at a time; the fills failing meanwhile just skip the disk
+        self._making_room = True
+        try:
+            held = self._index.totals.used
+            self.limit = await asyncio.to_thread(
+                disk_space.ceiling, self.directory, held, self.limit
+            )
+            evicted = await self._index.evict(self.limit)
+            await self._remove_evicted(evicted)
+            await self._index.checkpoint()
+            if self._on_full is not None:
+                self._on_full()
+            self.errors.error("room", "disk tier: file system full with %d bytes held; limit "
+                              "lowered to %d bytes, %d blocks evicted", held, self.limit,
+                              len(evicted))  # fmt: skip
+        except (OSError, sqlite3.Error) as exc:
+            self.errors.error("room", "disk tier: cannot make room on a full disk: %s", exc)
+        finally:
+            self._making_room = False
 
     def _final(self, block: BlockId | str) -> Path:
         digest = block if isinstance(block, str) else block.digest

@@ -202,6 +202,15 @@ class DiskIndex:
         """Delete rows by (digest, created): a row replaced since is left alone."""
         await self.run(self._in_write, _forget, rows)
 
+    async def checkpoint(self) -> None:
+        """Move the write-ahead log into the database and truncate it (a full disk:
+        the log is the one file of the index that grows with every commit)."""
+        await self.run(self._checkpoint)
+
+    def _checkpoint(self) -> None:
+        if self._conn is not None:
+            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
     async def recount(self) -> None:
         """Recompute ``totals`` from the rows (start-up reconciliation)."""
         await self.run(self._in_write, _recount)

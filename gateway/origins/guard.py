@@ -13,12 +13,15 @@ one per configured origin, built in ``cli.py``. For each request, in order:
 4. on ``OriginUnavailable`` (5xx, SlowDown, timeouts, connection errors) a
    retry after a full-jitter backoff, while tries remain (``max_attempts`` in
    all), the retry budget allows and the breaker has not opened meanwhile
-   (``retry.py``). The slot is given back during the backoff.
+   (``retry.py``). The slot is given back during the backoff. All tries of a
+   client's request end within ``retry.deadline`` (then ``OriginUnavailable``);
+   background requests may queue longer.
 
 Body chunks are paced by the bytes/s bucket as they are read. A GET's first
 chunk is read inside its try, so a body that fails before its first byte is
-retried like any failed request; after the first byte a failure reaches the
-caller (the block fill), which alone knows what it already has.
+retried like any failed request; a body that breaks after it is resumed from
+the next byte, and a GET that stalls is hedged (``resume.py``), each resume a
+retry by the rules above.
 
 Writes are not guarded: everything but the read protocol (``forward``,
 ``put_object`` and the other posix writes) passes through to the wrapped
@@ -35,6 +38,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import math
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -45,6 +50,7 @@ from gateway.config import PosixOriginConfig, S3OriginConfig
 from gateway.origins.base import BucketInfo, ListPage, ObjectInfo, ObjectStream, Origin
 from gateway.origins.breaker import CircuitBreaker, State
 from gateway.origins.limits import PriorityGate, TokenBucket
+from gateway.origins.resume import Patience, ResumingStream, first_of, within
 from gateway.origins.retry import Backoff, RetryBudget, retryable
 
 
@@ -58,6 +64,8 @@ class GuardEvents(Protocol):
     def retried(self, operation: str) -> None: ...
     def budget_exhausted(self, operation: str) -> None: ...
     def breaker(self, state: str) -> None: ...
+    def resumed(self) -> None: ...
+    def hedged(self, won: bool) -> None: ...
 
 
 class OriginGuard:
@@ -89,6 +97,9 @@ class OriginGuard:
         self._attempts = config.max_attempts
         self._backoff = Backoff(retry.base_delay, retry.max_delay, rand)
         self.budget = RetryBudget(retry.budget_ratio, retry.budget_min_per_second, clock)
+        self._patience = Patience(
+            retry.hedge_after, retry.deadline, may_hedge=lambda: not self.gate.queued
+        )
         self.breaker = CircuitBreaker(
             config.breaker.failures,
             config.breaker.open_for,
@@ -126,7 +137,20 @@ class OriginGuard:
         async def open_stream() -> ObjectStream:
             return await self.inner.get_object(bucket, key, byte_range, if_match)
 
-        return await self._call("GetObject", open_stream, holds_slot=True)
+        def opening() -> Awaitable[ObjectStream]:
+            return self._call("GetObject", open_stream, holds_slot=True)
+
+        stream = await first_of(opening(), opening, self._opening(), _aclose, self._events.hedged)
+        end, version = stream.end, stream.info.etag
+
+        async def reopen(first: int) -> ObjectStream:
+            async def rest() -> ObjectStream:
+                return await self.inner.get_object(bucket, key, (first, end), version)
+
+            return await self._call("GetObject", rest, holds_slot=True)
+
+        return ResumingStream(stream, reopen, self._may_resume, self._patience, self._pace,
+                              self._events.hedged, self._events.resumed)  # fmt: skip
 
     async def list_objects(
         self,
@@ -158,7 +182,8 @@ class OriginGuard:
         self.budget.record_request()
         ok: bool | None = None
         try:
-            result = await self._tries(operation, request, holds_slot)
+            tries = self._tries(operation, request, holds_slot)
+            result = await within(self._opening().deadline, tries)  # every try, every backoff
             ok = True
             return result
         except errors.HoardError as exc:
@@ -193,6 +218,27 @@ class OriginGuard:
         self._events.retried(operation)
         return True
 
+    def _opening(self) -> Patience:
+        """The patience of a request until its answer: a background request (warm,
+        prefetch, read-ahead) may queue for a slot as long as clients go first."""
+        if priority.current() is priority.Priority.CLIENT:
+            return self._patience
+        return dataclasses.replace(self._patience, deadline=math.inf)
+
+    async def _pace(self, size: int) -> None:
+        """Hold a body chunk of ``size`` bytes back as the bytes/s limit says."""
+        delay = self._bytes.reserve(size)
+        if delay > 0:
+            self._events.throttled("bytes")
+            await self._sleep(delay)
+
+    async def _may_resume(self, exc: errors.HoardError, tries: int) -> bool:
+        """Whether a GET body that broke after ``tries`` tries may go on (after the backoff)."""
+        if not self._may_retry(exc, "GetObject", tries):
+            return False
+        await self._sleep(self._backoff.delay(tries))
+        return self.breaker.state is not State.OPEN
+
     async def _attempt(self, request: Callable[[], Awaitable[Any]], holds_slot: bool) -> Any:
         release = await self._take_slot()
         try:
@@ -203,7 +249,7 @@ class OriginGuard:
         if not holds_slot:
             release()
             return result
-        stream = GuardedStream(result, release, self._bytes, self._events, self._sleep)
+        stream = GuardedStream(result, release)
         try:
             await stream.prime()  # inside the try: a body that fails at once is retried
         except BaseException:
@@ -241,6 +287,10 @@ class OriginGuard:
         self._events.in_flight(level, -1)
 
 
+async def _aclose(stream: ObjectStream) -> None:
+    await stream.aclose()
+
+
 class _Once:
     """A callable that runs ``action`` on its first call only (a slot is released once)."""
 
@@ -254,20 +304,15 @@ class _Once:
 
 
 class GuardedStream:
-    """A GET's body, paced by the bytes/s bucket, holding its slot until read or closed."""
+    """A GET's body, holding its slot until read or closed (paced by the ``ResumingStream``
+    around it, so that time held back by the bytes/s limit is not taken for a stall)."""
 
-    def __init__(
-        self, inner: ObjectStream, release: Callable[[], None], bucket: TokenBucket,
-        events: GuardEvents, sleep: Callable[[float], Awaitable[None]],
-    ) -> None:  # fmt: skip
+    def __init__(self, inner: ObjectStream, release: Callable[[], None]) -> None:
         self.info = inner.info
         self.start = inner.start
         self.end = inner.end
         self._inner = inner
         self._release = release
-        self._bucket = bucket
-        self._events = events
-        self._sleep = sleep
         self._chunks: AsyncIterator[bytes] | None = None
         self._first: bytes | None = None  # read by prime(), not yet delivered
         self._ended = False
@@ -301,10 +346,6 @@ class GuardedStream:
             chunk = await self._next()
         if chunk is None:
             raise StopAsyncIteration
-        delay = self._bucket.reserve(len(chunk))
-        if delay > 0:
-            self._events.throttled("bytes")
-            await self._sleep(delay)
         return chunk
 
     async def aclose(self) -> None:

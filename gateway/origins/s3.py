@@ -19,9 +19,9 @@ of the body; ``aclose()`` before that closes the socket instead, because a
 connection with unread body bytes cannot carry another request.
 
 Not guaranteed:
-- A failure mid-body is not retried: it surfaces from ``chunks()`` as
-  ``OriginUnavailable`` and fails that block's fill (the next read starts a
-  new one). The guard retries a body that breaks before its first byte.
+- A failure mid-body is not retried here: it surfaces from ``chunks()`` as
+  ``OriginUnavailable``; the guard resumes the body from the next byte
+  (``resume.py``).
 - A 404 from HEAD has no body, so ``head_object`` tells a missing bucket from a
   missing key with one extra HeadBucket, on misses only.
 - An origin that ignores Range and answers 200 is reported as it is

@@ -17,9 +17,12 @@ aiohttp queued go out first.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import select
-from concurrent.futures import ThreadPoolExecutor
+import socket
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
@@ -43,13 +46,18 @@ class BodySender:
         if not isinstance(piece, FileSegment):
             await writer.write(piece)
             return
+        release = _Release(piece.release)
         try:
-            await self._send_segment(request, writer, piece)
+            await self._send_segment(request, writer, piece, release)
         finally:
-            piece.release()
+            release.unless_handed()
 
     async def _send_segment(
-        self, request: web.Request, writer: AbstractStreamWriter, segment: FileSegment
+        self,
+        request: web.Request,
+        writer: AbstractStreamWriter,
+        segment: FileSegment,
+        release: _Release,
     ) -> None:
         transport = request.transport
         if transport is None or transport.is_closing():
@@ -70,17 +78,69 @@ class BodySender:
                     raise
                 self._native = False  # uvloop: no loop.sendfile
         sock = transport.get_extra_info("socket")
-        await self._direct(loop, sock.fileno(), segment)
+        await self._direct(loop, sock.fileno(), segment, release)
 
     async def _direct(
-        self, loop: asyncio.AbstractEventLoop, sockfd: int, segment: FileSegment
+        self,
+        loop: asyncio.AbstractEventLoop,
+        sockfd: int,
+        segment: FileSegment,
+        release: _Release,
     ) -> None:
+        """Send what the socket takes now; the rest from a thread that owns its descriptors.
+
+        The thread gets duplicates of the socket and the block file: this
+        coroutine may be cancelled, and its caller then closes both, while the
+        thread still writes — a raw descriptor number could by then name
+        another file or connection. ``release`` (the block's lease) runs when
+        the thread is done, not when this coroutine is.
+        """
         sent = _sendfile_nonblocking(sockfd, segment.fd, segment.offset, segment.count)
-        if sent < segment.count:
-            rest = FileSegment(
-                segment.fd, segment.offset + sent, segment.count - sent, segment.release
-            )
-            await loop.run_in_executor(self._pool, _sendfile_waiting, sockfd, rest)
+        if sent >= segment.count:
+            return
+        sock_copy, file_copy = os.dup(sockfd), os.dup(segment.fd)
+        try:
+            done = self._pool.submit(_sendfile_waiting, sock_copy, file_copy,
+                                     segment.offset + sent, segment.count - sent)  # fmt: skip
+        except BaseException:
+            os.close(sock_copy)
+            os.close(file_copy)
+            raise
+        release.hand_to(done, loop)
+        try:
+            await asyncio.wrap_future(done, loop=loop)
+        except asyncio.CancelledError:
+            _shut_down(sockfd)  # the thread's next send fails now, not after the poll timeout
+            raise
+
+
+class _Release:
+    """A segment's release, run once: by the sender, or by the thread it was handed to."""
+
+    def __init__(self, action: Callable[[], None]) -> None:
+        self._action = action
+        self._handed = False
+
+    def hand_to(self, work: Future[None], loop: asyncio.AbstractEventLoop) -> None:
+        self._handed = True
+        work.add_done_callback(lambda _: _on_loop(loop, self._action))
+
+    def unless_handed(self) -> None:
+        if not self._handed:
+            self._action()
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop, action: Callable[[], None]) -> None:
+    """Run ``action`` on ``loop`` (from a thread); directly if the loop is gone."""
+    try:
+        loop.call_soon_threadsafe(action)
+    except RuntimeError:  # closed: nothing else runs there any more
+        action()
+
+
+def _shut_down(sockfd: int) -> None:
+    with contextlib.suppress(OSError), socket.socket(fileno=os.dup(sockfd)) as sock:
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 async def _flushed(transport: asyncio.Transport) -> None:
@@ -105,18 +165,23 @@ def _sendfile_nonblocking(sockfd: int, fd: int, offset: int, count: int) -> int:
     return sent
 
 
-def _sendfile_waiting(sockfd: int, segment: FileSegment) -> None:
-    """In a thread: send the rest, waiting for the socket to drain between calls."""
-    poller = select.poll()
-    poller.register(sockfd, select.POLLOUT)
-    sent = 0
-    while sent < segment.count:
-        sent += _sendfile_nonblocking(
-            sockfd, segment.fd, segment.offset + sent, segment.count - sent
-        )
-        if sent < segment.count:
-            events = poller.poll(_POLL_TIMEOUT_MS)
-            if not events:
-                raise TimeoutError("client stopped reading")
-            if any(flag & (select.POLLERR | select.POLLHUP) for _, flag in events):
-                raise ConnectionResetError("client went away")
+def _sendfile_waiting(sockfd: int, fd: int, offset: int, count: int) -> None:
+    """In a thread: send the rest, waiting for the socket to drain between calls.
+
+    Owns ``sockfd`` and ``fd`` (duplicates) and closes them when done.
+    """
+    try:
+        poller = select.poll()
+        poller.register(sockfd, select.POLLOUT)
+        sent = 0
+        while sent < count:
+            sent += _sendfile_nonblocking(sockfd, fd, offset + sent, count - sent)
+            if sent < count:
+                events = poller.poll(_POLL_TIMEOUT_MS)
+                if not events:
+                    raise TimeoutError("client stopped reading")
+                if any(flag & (select.POLLERR | select.POLLHUP) for _, flag in events):
+                    raise ConnectionResetError("client went away")
+    finally:
+        os.close(sockfd)
+        os.close(fd)

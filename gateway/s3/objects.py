@@ -12,8 +12,9 @@ import logging
 
 from aiohttp import web
 
+from gateway import errors
 from gateway.origins.base import ObjectInfo
-from gateway.reader import ObjectRead
+from gateway.reader import FileSegment, ObjectRead
 from gateway.s3 import xml
 from gateway.s3.call import Call
 from gateway.s3.conditionals import Conditions
@@ -123,20 +124,47 @@ async def get_object(call: Call) -> web.StreamResponse:
 
 
 async def _stream(call: Call, response: web.StreamResponse, read: ObjectRead) -> None:
+    """Send the body; a body that cannot be finished is cut, and says so.
+
+    A cut response leaves ``request["cut"]`` (its reason) and ``request["sent"]``
+    (the body bytes handed to the socket) for the access log and the metrics:
+    it is not a clean 200 with its full length.
+    """
+    sent = 0
     try:
         writer = await response.prepare(call.request)
         assert writer is not None
         async for piece in read.chunks():
+            count = piece.count if isinstance(piece, FileSegment) else len(piece)
             await call.body.send(call.request, writer, piece)
+            sent += count
         await response.write_eof()
     except (ConnectionResetError, TimeoutError):
         log.debug("client went away mid-body, request %s", call.request_id)
-        _drop_connection(call)
-    except Exception:
+        _cut(call, "client_gone", sent)
+    except Exception as exc:
         # Headers are gone already; dropping the connection is the only honest
         # signal left, so the client sees a short body rather than a wrong one.
-        log.exception("read failed mid-body, request %s", call.request_id)
-        _drop_connection(call)
+        reason = cut_reason(exc)
+        log.warning("response cut after %d of %d bytes, request %s: %s (%s)",
+                    sent, read.length, call.request_id, reason, exc,
+                    exc_info=reason == "error")  # fmt: skip
+        _cut(call, reason, sent)
+
+
+def cut_reason(exc: BaseException) -> str:
+    """The bounded label of why a body was cut (``hoard_responses_cut_total{reason}``)."""
+    if isinstance(exc, errors.OriginChanged):
+        return "origin_changed"
+    if isinstance(exc, errors.OriginUnavailable):
+        return "origin_unavailable"
+    return "error"
+
+
+def _cut(call: Call, reason: str, sent: int) -> None:
+    call.request["cut"] = reason
+    call.request["sent"] = sent
+    _drop_connection(call)
 
 
 def _drop_connection(call: Call) -> None:

@@ -1,0 +1,82 @@
+"""A file system that fills before the disk tier's capacity: learn a lower ceiling, evict to it.
+
+``cache.size`` is what the operator meant the tier to hold; the file system
+may hold less (a smaller volume than configured, other programs' files, the
+index and its write-ahead log). The first ``ENOSPC`` (or ``EDQUOT``, or
+SQLite's "database or disk is full") tells the tier the truth: it lowers its
+limit to a *low watermark* — ``LOW_WATERMARK`` of what it holds plus what the
+file system still has free, or of its current limit if less — and evicts least
+recently used blocks down to it.
+Later fills then replace old blocks, as they would at capacity, instead of
+failing one by one while the tier stays frozen at what it wrote first.
+
+Errors of one kind (a full disk, a failing write) are logged once per
+``interval`` with a count of those since, never once per block (``ErrorLog``).
+
+Not guaranteed: the lowered limit is per process and lasts until restart
+(space freed later by other programs is not taken back until then); the
+statvfs figure is a snapshot, so a file system that other writers keep
+filling may report full again, and each report lowers the limit again.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+LOW_WATERMARK = 0.9  # share of (held + free) bytes the tier keeps after a full disk
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def is_full(exc: BaseException) -> bool:
+    """Whether ``exc`` says the file system (or SQLite's file) has no room left."""
+    if isinstance(exc, OSError):
+        return exc.errno in _FULL_ERRNOS
+    if isinstance(exc, sqlite3.Error):
+        return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or (
+            "disk is full" in str(exc)
+        )
+    return False
+
+
+def ceiling(directory: Path, held: int, limit: int) -> int:
+    """The low watermark after a full disk (a thread call): ``LOW_WATERMARK`` of the
+    current ``limit`` or of what the file system can give the tier (``held`` bytes
+    plus the free ones), whichever is less. Each full disk lowers it again: the
+    tier's own files cost more than the bytes it counts (pages, the index and its
+    log), so one step may not be enough."""
+    stat = os.statvfs(directory)
+    return int(min(limit, held + stat.f_bavail * stat.f_frsize) * LOW_WATERMARK)
+
+
+class ErrorLog:
+    """Errors logged once per ``interval`` seconds per kind, with a count of the rest."""
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        interval: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._logger = logger
+        self._interval = interval
+        self._clock = clock
+        self._last: dict[str, tuple[float, int]] = {}  # kind -> (last logged, silenced since)
+
+    def error(self, kind: str, message: str, *args: object) -> bool:
+        """Log ``message`` unless ``kind`` was logged within the interval; True if logged."""
+        now = self._clock()
+        last = self._last.get(kind)
+        if last is not None and now - last[0] < self._interval:
+            self._last[kind] = (last[0], last[1] + 1)
+            return False
+        silenced = last[1] if last is not None else 0
+        suffix = f" (and {silenced} more like it since the last report)" if silenced else ""
+        self._logger.error(message + suffix, *args)
+        self._last[kind] = (now, 0)
+        return True
