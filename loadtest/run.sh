@@ -18,9 +18,7 @@ if ((${#missing[@]})); then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
 fi
-python3 -c 'import moto.server, boto3, yaml' 2>/dev/null \
-  || python3 -m pip install --quiet --disable-pip-version-check -e '.[test]'
-python3 -c 'import matplotlib' 2>/dev/null \
-  || python3 -m pip install --quiet --disable-pip-version-check matplotlib
+python3 -c 'import moto.server, boto3, yaml, diskcache, matplotlib' 2>/dev/null \
+  || python3 -m pip install --quiet --disable-pip-version-check -e '.[test,bench]'
 
 exec python3 -m loadtest run --scale full "$@"
