@@ -6,7 +6,8 @@ said, for how long, and makes concurrent askers share one origin call.
 
 What is cached
   * ``head``: an object's :class:`ObjectInfo` per (scope, key), or a *negative*
-    entry when the origin said NoSuchKey. ``put_head`` stores what a GET taught.
+    entry when the origin said NoSuchKey (with the headers of its 404, so a delete
+    marker is still named as one). ``put_head`` stores what a GET taught.
   * ``listing``: on a miss, the *whole* listing of the prefix, walked flat (no
     delimiter) in origin pages of 1000 and kept as one sorted list. Why whole:
     workers page differently (delimiter or not, page sizes, resuming after any
@@ -105,6 +106,7 @@ class _Entry:
     value: Any  # ObjectInfo | list[ListEntry] | ListPage; None: negative head or too-big prefix
     fresh_until: float
     weight: int = 1
+    absent: dict[str, str] | None = None  # a negative head: what the origin's 404 said
 
 
 class _Lru:
@@ -179,7 +181,7 @@ class MetadataCache:
         entry = self._tables["head"].get(k)
         if entry is not None and entry.value is None and self._clock() < entry.fresh_until:
             self._count("head", "negative", policy.label)
-            raise NoSuchKey(key)
+            raise NoSuchKey(key, entry.absent)
         return await self._lookup("head", k, partial(self._load_head, k, policy, fetch), policy)
 
     def has_entry(self, scope: Hashable, key: str) -> bool:
@@ -265,9 +267,9 @@ class MetadataCache:
     ) -> ObjectInfo:
         try:
             info = await fetch()
-        except NoSuchKey:
+        except NoSuchKey as exc:
             if self._owns(("head", k)):
-                self._store("head", k, None, policy.negative_ttl)
+                self._store("head", k, None, policy.negative_ttl, absent=exc.headers)
             raise
         if self._owns(("head", k)):
             self._store("head", k, info, policy.ttl)
@@ -302,11 +304,11 @@ class MetadataCache:
             self._store("list", k, page, policy.ttl, weight=weight)
         return page
 
-    def _store(
-        self, table: str, k: tuple[Any, ...], value: Any, ttl: float, weight: int = 1
-    ) -> None:
+    def _store(self, table: str, k: tuple[Any, ...], value: Any, ttl: float, weight: int = 1,
+               absent: dict[str, str] | None = None) -> None:  # fmt: skip
         # Weight at least 1: an empty listing or a marker still costs memory.
-        evicted = self._tables[table].put(k, _Entry(value, self._clock() + ttl, max(1, weight)))
+        entry = _Entry(value, self._clock() + ttl, max(1, weight), absent or None)
+        evicted = self._tables[table].put(k, entry)
         for _ in range(evicted):
             self._count(table, "evicted")
 

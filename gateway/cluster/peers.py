@@ -94,7 +94,11 @@ class PeerUnavailable(PeerError):
 
 
 class PeerNotFound(PeerError):
-    """The owner's origin says the object does not exist."""
+    """The owner's origin says the object does not exist; ``headers``: what its 404 said."""
+
+    def __init__(self, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.headers = headers or {}
 
 
 class PeerChanged(PeerError):
@@ -241,8 +245,12 @@ def _parse_date(text: str) -> float | None:
     return moment.timestamp() if moment.tzinfo is not None else None
 
 
-def _error(status: int, code: str, message: str) -> web.Response:
-    body = {"error": code, "message": message}
+def _error(
+    status: int, code: str, message: str, headers: dict[str, str] | None = None
+) -> web.Response:
+    body: dict[str, Any] = {"error": code, "message": message}
+    if headers:
+        body["headers"] = headers  # a delete marker's 404 names itself
     return web.json_response(body, status=status, headers={ERROR_HEADER: code})
 
 
@@ -252,6 +260,8 @@ def _status_of(exc: Exception) -> web.Response:
         return _error(404, "NotCached", str(exc))
     if isinstance(exc, errors.NoSuchBucket):  # not "no such key": the asker asks the origin
         return _error(404, "NoSuchBucket", str(exc))
+    if isinstance(exc, errors.NoSuchKey):
+        return _error(404, "NoSuchKey", str(exc), exc.headers)
     if isinstance(exc, errors.NotFound):
         return _error(404, "NoSuchKey", str(exc))
     if isinstance(exc, errors.OriginChanged | errors.PreconditionFailed):
@@ -589,9 +599,18 @@ async def _check(response: aiohttp.ClientResponse, length: int) -> None:
     code = response.headers.get(ERROR_HEADER, "")
     message = (await response.content.read(1024)).decode("utf-8", "replace")
     if response.status == 404 and code == "NoSuchKey":
-        raise PeerNotFound(message)
+        raise PeerNotFound(message, _said(message))
     if response.status == 412 and code == "OriginChanged":
         raise PeerChanged(message)
     if response.status == 404 and code == "NotCached":
         raise PeerNotCached(message)
     raise PeerUnavailable(f"peer answered {response.status} {code}: {message}", answered=True)
+
+
+def _said(body: str) -> dict[str, str]:
+    """The origin's headers a NoSuchKey answer carries, if it is whole JSON naming them."""
+    try:
+        said = json.loads(body).get("headers", {})
+    except (ValueError, AttributeError):
+        return {}
+    return {str(k): str(v) for k, v in said.items()} if isinstance(said, dict) else {}

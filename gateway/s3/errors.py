@@ -122,7 +122,7 @@ def from_domain(exc: errors.HoardError) -> S3Error:
         case errors.NoSuchBucket():
             return S3Error(Code.NoSuchBucket, fields={"BucketName": exc.bucket})
         case errors.NoSuchKey():
-            return S3Error(Code.NoSuchKey, fields={"Key": exc.key})
+            return S3Error(Code.NoSuchKey, fields={"Key": exc.key}, headers=exc.headers)
         case errors.InvalidObjectName():
             return S3Error(Code.InvalidObjectName, str(exc) or None)
         case errors.AccessDenied():
