@@ -46,6 +46,7 @@ from gateway.cluster.peers import BlockRequest, Invalidation, MetadataQuery
 from gateway.config import (
     ConfigError,
     Credential,
+    PosixOriginConfig,
     S3OriginConfig,
     Settings,
     load_settings,
@@ -105,11 +106,17 @@ def run_client(args: argparse.Namespace) -> int:
 
 
 def embedded_defaults(data_dir: Path) -> dict[str, Any]:
-    """The zero-config gateway: one local directory as the origin, loopback only."""
+    """The zero-config gateway: one local directory as the origin, loopback only.
+
+    Its metadata is asked of the directory on every request (a stat or a
+    directory walk, cheap on a local disk), so a file dropped in is seen at once.
+    """
     return {
         "listen": "127.0.0.1:9000",
         "origins": {"local": {"type": "posix", "path": str(data_dir)}},
         "default_origin": "local",
+        "default_metadata_ttl": 0,
+        "default_negative_ttl": 0,
     }
 
 
@@ -348,7 +355,10 @@ def _banner(settings: Settings, credential: Credential | None) -> str:
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     endpoint = f"http://{'[' + shown + ']' if ':' in shown else shown}:{port}"
     lines = [f"Hoard is serving S3 on {endpoint}"]
-    if settings.default_origin:
+    default = settings.origins.get(settings.default_origin or "")
+    if isinstance(default, PosixOriginConfig):
+        lines.append(f"  serving the directory {default.path} (each directory in it is a bucket)")
+    elif settings.default_origin:
         lines.append(f"  buckets pass through to origin '{settings.default_origin}'")
     lines.append("Use it with:")
     lines.append(f"  export AWS_ENDPOINT_URL={endpoint}")

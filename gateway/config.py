@@ -318,6 +318,9 @@ class Settings(BaseSettings):
     allow_anonymous: bool = False
     origins: dict[str, OriginConfig] = Field(default_factory=dict)
     default_origin: str | None = None
+    # Metadata TTLs of the buckets default_origin passes through (0: ask it every time).
+    default_metadata_ttl: Duration = 60.0
+    default_negative_ttl: Duration = 10.0
     mounts: list[MountConfig] = Field(default_factory=list)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     prefetch: PrefetchConfig = Field(default_factory=PrefetchConfig)
@@ -414,6 +417,12 @@ def _check_references(settings: Settings) -> list[str]:
     if settings.default_origin is not None and settings.default_origin not in settings.origins:
         problems.append(
             f"default_origin: unknown origin {settings.default_origin!r} (known: {known})"
+        )
+    if settings.default_origin is None and not settings.mounts:
+        problems.append(
+            "default_origin: nothing is served; add an origin and name it here "
+            "(origins: {data: {type: posix, path: ./data}} with default_origin: data), "
+            "or add mounts"
         )
     seen: set[str] = set()
     for index, mount in enumerate(settings.mounts):

@@ -33,6 +33,18 @@ class NoSuchKey(NotFound):
         self.headers = headers or {}
 
 
+class InvalidBucketName(HoardError):
+    """A bucket name S3's naming rules do not allow (S3: 400)."""
+
+
+class BucketAlreadyExists(HoardError):
+    """The name is taken by something that is not a bucket of this caller (S3: 409)."""
+
+
+class BucketNotEmpty(HoardError):
+    """A bucket to delete still holds objects (S3: 409)."""
+
+
 class InvalidObjectName(HoardError):
     """A key the origin cannot represent safely (e.g. a posix path escaping its root)."""
 

@@ -3,8 +3,8 @@
 An S3 origin gets every write forwarded as it is (``passthrough.py``); a posix
 directory cannot answer S3, so for its buckets these handlers speak S3 and
 call the writer, which writes through the origin's own API and invalidates.
-The operations: PutObject, CopyObject, DeleteObject, DeleteObjects, and the
-multipart set (Create, UploadPart, UploadPartCopy, Complete, Abort, ListParts,
+The operations: CreateBucket, DeleteBucket, PutObject, CopyObject,
+DeleteObject, DeleteObjects, and the multipart set (Create, UploadPart, UploadPartCopy, Complete, Abort, ListParts,
 ListMultipartUploads). Every other operation, and any of these carrying a
 sub-resource this origin has no place for (``?tagging``, ``?acl``,
 ``?retention``…), is NotImplemented: a PUT with ``?tagging`` must never
@@ -415,6 +415,22 @@ def _after(uploads: list[UploadInfo], key_marker: str, id_marker: str) -> list[U
     return same + [u for u in uploads if u.key > key_marker]
 
 
+# -- buckets -----------------------------------------------------------------------------------
+
+
+async def create_bucket(call: Call) -> web.StreamResponse:
+    """CreateBucket: the region of a posix origin is us-east-1, where S3 answers 200 to
+    the owner's CreateBucket of a bucket that exists (other regions: 409
+    BucketAlreadyOwnedByYou). A CreateBucketConfiguration body is not needed here."""
+    await call.writer.create_bucket(call.route.bucket)
+    return web.Response(status=200, headers={"Location": "/" + quote(call.route.bucket)})
+
+
+async def delete_bucket(call: Call) -> web.StreamResponse:
+    await call.writer.delete_bucket(call.route.bucket)
+    return web.Response(status=204)
+
+
 # -- dispatch ----------------------------------------------------------------------------------
 
 # Per operation: the query parameters it takes, and its handler. Presigned-URL
@@ -425,6 +441,8 @@ _LIST_UPLOADS_TAKES = frozenset(
      "encoding-type"}
 )  # fmt: skip
 _OPERATIONS: dict[str, tuple[frozenset[str], Handler]] = {
+    "CreateBucket": (frozenset(), create_bucket),
+    "DeleteBucket": (frozenset(), delete_bucket),
     "PutObject": (frozenset(), put_object),
     "UploadPart": (frozenset({"partNumber", "uploadId"}), upload_part),
     "DeleteObject": (frozenset({"versionId"}), delete_object),
