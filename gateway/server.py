@@ -19,6 +19,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.web_urldispatcher import _default_expect_handler
 
 from gateway.accesslog import AccessLog
 from gateway.admin import Admin
@@ -121,12 +122,22 @@ def build_app(
     async def close_log(app: web.Application) -> None:
         await access.close()
 
-    app.router.add_route("*", "/{tail:.*}", dispatch)
+    app.router.add_route("*", "/{tail:.*}", dispatch, expect_handler=_expect)
     app.on_response_prepare.append(_add_request_id)
     app.on_startup.append(mark_ready)
     app.on_shutdown.append(mark_not_ready)
     app.on_cleanup.append(close_log)
     return app
+
+
+async def _expect(request: web.Request) -> None:
+    """``Expect`` before the handler runs: ``100-continue`` is answered as aiohttp does;
+    another expectation on a request without a body is ignored, as S3 ignores it
+    (RFC 9110 §10.1.1 lets a server refuse it, not oblige it to); with a body,
+    aiohttp's 417 stands, since the body may depend on the expectation."""
+    bodiless = not request.body_exists and "Transfer-Encoding" not in request.headers
+    if request.headers.get("Expect", "").lower() == "100-continue" or not bodiless:
+        await _default_expect_handler(request)
 
 
 def _is_scrape(request: web.Request, path: str, domains: list[str]) -> bool:

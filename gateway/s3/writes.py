@@ -40,6 +40,7 @@ from gateway.origins.base import ObjectInfo
 from gateway.s3 import xml_writes
 from gateway.s3.buckets import XML_TYPE
 from gateway.s3.call import Call
+from gateway.s3.checksums import of_the_body
 from gateway.s3.chunked import RequestBody, read_whole
 from gateway.s3.conditionals import Conditions
 from gateway.s3.errors import Code, S3Error, from_domain
@@ -82,7 +83,8 @@ def _body(call: Call) -> RequestBody:
 
 
 def _xml_body(call: Call) -> RequestBody:
-    return RequestBody(call.request.content, call.request.headers, call.principal.context)
+    declared = of_the_body(call.request.headers, call.route.operation)
+    return RequestBody(call.request.content, declared, call.principal.context)
 
 
 def _checksum_headers(body: RequestBody, *, full_object: bool = False) -> dict[str, str]:

@@ -155,7 +155,8 @@ def list_objects_v1(
 ) -> bytes:
     head = [
         _element("Name", bucket),
-        _element("Prefix", _url(prefix, encode)),
+        # S3 sends ListObjects' own <Prefix> as it was asked, even with encoding-type=url.
+        _element("Prefix", prefix),
         _element("Marker", _url(marker, encode)),
     ]
     # S3 sends NextMarker only with a delimiter; without one the last key is the marker.
