@@ -61,17 +61,33 @@ async def _observe(
     operation = request.get("operation", "Admin")
     metrics: Metrics = state["metrics"]
     mount = request.get("mount", "")
-    written = response.body_length if response.prepared else 0
-    metrics.answered(operation, response.status, mount, elapsed, written)
+    sent = _body_bytes(request, response)
+    metrics.answered(operation, response.status, mount, elapsed, sent)
     if "served" in request:
         metrics.served(mount, request["served"])
-    # sendfile bytes bypass aiohttp's count; the declared length is what was sent.
-    sent = response.content_length if response.prepared and response.content_length else written
     state["access_log"].record(
         request["request_id"], request.method, request.path, operation, request.get("bucket", ""),
         response.status, sent, elapsed, request.get("source", "-"), request.get("error_code", "-"),
     )  # fmt: skip
     return response
+
+
+def _body_bytes(request: web.Request, response: web.StreamResponse) -> int:
+    """The body bytes of an answer, for metrics and the access log alike.
+
+    A ``web.Response`` (listings, errors, admin JSON) is sent after the handler
+    returns, so its body is counted here; a streamed one counts its declared
+    length, since sendfile bytes bypass aiohttp's own count. HEAD, 204 and 304
+    answers carry no body, whatever length they declare.
+    """
+    if request.method == "HEAD" or response.status in (204, 304):
+        return 0
+    if response.prepared:
+        return response.content_length or response.body_length
+    body = getattr(response, "body", None)
+    if isinstance(body, bytes | bytearray):
+        return len(body)
+    return response.content_length or 0
 
 
 async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:

@@ -25,6 +25,7 @@ class Code(Enum):
     BadDigest = (400, "The Content-MD5 you specified did not match what we received.")
     BucketAlreadyExists = (409, "The requested bucket name is not available.")
     BucketNotEmpty = (409, "The bucket you tried to delete is not empty")
+    CORSResponse = (403, "CORS is not enabled for this bucket.")
     EntityTooLarge = (400, "Your proposed upload exceeds the maximum allowed object size.")
     EntityTooSmall = (400, "Your proposed upload is smaller than the minimum allowed object size.")
     IncompleteBody = (

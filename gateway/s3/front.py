@@ -18,7 +18,7 @@ from aiohttp import web
 from gateway import errors
 from gateway.reader import Reader
 from gateway.s3 import buckets, listing, objects, xml
-from gateway.s3.auth import Authenticator
+from gateway.s3.auth import ANONYMOUS, Authenticator
 from gateway.s3.body import BodySender
 from gateway.s3.call import Call
 from gateway.s3.errors import Code, S3Error, from_domain
@@ -83,17 +83,23 @@ class S3Front:
     async def _dispatch(self, request: web.Request, request_id: str) -> web.StreamResponse:
         view = request_view(request)
         query = dict(_query_pairs(view.raw_query)) if view.raw_query else {}
-        found: Route = route(request.method, request.host, view.raw_path, query, self._domains)
-        request["operation"] = found.operation.split(":")[0]
+        copy_source = request.headers.get("x-amz-copy-source")
+        found: Route = route(request.method, request.host, view.raw_path, query, self._domains,
+                             copy_source is not None)  # fmt: skip
+        request["operation"] = found.operation
         request["bucket"] = found.bucket
         request["mount"] = self._reader.mount_label(found.bucket)
-        principal = self._auth.authenticate(view)
-        principal.authorize(found.bucket, mutating=request.method in ("PUT", "POST", "DELETE"))
-        copy_source = request.headers.get("x-amz-copy-source")
+        if request.method == "OPTIONS":
+            # A CORS preflight is never signed (browsers send none): the bucket's CORS
+            # rules at the origin answer it, as S3 does.
+            principal = ANONYMOUS
+        else:
+            principal = self._auth.authenticate(view)
+            principal.authorize(found.bucket, mutating=request.method in ("PUT", "POST", "DELETE"))
         if copy_source is not None:  # a copy also reads its source: may this caller?
             principal.authorize(copy_source_bucket(copy_source), mutating=False)
         # What Hoard does not answer itself goes to the origin as it is.
-        handler = HANDLERS.get(found.operation, passthrough)
+        handler = HANDLERS[found.operation] if found.served else passthrough
         call = Call(
             request, found, query, principal, self._reader, request_id, self._body, self._writer
         )

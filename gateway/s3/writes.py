@@ -433,6 +433,13 @@ async def delete_bucket(call: Call) -> web.StreamResponse:
     return web.Response(status=204)
 
 
+async def preflight(call: Call) -> web.StreamResponse:
+    """OPTIONS: a directory keeps no CORS rules, and S3 refuses a preflight to a bucket
+    without them (403 CORSResponse)."""
+    await call.reader.head_bucket(call.route.bucket)  # NoSuchBucket first, as S3
+    raise S3Error(Code.CORSResponse)
+
+
 # -- dispatch ----------------------------------------------------------------------------------
 
 # Per operation: the query parameters it takes, and its handler. Presigned-URL
@@ -456,7 +463,10 @@ _OPERATIONS: dict[str, tuple[frozenset[str], Handler]] = {
         frozenset({"uploadId", "max-parts", "part-number-marker", "encoding-type"}),
         list_parts,
     ),
-    "GetBucket:uploads": (_LIST_UPLOADS_TAKES, list_multipart_uploads),
+    "ListMultipartUploads": (_LIST_UPLOADS_TAKES, list_multipart_uploads),
+    "CopyObject": (frozenset(), put_object),
+    "UploadPartCopy": (frozenset({"partNumber", "uploadId"}), upload_part),
+    "PreflightRequest": (frozenset(), preflight),
 }
 _ANY_OPERATION = frozenset({"x-id", "awsaccesskeyid", "signature", "expires"})
 
