@@ -437,7 +437,14 @@ READS = [
     # buckets
     # Hoard answers ListBuckets itself, for every origin and mount it serves: the owner is Hoard.
     Case("list-buckets", "GET", None, bucket="", known={"/Owner[0]/ID[0]": "hoard", "/Owner[0]/DisplayName[0]": "hoard"}),
+    Case("list-buckets-prefix", "GET", None, f"prefix=conf-{RUN}-l", bucket="",
+         known={"/Owner[0]/ID[0]": "hoard", "/Owner[0]/DisplayName[0]": "hoard"}),
+    Case("list-buckets-max-1", "GET", None, f"prefix=conf-{RUN}&max-buckets=1", bucket="",
+         known={"/Owner[0]/ID[0]": "hoard", "/Owner[0]/DisplayName[0]": "hoard"}),
     head("head-bucket", None),
+    # A name no SDK can send is the origin's to judge (Hoard's origin client cannot send it).
+    get("colon-bucket-object", "k", bucket="colon"), head("head-colon-bucket-object", "k", bucket="colon"),
+    get("colon-bucket-list", None, query="list-type=2", bucket="colon"), head("head-colon-bucket", None, bucket="colon"),
     head("head-missing-bucket-itself", None, bucket="missing", known={"h:content-type": "application/xml"}),
     get("bucket-location", None, query="location"), get("bucket-location-missing", None, query="location", bucket="missing"),
     get("list-missing-bucket", None, query="list-type=2", bucket="missing"),
@@ -724,7 +731,8 @@ def _substitute(text: str, values: dict[str, str]) -> str:
 def _bucket_name(case: Case, side: str) -> str:
     if case.bucket == "fresh":
         return f"conf-{RUN}-{hashlib.sha1(case.id.encode()).hexdigest()[:8]}-{side}"
-    names = {"main": MAIN, "versioned": VERSIONED, "listing": LISTING, "locked": LOCKED}
+    names = {"main": MAIN, "versioned": VERSIONED, "listing": LISTING, "locked": LOCKED,
+             "colon": f"{MAIN}:colon"}  # fmt: skip
     return {**names, "missing": MISSING, "": ""}[case.bucket]
 
 

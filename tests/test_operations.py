@@ -145,3 +145,22 @@ def test_a_preflight_to_a_directory_bucket_is_refused_as_s3_refuses_it(tmp_path)
         assert missing.status == 404 and b"<Code>NoSuchBucket</Code>" in missing.body
     finally:
         node.stop()
+
+
+def test_list_buckets_pages_by_prefix_and_token(hoard, origin_client) -> None:
+    prefix = f"lb-{uuid.uuid4().hex[:8]}-"
+    names = [f"{prefix}{n}" for n in ("a", "b", "c")]
+    for name in names:
+        origin_client.create_bucket(Bucket=name)
+    client, seen, params = hoard.client(), [], {"Prefix": prefix, "MaxBuckets": 2}
+    while True:
+        page = client.list_buckets(**params)
+        assert page["Prefix"] == prefix and len(page["Buckets"]) <= 2
+        seen += [b["Name"] for b in page["Buckets"]]
+        if "ContinuationToken" not in page:
+            break
+        params["ContinuationToken"] = page["ContinuationToken"]
+    assert seen == names
+    for bad in ("0", "10001", "x"):
+        answer = signed_send(hoard.port, "GET", f"/?max-buckets={bad}")
+        assert answer.status == 400 and b"<Code>InvalidArgument</Code>" in answer.body

@@ -44,7 +44,7 @@ from typing import Any
 import aiohttp
 from aiobotocore.session import get_session
 from botocore.config import Config as BotoConfig
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, ParamValidationError
 
 from gateway import errors
 from gateway.config import S3OriginConfig
@@ -90,6 +90,9 @@ def _translated(bucket: str, key: str | None = None) -> Iterator[None]:
         yield
     except ClientError as err:
         raise _from_client_error(err, bucket, key) from err
+    except ParamValidationError as err:
+        # A name botocore will not send (``a:b``): the request's fault, not the origin's.
+        raise errors.InvalidArgument(f"The origin client cannot send this request: {err}") from err
     except (BotoCoreError, aiohttp.ClientError, TimeoutError) as err:
         # Connection refused/reset/closed, timeouts, short bodies: no usable answer.
         raise errors.OriginUnavailable(f"origin request failed: {err}") from err

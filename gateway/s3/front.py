@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from urllib.parse import parse_qsl
 
@@ -30,6 +31,10 @@ from gateway.writer import Writer
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Call], Awaitable[web.StreamResponse]]
+
+# Bucket names an SDK client (botocore) can send. Hoard's origin client is one, so a
+# read of any other name (``a:b``) goes to an S3 origin as it is, for its own answer.
+_SDK_BUCKET = re.compile(r"[a-zA-Z0-9.\-_]{1,255}")
 
 HANDLERS: dict[str, Handler] = {
     "ListBuckets": buckets.list_buckets,
@@ -99,7 +104,11 @@ class S3Front:
         if copy_source is not None:  # a copy also reads its source: may this caller?
             principal.authorize(copy_source_bucket(copy_source), mutating=False)
         # What Hoard does not answer itself goes to the origin as it is.
-        handler = HANDLERS[found.operation] if found.served else passthrough
+        served = found.served and (
+            _SDK_BUCKET.fullmatch(found.bucket) is not None
+            or not self._writer.forwards(found.bucket)
+        )
+        handler = HANDLERS[found.operation] if served else passthrough
         call = Call(
             request, found, query, principal, self._reader, request_id, self._body, self._writer
         )

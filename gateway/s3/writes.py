@@ -38,13 +38,13 @@ from aiohttp import web
 from gateway import errors
 from gateway.origins.base import ObjectInfo
 from gateway.s3 import xml_writes
-from gateway.s3.buckets import XML_TYPE
 from gateway.s3.call import Call
 from gateway.s3.checksums import of_the_body
 from gateway.s3.chunked import RequestBody, read_whole
 from gateway.s3.conditionals import Conditions
 from gateway.s3.errors import Code, S3Error, from_domain
 from gateway.s3.listing import url_encoding_requested
+from gateway.s3.xml import XML_TYPE
 from gateway.writer import Attributes, SourceCheck, UploadInfo, WriteCheck
 
 log = logging.getLogger(__name__)
