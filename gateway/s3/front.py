@@ -105,7 +105,8 @@ class S3Front:
             principal.authorize(copy_source_bucket(copy_source), mutating=False)
         # What Hoard does not answer itself goes to the origin as it is.
         served = found.served and (
-            _SDK_BUCKET.fullmatch(found.bucket) is not None
+            not found.bucket
+            or _SDK_BUCKET.fullmatch(found.bucket) is not None
             or not self._writer.forwards(found.bucket)
         )
         handler = HANDLERS[found.operation] if served else passthrough
