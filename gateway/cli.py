@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import logging
 import multiprocessing
@@ -20,6 +21,7 @@ import os
 import secrets
 import shutil
 import signal
+import ssl
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -29,7 +31,7 @@ from typing import Any
 import urllib3
 from aiohttp import web
 
-from gateway import errors
+from gateway import errors, tls
 from gateway.accesslog import AccessLog
 from gateway.admin import Admin
 from gateway.blocks import BlockRef, BlockSource, Piece
@@ -74,6 +76,7 @@ from gateway.writer import Writer
 
 EXIT_CONFIG = 2
 log = logging.getLogger("hoard")
+TLS_CONTEXT = web.AppKey("tls_context", ssl.SSLContext)  # HTTPS on the listen address
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -247,15 +250,23 @@ def build(
 
     metrics.before_render.append(tier_levels)
 
+    on_sighup = []  # what a SIGHUP reloads: the certificate, the cluster's peers
+    cert, key = settings.tls.cert, settings.tls.key
+    if cert is not None and key is not None:
+        app[TLS_CONTEXT] = tls.server_context(cert, key)
+        on_sighup.append(functools.partial(tls.reload, app[TLS_CONTEXT], cert, key))
+
     async def start(app: web.Application) -> None:
         await disk.start()
         await store.start()
         if cluster is not None:
             await cluster.start()
             if reload is not None:
-                asyncio.get_running_loop().add_signal_handler(
-                    signal.SIGHUP, _reload_peers, cluster, reload
-                )
+                on_sighup.append(functools.partial(_reload_peers, cluster, reload))
+        if on_sighup:
+            asyncio.get_running_loop().add_signal_handler(
+                signal.SIGHUP, lambda: [each() for each in on_sighup]
+            )
         await warm.start()  # after the cluster: a resumed share needs to know who owns what
 
     async def stop(app: web.Application) -> None:
@@ -353,7 +364,8 @@ def _metadata_event(metrics: Metrics, kind: str, state: str, mount: str) -> None
 def _banner(settings: Settings, credential: Credential | None) -> str:
     host, port = split_listen(settings.listen)
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    endpoint = f"http://{'[' + shown + ']' if ':' in shown else shown}:{port}"
+    scheme = "https" if settings.tls.enabled else "http"
+    endpoint = f"{scheme}://{'[' + shown + ']' if ':' in shown else shown}:{port}"
     lines = [f"Hoard is serving S3 on {endpoint}"]
     default = settings.origins.get(settings.default_origin or "")
     if isinstance(default, PosixOriginConfig):
@@ -402,6 +414,7 @@ def _run(app: web.Application, settings: Settings, reuse_port: bool) -> None:
     host, port = split_listen(settings.listen)
     web.run_app(
         app, host=host, port=port, shutdown_timeout=settings.shutdown_timeout,
+        ssl_context=app.get(TLS_CONTEXT),
         access_log=None, print=None, loop=_event_loop(settings.event_loop), reuse_port=reuse_port,
         # Bodies are stored as sent: a gzip-encoded upload must reach the origin still gzipped.
         auto_decompress=False,
@@ -475,6 +488,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_client(args)
     try:
         settings = load(args)
+        if settings.tls.cert is not None and settings.tls.key is not None:
+            tls.server_context(settings.tls.cert, settings.tls.key)  # unusable files: exit 2
     except ConfigError as exc:
         for line in str(exc).splitlines():
             print(f"hoard: config error: {line}", file=sys.stderr)

@@ -247,6 +247,23 @@ class MountConfig(_Strict):
     write_through: bool = True
 
 
+class TlsConfig(_Strict):
+    """HTTPS on the listen address: both PEM files, or neither (plain HTTP)."""
+
+    cert: Path | None = None
+    key: Path | None = None
+
+    @model_validator(mode="after")
+    def _both_or_neither(self) -> TlsConfig:
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("tls needs both cert and key (PEM files)")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.cert is not None
+
+
 class ClusterConfig(_Strict):
     self: str = ""
     peers: list[str] = Field(default_factory=list)
@@ -273,6 +290,8 @@ class ClusterConfig(_Strict):
     # Invalidations remembered per unreachable peer, replayed when it is back; past
     # this it is told to drop its whole metadata cache instead.
     replay_limit: int = Field(default=10_000, ge=1)
+    # CA certificates (PEM) that https:// peers are verified with; unset: the system's.
+    ca_bundle: Path | None = None
 
     @property
     def enabled(self) -> bool:
@@ -312,6 +331,7 @@ class Settings(BaseSettings):
     )
 
     listen: str = "127.0.0.1:9000"
+    tls: TlsConfig = Field(default_factory=TlsConfig)
     workers: int = Field(default=1, ge=1, le=256)
     cache: CacheConfig = Field(default_factory=CacheConfig)
     credentials: list[Credential] = Field(default_factory=list)

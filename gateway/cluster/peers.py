@@ -45,6 +45,7 @@ import json
 import logging
 import os
 import re
+import ssl as ssl_
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
@@ -461,7 +462,9 @@ class PeerClient:
         connect_timeout: float = 2.0,
         read_timeout: float = 10.0,
         max_connections: int = 64,
+        ssl: ssl_.SSLContext | None = None,
     ) -> None:
+        """``ssl``: how https:// peers are verified (default: the system's trust store)."""
         if not secret:
             raise ValueError("peer requests need cluster.secret")
         self._secret = secret
@@ -469,12 +472,13 @@ class PeerClient:
         # falls back along the ranking instead of queueing; sock_read bounds a stall.
         self._timeout = aiohttp.ClientTimeout(connect=connect_timeout, sock_read=read_timeout)
         self._max_connections = max_connections
+        self._ssl: ssl_.SSLContext | bool = ssl if ssl is not None else True
         self._session: aiohttp.ClientSession | None = None
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:  # built on first use: a session needs the running loop
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._max_connections),
+                connector=aiohttp.TCPConnector(limit=self._max_connections, ssl=self._ssl),
                 timeout=self._timeout,
                 cookie_jar=aiohttp.DummyCookieJar(),
                 auto_decompress=False,
