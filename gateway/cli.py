@@ -24,6 +24,7 @@ import secrets
 import shutil
 import signal
 import socket
+import ssl
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -33,7 +34,7 @@ from typing import Any
 import urllib3
 from aiohttp import web
 
-from gateway import errors, listener
+from gateway import errors, listener, tls
 from gateway.accesslog import AccessLog
 from gateway.admin import Admin
 from gateway.blocks import BlockRef, BlockSource, Piece
@@ -51,6 +52,7 @@ from gateway.cluster.peers import BlockRequest, MetadataQuery
 from gateway.config import (
     ConfigError,
     Credential,
+    PosixOriginConfig,
     S3OriginConfig,
     Settings,
     load_settings,
@@ -81,6 +83,7 @@ from gateway.writer import Writer
 
 EXIT_CONFIG = 2
 log = logging.getLogger("hoard")
+TLS_CONTEXT = web.AppKey("tls_context", ssl.SSLContext)  # HTTPS on the listen address
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -113,11 +116,17 @@ def run_client(args: argparse.Namespace) -> int:
 
 
 def embedded_defaults(data_dir: Path) -> dict[str, Any]:
-    """The zero-config gateway: one local directory as the origin, loopback only."""
+    """The zero-config gateway: one local directory as the origin, loopback only.
+
+    Its metadata is asked of the directory on every request (a stat or a
+    directory walk, cheap on a local disk), so a file dropped in is seen at once.
+    """
     return {
         "listen": "127.0.0.1:9000",
         "origins": {"local": {"type": "posix", "path": str(data_dir)}},
         "default_origin": "local",
+        "default_metadata_ttl": 0,
+        "default_negative_ttl": 0,
     }
 
 
@@ -250,6 +259,12 @@ def build(
 
     metrics.before_render.append(tier_levels)
 
+    on_sighup = []  # what a SIGHUP reloads: the certificate, the cluster's peers
+    cert, key = settings.tls.cert, settings.tls.key
+    if cert is not None and key is not None:
+        app[TLS_CONTEXT] = tls.server_context(cert, key)
+        on_sighup.append(functools.partial(tls.reload, app[TLS_CONTEXT], cert, key))
+
     async def start(app: web.Application) -> None:
         journal.open()
         await disk.start()
@@ -257,9 +272,11 @@ def build(
         if cluster is not None:
             await cluster.start()
             if reload is not None:
-                asyncio.get_running_loop().add_signal_handler(
-                    signal.SIGHUP, _reload_peers, cluster, reload
-                )
+                on_sighup.append(functools.partial(_reload_peers, cluster, reload))
+        if on_sighup:
+            asyncio.get_running_loop().add_signal_handler(
+                signal.SIGHUP, lambda: [each() for each in on_sighup]
+            )
         await warm.start()  # after the cluster: a resumed share needs to know who owns what
 
     async def stop(app: web.Application) -> None:
@@ -358,9 +375,13 @@ def _metadata_event(metrics: Metrics, kind: str, state: str, mount: str) -> None
 def _banner(settings: Settings, credential: Credential | None) -> str:
     host, port = split_listen(settings.listen)
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    endpoint = f"http://{'[' + shown + ']' if ':' in shown else shown}:{port}"
+    scheme = "https" if settings.tls.enabled else "http"
+    endpoint = f"{scheme}://{'[' + shown + ']' if ':' in shown else shown}:{port}"
     lines = [f"Hoard is serving S3 on {endpoint}"]
-    if settings.default_origin:
+    default = settings.origins.get(settings.default_origin or "")
+    if isinstance(default, PosixOriginConfig):
+        lines.append(f"  serving the directory {default.path} (each directory in it is a bucket)")
+    elif settings.default_origin:
         lines.append(f"  buckets pass through to origin '{settings.default_origin}'")
     lines.append("Use it with:")
     lines.append(f"  export AWS_ENDPOINT_URL={endpoint}")
@@ -405,6 +426,7 @@ def serve(settings: Settings, reload: Callable[[], Settings] | None = None) -> N
 def _run(app: web.Application, settings: Settings, sock: socket.socket) -> None:
     listener.run(
         app, sock, functools.partial(rejected, app), _event_loop(settings.event_loop),
+        ssl_context=app.get(TLS_CONTEXT),
         shutdown_timeout=settings.shutdown_timeout, access_log=None,
         # Bodies are stored as sent: a gzip-encoded upload must reach the origin still gzipped.
         auto_decompress=False,
@@ -481,6 +503,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_client(args)
     try:
         settings = load(args)
+        if settings.tls.cert is not None and settings.tls.key is not None:
+            tls.server_context(settings.tls.cert, settings.tls.key)  # unusable files: exit 2
     except ConfigError as exc:
         for line in str(exc).splitlines():
             print(f"hoard: config error: {line}", file=sys.stderr)

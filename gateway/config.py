@@ -269,6 +269,23 @@ class MountConfig(_Strict):
     write_through: bool = True
 
 
+class TlsConfig(_Strict):
+    """HTTPS on the listen address: both PEM files, or neither (plain HTTP)."""
+
+    cert: Path | None = None
+    key: Path | None = None
+
+    @model_validator(mode="after")
+    def _both_or_neither(self) -> TlsConfig:
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("tls needs both cert and key (PEM files)")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.cert is not None
+
+
 class ClusterConfig(_Strict):
     self: str = ""
     peers: list[str] = Field(default_factory=list)
@@ -295,6 +312,8 @@ class ClusterConfig(_Strict):
     # Invalidations remembered per unreachable peer, replayed when it is back; past
     # this it is told to drop its whole metadata cache instead.
     replay_limit: int = Field(default=10_000, ge=1)
+    # CA certificates (PEM) that https:// peers are verified with; unset: the system's.
+    ca_bundle: Path | None = None
 
     @property
     def enabled(self) -> bool:
@@ -334,12 +353,16 @@ class Settings(BaseSettings):
     )
 
     listen: str = "127.0.0.1:9000"
+    tls: TlsConfig = Field(default_factory=TlsConfig)
     workers: int = Field(default=1, ge=1, le=256)
     cache: CacheConfig = Field(default_factory=CacheConfig)
     credentials: list[Credential] = Field(default_factory=list)
     allow_anonymous: bool = False
     origins: dict[str, OriginConfig] = Field(default_factory=dict)
     default_origin: str | None = None
+    # Metadata TTLs of the buckets default_origin passes through (0: ask it every time).
+    default_metadata_ttl: Duration = 60.0
+    default_negative_ttl: Duration = 10.0
     mounts: list[MountConfig] = Field(default_factory=list)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     prefetch: PrefetchConfig = Field(default_factory=PrefetchConfig)
@@ -436,6 +459,12 @@ def _check_references(settings: Settings) -> list[str]:
     if settings.default_origin is not None and settings.default_origin not in settings.origins:
         problems.append(
             f"default_origin: unknown origin {settings.default_origin!r} (known: {known})"
+        )
+    if settings.default_origin is None and not settings.mounts:
+        problems.append(
+            "default_origin: nothing is served; add an origin and name it here "
+            "(origins: {data: {type: posix, path: ./data}} with default_origin: data), "
+            "or add mounts"
         )
     seen: set[str] = set()
     for index, mount in enumerate(settings.mounts):

@@ -23,9 +23,26 @@ class NoSuchBucket(NotFound):
 
 
 class NoSuchKey(NotFound):
-    def __init__(self, key: str) -> None:
+    """``headers``: what the origin's 404 said about the key, sent on with it
+    (S3: ``x-amz-delete-marker`` and ``x-amz-version-id`` when the current
+    version is a delete marker)."""
+
+    def __init__(self, key: str, headers: dict[str, str] | None = None) -> None:
         super().__init__("The specified key does not exist.")
         self.key = key
+        self.headers = headers or {}
+
+
+class InvalidBucketName(HoardError):
+    """A bucket name S3's naming rules do not allow (S3: 400)."""
+
+
+class BucketAlreadyExists(HoardError):
+    """The name is taken by something that is not a bucket of this caller (S3: 409)."""
+
+
+class BucketNotEmpty(HoardError):
+    """A bucket to delete still holds objects (S3: 409)."""
 
 
 class InvalidObjectName(HoardError):

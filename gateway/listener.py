@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 import sys
 from collections.abc import Callable
 from contextlib import suppress
@@ -68,11 +69,13 @@ def run(
     sock: socket.socket,
     rejected: Rejected,
     loop: asyncio.AbstractEventLoop,
+    ssl_context: ssl.SSLContext | None = None,
     **server: Any,
 ) -> None:
-    """Serve ``app`` on ``sock`` until SIGTERM/SIGINT, as ``web.run_app`` does."""
+    """Serve ``app`` on ``sock`` (over TLS with ``ssl_context``) until SIGTERM/SIGINT,
+    as ``web.run_app`` does."""
     asyncio.set_event_loop(loop)
-    main = loop.create_task(_serve(app, sock, rejected, server))
+    main = loop.create_task(_serve(app, sock, rejected, ssl_context, server))
     try:
         loop.run_until_complete(main)
     except (web.GracefulExit, KeyboardInterrupt):
@@ -91,12 +94,16 @@ def run(
 
 
 async def _serve(
-    app: web.Application, sock: socket.socket, rejected: Rejected, server: dict[str, Any]
+    app: web.Application,
+    sock: socket.socket,
+    rejected: Rejected,
+    ssl_context: ssl.SSLContext | None,
+    server: dict[str, Any],
 ) -> None:
     runner = _Runner(app, rejected, handle_signals=True, **server)
     await runner.setup()
     try:
-        await web.SockSite(runner, sock).start()
+        await web.SockSite(runner, sock, ssl_context=ssl_context).start()
         await asyncio.Event().wait()  # until a signal raises GracefulExit
     finally:
         await runner.cleanup()

@@ -62,9 +62,12 @@ class Namespace:
         *,
         write_through_max: int = 64 * 1024 * 1024,
         write_through_buffer: int = 256 * 1024 * 1024,
+        default_ttls: tuple[float, float] = (60.0, 10.0),
     ) -> None:
+        """``default_ttls``: (metadata, negative) TTLs of buckets passed through."""
         self._mounts = {mount.bucket: mount for mount in mounts}
         self._default_origin = default_origin
+        self._default_ttls = default_ttls
         self._write_through_max = write_through_max  # for buckets passed through
         # Bytes of uploads held in memory for write-through at once (the writer's budget).
         self.write_through_buffer = write_through_buffer
@@ -95,6 +98,7 @@ class Namespace:
             default,
             write_through_max=settings.cache.write_through_max,
             write_through_buffer=settings.cache.write_through_buffer,
+            default_ttls=(settings.default_metadata_ttl, settings.default_negative_ttl),
         )
 
     def resolve(self, bucket: str) -> Mount:
@@ -108,6 +112,8 @@ class Namespace:
             bucket=bucket,
             origin=self._default_origin,
             origin_bucket=bucket,
+            metadata_ttl=self._default_ttls[0],
+            negative_ttl=self._default_ttls[1],
             write_through_max=self._write_through_max,
             mounted=False,
         )

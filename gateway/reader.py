@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import os
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
@@ -699,7 +700,10 @@ def _scope(mount: Mount) -> tuple[str, str]:
 
 
 def _policy(mount: Mount) -> Policy:
-    return Policy(ttl=mount.metadata_ttl, negative_ttl=mount.negative_ttl, label=mount.label)
+    # A TTL of 0 asks the origin every time (a local directory): never a stale answer.
+    stale = math.inf if mount.metadata_ttl > 0 else 0.0
+    return Policy(ttl=mount.metadata_ttl, negative_ttl=mount.negative_ttl,
+                  stale_while_revalidate=stale, label=mount.label)  # fmt: skip
 
 
 def _bare(etag: str) -> str:

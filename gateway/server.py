@@ -74,20 +74,15 @@ async def _observe(
     operation = request.get("operation", "Admin")
     metrics: Metrics = state["metrics"]
     mount = request.get("mount", "")
-    written = response.body_length if response.prepared else 0
     cut = request.get("cut")
     if cut is not None:  # a body cut short: its bytes and its cause, never a clean 200
-        written = request["sent"]
-        metrics.cut(operation, cut, mount, elapsed, written)
+        sent = request["sent"]
+        metrics.cut(operation, cut, mount, elapsed, sent)
     else:
-        metrics.answered(operation, response.status, mount, elapsed, written)
+        sent = _body_bytes(request, response)
+        metrics.answered(operation, response.status, mount, elapsed, sent)
     if "served" in request:
         metrics.served(mount, request["served"])
-    # sendfile bytes bypass aiohttp's count; the declared length is what was sent
-    # (of a cut body, what was handed to the socket).
-    sent = response.content_length if response.prepared and response.content_length else written
-    if cut is not None:
-        sent = written
     error = f"cut:{cut}" if cut is not None else request.get("error_code", "-")
     state["access_log"].record(
         request["request_id"], request.method, request.path, operation, request.get("bucket", ""),
@@ -142,6 +137,24 @@ async def _expect(request: web.Request) -> None:
     if request.headers.get("Expect", "").lower() == "100-continue":
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         request.writer.output_size = 0  # the answer's own bytes are still to come
+
+
+def _body_bytes(request: web.Request, response: web.StreamResponse) -> int:
+    """The body bytes of an answer, for metrics and the access log alike.
+
+    A ``web.Response`` (listings, errors, admin JSON) is sent after the handler
+    returns, so its body is counted here; a streamed one counts its declared
+    length, since sendfile bytes bypass aiohttp's own count. HEAD, 204 and 304
+    answers carry no body, whatever length they declare.
+    """
+    if request.method == "HEAD" or response.status in (204, 304):
+        return 0
+    if response.prepared:
+        return response.content_length or response.body_length
+    body = getattr(response, "body", None)
+    if isinstance(body, bytes | bytearray):
+        return len(body)
+    return response.content_length or 0
 
 
 async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:

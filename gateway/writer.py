@@ -128,6 +128,8 @@ class Writable(Protocol):
     async def abort_multipart_upload(self, bucket: str, key: str, upload_id: str) -> None: ...
     async def list_parts(self, bucket: str, key: str, upload_id: str) -> list[PartInfo]: ...
     async def list_multipart_uploads(self, bucket: str, prefix: str = "") -> list[UploadInfo]: ...
+    async def create_bucket(self, bucket: str) -> bool: ...
+    async def delete_bucket(self, bucket: str) -> None: ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -339,6 +341,23 @@ class Writer:
         if deleted:
             await self._invalidate(bucket, None, deleted)
         return outcomes
+
+    async def create_bucket(self, bucket: str) -> bool:
+        """Make ``bucket`` at its origin; False if it was there (a mount always is)."""
+        if self.namespace.resolve(bucket).mounted:
+            return False
+        mount, origin = self._writable(bucket)
+        created = await origin.create_bucket(mount.origin_bucket)
+        await self._invalidate(bucket, None, [])  # negative entries of the new bucket's keys
+        return created
+
+    async def delete_bucket(self, bucket: str) -> None:
+        """Remove the empty ``bucket`` at its origin; a mount is removed in the config."""
+        if self.namespace.resolve(bucket).mounted:
+            raise errors.NotImplementedByOrigin("A mounted bucket is removed from the config.")
+        mount, origin = self._writable(bucket)
+        await origin.delete_bucket(mount.origin_bucket)
+        await self._invalidate(bucket, None, [])
 
     async def create_multipart_upload(self, bucket: str, key: str, attrs: Attributes) -> str:
         mount, origin = self._writable(bucket)

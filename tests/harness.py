@@ -23,10 +23,12 @@ SECRET_KEY = "test-secret-key"
 REPO = Path(__file__).resolve().parent.parent
 
 
-def metric(endpoint: str, selector: str) -> float:
+def metric(endpoint: str, selector: str, verify: str | bool = True) -> float:
     """The sum of the samples ``selector`` (``name`` or ``name{label="v",...}``) picks on
-    ``endpoint``'s /metrics: labels not named match anything, as in PromQL."""
-    return sum_samples(requests.get(f"{endpoint}/metrics", timeout=10).text, selector)
+    ``endpoint``'s /metrics: labels not named match anything, as in PromQL. ``verify``:
+    the CA bundle of an https:// endpoint."""
+    answer = requests.get(f"{endpoint}/metrics", timeout=10, verify=verify)
+    return sum_samples(answer.text, selector)
 
 
 def sum_samples(exposition: str, selector: str) -> float:
@@ -50,8 +52,11 @@ def free_port() -> int:
 class HoardProcess:
     """One ``python -m gateway serve`` process with a config written to ``workdir``."""
 
-    def __init__(self, workdir: Path, config: dict[str, Any], env: dict[str, str] | None = None):
+    def __init__(self, workdir: Path, config: dict[str, Any], env: dict[str, str] | None = None,
+                 ca: Path | None = None):  # fmt: skip
+        """``ca``: the CA that signed ``config["tls"]``'s certificate (HTTPS)."""
         self.workdir = workdir
+        self.ca = ca
         self.port = free_port()
         self.config = {
             "listen": f"127.0.0.1:{self.port}",
@@ -67,7 +72,8 @@ class HoardProcess:
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if "tls" in self.config else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 30.0) -> HoardProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -88,7 +94,9 @@ class HoardProcess:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"hoard exited early:\n{self.log()}")
             try:
-                if requests.get(f"{self.endpoint}/_hoard/ready", timeout=1).status_code == 200:
+                verify = str(self.ca) if self.ca else True
+                ready = requests.get(f"{self.endpoint}/_hoard/ready", timeout=1, verify=verify)
+                if ready.status_code == 200:
                     return
             except requests.RequestException:
                 pass
@@ -109,7 +117,7 @@ class HoardProcess:
             return self.proc.wait()
 
     def client(self, **config: Any):
-        return s3_client(self.endpoint, **config)
+        return s3_client(self.endpoint, verify=str(self.ca) if self.ca else None, **config)
 
 
 def s3_client(
@@ -117,11 +125,13 @@ def s3_client(
     access_key: str = ACCESS_KEY,
     secret_key: str = SECRET_KEY,
     addressing_style: str = "path",
+    verify: str | None = None,
     **config: Any,
 ):
     return boto3.client(
         "s3",
         endpoint_url=endpoint,
+        verify=verify,
         region_name="us-east-1",
         aws_access_key_id=access_key,
         aws_secret_access_key=secret_key,

@@ -47,6 +47,8 @@ def run_hoard(
         ),
         ("listen: nowhere\n", "listen: invalid listen address"),
         ("cache: [1, 2\n", "invalid YAML"),
+        # Nothing to serve: say what to add rather than answer NoSuchBucket to everything.
+        ("cache:\n  size: 1GiB\n", "default_origin: nothing is served; add an origin"),
     ],
 )
 def test_bad_config_exits_2_with_one_line(tmp_path, yaml_text, expected):
@@ -87,6 +89,8 @@ def _start_default(tmp_path: Path, port: int) -> tuple[subprocess.Popen[str], di
         match = re.match(r"\s*export (\w+)=(\S+)", line)
         if match:
             exports[match.group(1)] = match.group(2)
+        elif "serving the directory" in line:
+            exports["banner"] = line.strip()
     return proc, exports
 
 
@@ -113,6 +117,7 @@ def test_embedded_default_serves_data_dir_with_generated_credentials(tmp_path):
         )  # fmt: skip
         assert cli.returncode == 0, cli.stderr
         assert "a.txt" in cli.stdout
+        _dropped_files_and_buckets_show_at_once(tmp_path, client, exports)
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0
@@ -122,6 +127,38 @@ def test_embedded_default_serves_data_dir_with_generated_credentials(tmp_path):
     again.send_signal(signal.SIGTERM)
     again.wait(20)
     assert exports_again["AWS_SECRET_ACCESS_KEY"] == exports["AWS_SECRET_ACCESS_KEY"]
+
+
+def _dropped_files_and_buckets_show_at_once(
+    tmp_path: Path, client, exports: dict[str, str]
+) -> None:
+    """The embedded default asks ./data on every request: no TTL hides a new file."""
+    assert (
+        exports["banner"]
+        == f"serving the directory {tmp_path / 'data'} (each directory in it is a bucket)"
+    )
+
+    def listed() -> list[str]:
+        return [o["Key"] for o in client.list_objects_v2(Bucket="datasets").get("Contents", [])]
+
+    assert listed() == ["a.txt"]
+    with pytest.raises(client.exceptions.ClientError):
+        client.head_object(Bucket="datasets", Key="b.txt")  # a miss, cached no longer than 0 s
+    (tmp_path / "data" / "datasets" / "b.txt").write_bytes(b"dropped in")
+    assert listed() == ["a.txt", "b.txt"]
+    assert client.get_object(Bucket="datasets", Key="b.txt")["Body"].read() == b"dropped in"
+    env = {**os.environ, **exports, "HOME": str(tmp_path)}
+    for command in (
+        ["mb", "s3://made-by-cli"],
+        ["rb", "s3://made-by-cli"],
+    ):  # rclone makes its bucket too
+        cli = subprocess.run(["aws", "s3", *command, "--endpoint-url", exports["AWS_ENDPOINT_URL"]],
+                             capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+        assert cli.returncode == 0, cli.stderr
+    assert not (tmp_path / "data" / "made-by-cli").exists()
+    # hoard's own CLI reads AWS_ENDPOINT_URL as the banner tells users to export it
+    stats = run_hoard(["cache", "stats"], tmp_path, env={**exports, "HOME": str(tmp_path)})
+    assert stats.returncode == 0, stats.stderr
 
 
 def _wait_ready(port: int) -> None:

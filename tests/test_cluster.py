@@ -242,6 +242,7 @@ def test_a_cluster_without_a_secret_is_a_config_error(tmp_path, capsys):
     config = tmp_path / "hoard.yaml"
     config.write_text(
         "cluster: {self: 'http://127.0.0.1:9000', peers: ['http://127.0.0.1:9001']}\n"
+        "origins: {d: {type: posix, path: .}}\ndefault_origin: d\n"
     )
     assert main(["serve", "--config", str(config)]) == 2
     lines = capsys.readouterr().err.strip().splitlines()

@@ -21,7 +21,8 @@ from tests.harness import free_port
 pytestmark = pytest.mark.timeout(30)
 
 ME = "http://127.0.0.1:1"
-INFO = ObjectInfo("k", 3, '"e"', datetime(2024, 1, 2, tzinfo=UTC), metadata={"a": "b"})
+INFO = ObjectInfo("k", 3, '"e"', datetime(2024, 1, 2, tzinfo=UTC), metadata={"a": "b"},
+                  headers={"x-amz-server-side-encryption": "aws:kms", "x-amz-tagging-count": "2"})  # fmt: skip
 
 
 class Clock:

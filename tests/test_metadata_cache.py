@@ -310,6 +310,16 @@ async def test_missing_key_is_cached_for_negative_ttl(cache: MetadataCache, cloc
     assert fetch.calls == 2 and cache.stats()["negative"] == 0
 
 
+async def test_a_negative_entry_keeps_what_the_origin_said(cache: MetadataCache) -> None:
+    marker = {"x-amz-delete-marker": "true", "x-amz-version-id": "v9"}
+    fetch = Fetch(NoSuchKey("k", marker))
+    for _ in range(2):  # the miss, then the negative hit
+        with pytest.raises(NoSuchKey) as raised:
+            await cache.head(SCOPE, "k", POLICY, fetch)
+        assert raised.value.headers == marker
+    assert fetch.calls == 1
+
+
 async def test_refresh_that_finds_the_key_deleted_stores_a_negative(
     cache: MetadataCache, clock: Clock
 ) -> None:

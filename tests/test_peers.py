@@ -358,6 +358,11 @@ async def test_metadata_answers_errors_and_signature(peer) -> None:
     owner.answer = errors.NoSuchKey("dir/k?")
     with pytest.raises(PeerNotFound):
         await client.metadata(url, query, BOUND)
+    marker = {"x-amz-delete-marker": "true", "x-amz-version-id": "v1"}
+    owner.answer = errors.NoSuchKey("dir/k?", marker)  # a delete marker's 404 says so
+    with pytest.raises(PeerNotFound) as raised:
+        await client.metadata(url, query, BOUND)
+    assert raised.value.headers == marker
     owner.answer = errors.NoSuchBucket("data")  # not to be cached as a missing key
     with pytest.raises(PeerUnavailable):
         await client.metadata(url, query, BOUND)
@@ -370,7 +375,7 @@ async def test_metadata_answers_errors_and_signature(peer) -> None:
     assert not down.value.answered
     with pytest.raises(PeerUnavailable):
         await PeerClient("not-the-secret").metadata(url, query, BOUND)
-    assert len(owner.queries) == 4
+    assert len(owner.queries) == 5
 
 
 async def test_invalidate_can_drop_everything(peer) -> None:

@@ -69,7 +69,8 @@ def test_config_documents_warm_keys_and_the_default_quota_is_half_the_disk(monke
     settings = build_settings(read_yaml(REPO / "config" / "hoard.yaml"))
     assert settings.cache.pin_limit == 250 * 1024**3
     assert settings.warm.concurrency == 8 and settings.warm.poll_timeout == 2.0
-    assert build_settings({"cache": {"size": "10GiB"}}).cache.pin_limit == 5 * 1024**3
+    served = {"origins": {"d": {"type": "posix", "path": "."}}, "default_origin": "d"}
+    assert build_settings({"cache": {"size": "10GiB"}, **served}).cache.pin_limit == 5 * 1024**3
 
 
 def test_specs_and_progress_round_trip_through_json():

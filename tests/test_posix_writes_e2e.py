@@ -601,9 +601,53 @@ def test_other_operations_are_not_implemented(hoard, root, bucket):
         s3.delete_object_tagging(Bucket=bucket, Key="t")
     assert code(excinfo) == "NotImplemented"
     with pytest.raises(botocore.exceptions.ClientError) as excinfo:
-        s3.create_bucket(Bucket=f"p-{uuid.uuid4().hex[:10]}")
+        s3.put_bucket_tagging(Bucket=bucket, Tagging={"TagSet": [{"Key": "k", "Value": "v"}]})
     assert code(excinfo) == "NotImplemented"
     assert (root / bucket / "t").read_bytes() == b"tagged?"  # neither overwritten nor deleted
+
+
+def test_create_and_delete_bucket_make_and_remove_its_directory(hoard, root):
+    s3 = client(hoard)
+    name = f"made-{uuid.uuid4().hex[:10]}"
+    with pytest.raises(botocore.exceptions.ClientError) as excinfo:
+        s3.head_bucket(Bucket=name)  # a miss first: nothing of it may linger
+    assert status(excinfo) == 404
+    answer = s3.create_bucket(Bucket=name)
+    assert answer["Location"] == f"/{name}" and (root / name).is_dir()
+    assert s3.create_bucket(Bucket=name)["ResponseMetadata"]["HTTPStatusCode"] == 200  # us-east-1
+    s3.head_bucket(Bucket=name)
+    assert name in [b["Name"] for b in s3.list_buckets()["Buckets"]]
+    s3.put_object(Bucket=name, Key="deep/er/x", Body=b"x")
+    with pytest.raises(botocore.exceptions.ClientError) as excinfo:
+        s3.delete_bucket(Bucket=name)
+    assert code(excinfo) == "BucketNotEmpty" and status(excinfo) == 409
+    s3.delete_object(Bucket=name, Key="deep/er/x")
+    (root / name / "only" / "empty").mkdir(parents=True)  # no object: S3 shows nothing
+    assert s3.delete_bucket(Bucket=name)["ResponseMetadata"]["HTTPStatusCode"] == 204
+    assert not (root / name).exists()
+    with pytest.raises(botocore.exceptions.ClientError) as excinfo:
+        s3.delete_bucket(Bucket=name)
+    assert code(excinfo) == "NoSuchBucket"
+
+
+@pytest.mark.parametrize("name", ["Upper-Case", "a..b", "192.168.1.1", "-dash"])
+def test_create_bucket_refuses_invalid_names(hoard, root, name):
+    with pytest.raises(botocore.exceptions.ClientError) as excinfo:
+        client(hoard).create_bucket(Bucket=name)
+    assert code(excinfo) == "InvalidBucketName" and status(excinfo) == 400
+    assert not (root / name).exists()
+
+
+def test_create_bucket_over_a_file_is_taken_and_a_mount_is_not_deleted(hoard, root):
+    (root / "a-plain-file").write_bytes(b"not a bucket")
+    with pytest.raises(botocore.exceptions.ClientError) as excinfo:
+        client(hoard).create_bucket(Bucket="a-plain-file")
+    assert code(excinfo) == "BucketAlreadyExists" and status(excinfo) == 409
+    assert client(hoard).create_bucket(Bucket="frozen")["ResponseMetadata"]["HTTPStatusCode"] == 200
+    with pytest.raises(botocore.exceptions.ClientError) as excinfo:
+        client(hoard).delete_bucket(Bucket="nested")
+    assert code(excinfo) == "NotImplemented"
+    assert (root / "data").is_dir()
 
 
 # --- other clients ---------------------------------------------------------------------------

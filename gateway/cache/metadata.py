@@ -6,7 +6,8 @@ said, for how long, and makes concurrent askers share one origin call.
 
 What is cached
   * ``head``: an object's :class:`ObjectInfo` per (scope, key), or a *negative*
-    entry when the origin said NoSuchKey. ``put_head`` stores what a GET taught.
+    entry when the origin said NoSuchKey (with the headers of its 404, so a delete
+    marker is still named as one). ``put_head`` stores what a GET taught.
   * ``listing``: on a miss, the *whole* listing of the prefix, walked flat (no
     delimiter) in origin pages of 1000 and kept as one sorted list. Why whole:
     workers page differently (delimiter or not, page sizes, resuming after any
@@ -119,6 +120,7 @@ class _Entry:
     fresh_until: float
     weight: int = 1
     learned: float = 0.0  # the clock when the answer was asked of the origin
+    absent: dict[str, str] | None = None  # a negative head: what the origin's 404 said
 
 
 class _Lru:
@@ -193,7 +195,7 @@ class MetadataCache:
         entry = self._tables["head"].get(k)
         if entry is not None and entry.value is None and self._clock() < entry.fresh_until:
             self._count("head", "negative", policy.label)
-            raise NoSuchKey(key)
+            raise NoSuchKey(key, entry.absent)
         return await self._lookup("head", k, partial(self._load_head, k, policy, fetch), policy)
 
     def has_entry(self, scope: Hashable, key: str) -> bool:
@@ -312,9 +314,10 @@ class MetadataCache:
         learned = self._clock()
         try:
             answer = await fetch()
-        except NoSuchKey:
+        except NoSuchKey as exc:
             if self._owns(("head", k)):
-                self._store("head", k, None, policy.negative_ttl, learned=learned)
+                self._store("head", k, None, policy.negative_ttl, learned=learned,
+                            absent=exc.headers)  # fmt: skip
             raise
         if isinstance(answer, Aged):
             answer, learned = answer.info, self._clock() - answer.age
@@ -361,10 +364,11 @@ class MetadataCache:
         ttl: float,
         weight: int = 1,
         learned: float | None = None,
+        absent: dict[str, str] | None = None,
     ) -> None:
         learned = self._clock() if learned is None else learned
         # Weight at least 1: an empty listing or a marker still costs memory.
-        entry = _Entry(value, learned + ttl, max(1, weight), learned)
+        entry = _Entry(value, learned + ttl, max(1, weight), learned, absent or None)
         evicted = self._tables[table].put(k, entry)
         for _ in range(evicted):
             self._count(table, "evicted")

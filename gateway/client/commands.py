@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -103,6 +104,9 @@ def add_arguments(commands: Any) -> None:
 
 
 def _connection(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--endpoint", required=True, help="Hoard's URL, http://host:9000")
+    # The variable Hoard's banner tells users to export, as every S3 client reads it.
+    endpoint = os.environ.get("AWS_ENDPOINT_URL") or None
+    parser.add_argument("--endpoint", default=endpoint, required=endpoint is None,
+                        help="Hoard's URL, http://host:9000 (default: $AWS_ENDPOINT_URL)")  # fmt: skip
     parser.add_argument("--access-key", help="default: the AWS credential chain")
     parser.add_argument("--secret-key", help="default: the AWS credential chain")

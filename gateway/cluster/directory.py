@@ -146,9 +146,9 @@ class MetadataRouter:
         started = time.perf_counter()
         try:
             answer = decode(await self.client.metadata(owner, query, self.timeout))
-        except PeerNotFound:
+        except PeerNotFound as exc:
             self.placement.membership.report_success(owner)
-            raise errors.NoSuchKey(query.key) from None
+            raise errors.NoSuchKey(query.key, exc.headers) from None
         except (PeerUnavailable, TypeError, KeyError, ValueError) as exc:
             log.warning("metadata owner %s did not answer %s %r: %s; asking the origin",
                         owner, query.kind, query.key, exc)  # fmt: skip

@@ -30,6 +30,7 @@ from typing import Any
 
 import aiohttp
 
+from gateway import tls
 from gateway.cluster.backlog import Backlog
 from gateway.cluster.directory import MetadataRouter
 from gateway.cluster.membership import Membership
@@ -72,7 +73,8 @@ class ClusterNode:
             probe_interval=config.probe_interval, probe_timeout=config.probe_timeout,
             fail_after=config.fail_after, rejoin_after=config.rejoin_after,
         )  # fmt: skip
-        self.client = PeerClient(secret, read_timeout=config.peer_read_timeout)
+        self._ssl = tls.client_context(config.ca_bundle)  # for https:// peers
+        self.client = PeerClient(secret, read_timeout=config.peer_read_timeout, ssl=self._ssl)
         self.server = PeerServer(
             secret, read_block, invalidate, body_sender,
             metadata=metadata, drop_all=drop_all, on_message=on_message,
@@ -96,7 +98,8 @@ class ClusterNode:
     async def _probe(self, url: str) -> bool:
         if self._probe_session is None:
             self._probe_session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self.config.probe_timeout)
+                connector=aiohttp.TCPConnector(ssl=self._ssl),
+                timeout=aiohttp.ClientTimeout(total=self.config.probe_timeout),
             )
         async with self._probe_session.get(f"{url}/_hoard/health") as answer:
             healthy = answer.status == 200

@@ -45,6 +45,7 @@ import json
 import logging
 import os
 import re
+import ssl as ssl_
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
@@ -95,7 +96,11 @@ class PeerUnavailable(PeerError):
 
 
 class PeerNotFound(PeerError):
-    """The owner's origin says the object does not exist."""
+    """The owner's origin says the object does not exist; ``headers``: what its 404 said."""
+
+    def __init__(self, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.headers = headers or {}
 
 
 class PeerChanged(PeerError):
@@ -225,8 +230,12 @@ def _parse_date(text: str) -> float | None:
     return moment.timestamp() if moment.tzinfo is not None else None
 
 
-def _error(status: int, code: str, message: str) -> web.Response:
-    body = {"error": code, "message": message}
+def _error(
+    status: int, code: str, message: str, headers: dict[str, str] | None = None
+) -> web.Response:
+    body: dict[str, Any] = {"error": code, "message": message}
+    if headers:
+        body["headers"] = headers  # a delete marker's 404 names itself
     return web.json_response(body, status=status, headers={ERROR_HEADER: code})
 
 
@@ -236,6 +245,8 @@ def _status_of(exc: Exception) -> web.Response:
         return _error(404, "NotCached", str(exc))
     if isinstance(exc, errors.NoSuchBucket):  # not "no such key": the asker asks the origin
         return _error(404, "NoSuchBucket", str(exc))
+    if isinstance(exc, errors.NoSuchKey):
+        return _error(404, "NoSuchKey", str(exc), exc.headers)
     if isinstance(exc, errors.NotFound):
         return _error(404, "NoSuchKey", str(exc))
     if isinstance(exc, errors.OriginChanged | errors.PreconditionFailed):
@@ -435,7 +446,9 @@ class PeerClient:
         connect_timeout: float = 2.0,
         read_timeout: float = 10.0,
         max_connections: int = 64,
+        ssl: ssl_.SSLContext | None = None,
     ) -> None:
+        """``ssl``: how https:// peers are verified (default: the system's trust store)."""
         if not secret:
             raise ValueError("peer requests need cluster.secret")
         self._secret = secret
@@ -443,12 +456,13 @@ class PeerClient:
         # falls back along the ranking instead of queueing; sock_read bounds a stall.
         self._timeout = aiohttp.ClientTimeout(connect=connect_timeout, sock_read=read_timeout)
         self._max_connections = max_connections
+        self._ssl: ssl_.SSLContext | bool = ssl if ssl is not None else True
         self._session: aiohttp.ClientSession | None = None
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:  # built on first use: a session needs the running loop
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._max_connections),
+                connector=aiohttp.TCPConnector(limit=self._max_connections, ssl=self._ssl),
                 timeout=self._timeout,
                 cookie_jar=aiohttp.DummyCookieJar(),
                 auto_decompress=False,
@@ -573,9 +587,18 @@ async def _check(response: aiohttp.ClientResponse, length: int) -> None:
     code = response.headers.get(ERROR_HEADER, "")
     message = (await response.content.read(1024)).decode("utf-8", "replace")
     if response.status == 404 and code == "NoSuchKey":
-        raise PeerNotFound(message)
+        raise PeerNotFound(message, _said(message))
     if response.status == 412 and code == "OriginChanged":
         raise PeerChanged(message)
     if response.status == 404 and code == "NotCached":
         raise PeerNotCached(message)
     raise PeerUnavailable(f"peer answered {response.status} {code}: {message}", answered=True)
+
+
+def _said(body: str) -> dict[str, str]:
+    """The origin's headers a NoSuchKey answer carries, if it is whole JSON naming them."""
+    try:
+        said = json.loads(body).get("headers", {})
+    except (ValueError, AttributeError):
+        return {}
+    return {str(k): str(v) for k, v in said.items()} if isinstance(said, dict) else {}

@@ -57,7 +57,6 @@ import errno
 import hashlib
 import mimetypes
 import os
-import re
 import stat
 import threading
 import weakref
@@ -67,8 +66,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from gateway import errors
+from gateway.origins import posix_buckets as buckets
 from gateway.origins.base import BucketInfo, ListEntry, ListPage, ObjectInfo
 from gateway.origins.listing import common_prefix, paginate, prefix_end
+from gateway.origins.posix_buckets import valid_bucket_name
 from gateway.origins.posix_write import (
     STAGING_DIR,
     TEMP_PREFIX,
@@ -83,16 +84,9 @@ from gateway.origins.posix_write import (
 )
 
 CHUNK_SIZE = 1 << 20
-_BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
-_IPV4_RE = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+")
 _EPOCH = datetime.fromtimestamp(0, tz=UTC)
 _MISSING = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ENAMETOOLONG, errno.ELOOP, errno.EISDIR})
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-
-
-def valid_bucket_name(name: str) -> bool:
-    """S3's rules: 3-63 of ``a-z0-9.-``, alphanumeric ends, no ``..``, not an IPv4 address."""
-    return bool(_BUCKET_RE.fullmatch(name)) and ".." not in name and not _IPV4_RE.fullmatch(name)
 
 
 def _utf8(text: str) -> bool:
@@ -260,6 +254,23 @@ class PosixOrigin:
     async def bucket_region(self, bucket: str) -> str:
         await self.head_bucket(bucket)
         return "us-east-1"
+
+    async def create_bucket(self, bucket: str) -> bool:
+        """Make ``bucket``'s directory; False if the bucket was already there.
+
+        Raises InvalidBucketName, BucketAlreadyExists (the name is a file, or
+        a symlink leading out of the tree) or AccessDenied.
+        """
+        return await asyncio.to_thread(buckets.create, self._root, bucket, self._bucket_dir)
+
+    async def delete_bucket(self, bucket: str) -> None:
+        """Remove ``bucket``'s directory and the empty directories under it.
+
+        Raises NoSuchBucket, BucketNotEmpty (it holds a file, a symlink, or a
+        write in progress: S3 has no empty directories, so only those count),
+        or AccessDenied.
+        """
+        await asyncio.to_thread(buckets.delete, self._root, bucket, self._bucket_dir)
 
     def _within(self, real: str) -> bool:
         """Whether a real path is part of the served tree: inside the root, outside the staging."""

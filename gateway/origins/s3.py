@@ -10,7 +10,9 @@ backoff and a retry budget) are the guard's (``guard.py``), so that they are
 counted and bounded. A failure is ``OriginThrottled`` (the origin asked us to
 slow down) or ``OriginUnavailable`` (no usable answer). Checksums are "when_required" only:
 a ranged GET cannot be checked against a whole-object checksum, and the
-cache checks its own blocks.
+cache checks its own blocks. Every GET/HEAD still asks for the object's checksums
+(``x-amz-checksum-mode``), so that they are kept with the rest of its headers and
+clients that ask for them get them from the cache.
 
 A GET hands back its body unread. ``chunks()`` takes at most ``CHUNK_SIZE``
 bytes per step from aiohttp's buffer, so memory is bounded by the chunk, not
@@ -42,7 +44,7 @@ from typing import Any
 import aiohttp
 from aiobotocore.session import get_session
 from botocore.config import Config as BotoConfig
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, ParamValidationError
 
 from gateway import errors
 from gateway.config import S3OriginConfig
@@ -52,10 +54,25 @@ from gateway.origins.s3_forward import ForwardRequest, ForwardResponse, S3Forwar
 CHUNK_SIZE = 1024 * 1024  # largest piece chunks() yields
 _LIST_LIMIT = 1000  # S3 never returns more keys per ListObjectsV2 page
 
-# Stored representation headers S3 echoes on GET/HEAD, by canonical name.
-_REPRESENTATION_HEADERS = (
-    "Cache-Control Content-Disposition Content-Encoding Content-Language Expires"
-)
+# Stored representation headers S3 echoes on GET/HEAD, by canonical name; every other
+# header of the object is kept under the lower-case name botocore reports it by.
+_CANONICAL_NAMES = {
+    name.lower(): name
+    for name in ("Cache-Control", "Content-Disposition", "Content-Encoding",
+                 "Content-Language", "Expires")
+}  # fmt: skip
+# Headers of a GET/HEAD answer that say nothing about the object: per connection (RFC
+# 9110 §7.6.1), per response or per requester; or kept in ObjectInfo's own fields.
+_NOT_OBJECT_HEADERS = frozenset((
+    "accept-ranges", "age", "connection", "content-length", "content-range", "date",
+    "keep-alive", "proxy-connection", "server", "te", "trailer", "transfer-encoding",
+    "upgrade", "vary", "via", "x-amz-id-2", "x-amz-request-id", "x-amzn-requestid",
+    "x-amz-request-charged", "x-amz-content-sha256", "etag", "last-modified", "content-type", "x-amz-storage-class",
+    "x-amz-version-id",
+))  # fmt: skip
+_NOT_OBJECT_PREFIXES = ("x-amz-meta-", "access-control-")
+# The headers that mark a 404 as a delete marker (S3 HeadObject/GetObject).
+_DELETE_MARKER_HEADERS = ("x-amz-delete-marker", "x-amz-version-id")
 _THROTTLE_CODES = frozenset(
     {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequests"}
 )
@@ -73,6 +90,9 @@ def _translated(bucket: str, key: str | None = None) -> Iterator[None]:
         yield
     except ClientError as err:
         raise _from_client_error(err, bucket, key) from err
+    except ParamValidationError as err:
+        # A name botocore will not send (``a:b``): the request's fault, not the origin's.
+        raise errors.InvalidArgument(f"The origin client cannot send this request: {err}") from err
     except (BotoCoreError, aiohttp.ClientError, TimeoutError) as err:
         # Connection refused/reset/closed, timeouts, short bodies: no usable answer.
         raise errors.OriginUnavailable(f"origin request failed: {err}") from err
@@ -86,7 +106,9 @@ def _from_client_error(err: ClientError, bucket: str, key: str | None) -> errors
     if code == "NoSuchBucket" or (status == 404 and key is None):
         return errors.NoSuchBucket(bucket)
     if status == 404 or code == "NoSuchKey":
-        return errors.NoSuchKey(key or "")
+        raw = err.response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+        said = {name: raw[name] for name in _DELETE_MARKER_HEADERS if name in raw}
+        return errors.NoSuchKey(key or "", said if "x-amz-delete-marker" in said else None)
     if status == 403 or code == "AccessDenied":
         return errors.AccessDenied(message)
     if status == 412 or code == "PreconditionFailed":
@@ -119,15 +141,29 @@ def _object_info(key: str, response: dict[str, Any], size: int) -> ObjectInfo:
         last_modified=response["LastModified"],
         content_type=response.get("ContentType") or "binary/octet-stream",
         metadata=dict(response.get("Metadata", {})),
-        # Raw header text, not botocore's parsed values (it turns Expires into a datetime).
-        headers={
-            name: raw[name.lower()]
-            for name in _REPRESENTATION_HEADERS.split()
-            if name.lower() in raw
-        },
+        headers=object_headers(raw),
         storage_class=response.get("StorageClass") or "STANDARD",
         version_id=response.get("VersionId"),
     )
+
+
+def object_headers(raw: dict[str, str]) -> dict[str, str]:
+    """Every header the origin sent about the object itself (SSE, tagging count,
+    object lock, checksums, restore, expiration...), as raw text: botocore's
+    parsed values differ (it turns Expires into a datetime, drops unknown ones)."""
+    return {
+        _CANONICAL_NAMES.get(name, name): value
+        for name, value in raw.items()
+        if name not in _NOT_OBJECT_HEADERS and not name.startswith(_NOT_OBJECT_PREFIXES)
+    }
+
+
+def _ask_checksums(request: Any, **_: Any) -> None:
+    """Ask for the object's checksums on every GET/HEAD (S3 sends them only when asked),
+    as a header rather than ``ChecksumMode``: that parameter would also make botocore
+    validate the body against them, which a ranged answer cannot pass (the cache
+    checks its own blocks)."""
+    request.headers["x-amz-checksum-mode"] = "ENABLED"
 
 
 def _delivered_range(response: dict[str, Any]) -> tuple[int, int, int]:
@@ -206,8 +242,10 @@ class S3Origin:
                 if self._client is None:
                     stack = AsyncExitStack()
                     creator = get_session().create_client("s3", **self._client_args())
-                    self._client = await stack.enter_async_context(creator)
-                    self._stack = stack
+                    client = await stack.enter_async_context(creator)
+                    for operation in ("GetObject", "HeadObject"):
+                        client.meta.events.register(f"before-sign.s3.{operation}", _ask_checksums)
+                    self._client, self._stack = client, stack
         return self._client
 
     def _client_args(self) -> dict[str, Any]:

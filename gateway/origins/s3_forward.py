@@ -29,9 +29,13 @@ How one request travels:
   exception raised by the caller's body iterator (a client that went away, a
   checksum that did not match) is re-raised as it is; the origin connection is
   dropped before Content-Length was reached, so the origin stores nothing.
-- **Retries.** Bodiless requests are retried on connection errors, 429 and 5xx
-  (SlowDown is a 503) with full-jitter backoff, ``max_attempts`` tries in all;
-  the last answer is returned as it is. A request with a body is sent once.
+- **Retries.** Only a safe request (GET, HEAD, OPTIONS: RFC 9110 §9.2.1) that got
+  no answer at all (a refused or reset connection, a timeout) is tried again,
+  with full-jitter backoff, ``max_attempts`` tries in all. Every answer, a 500 or
+  a 503 SlowDown included, goes back as it is: the client's SDK retries those
+  under its own policy (botocore's standard mode: 5xx and throttles, with its
+  own backoff and budget), and a gateway that retried them too would multiply
+  its tries and delay its error by seconds. Anything else is sent once.
 
 Not guaranteed:
 - Streamed bodies are never retried: they cannot be replayed. A 5xx or a reset
@@ -106,7 +110,7 @@ _MADE_HERE = frozenset(
 )
 # aiohttp adds these unless told not to; the origin should see only the client's.
 _NO_AUTO_HEADERS = ("Accept", "Accept-Encoding", "Content-Type", "User-Agent")
-_RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})  # tried again when no answer came
 _BACKOFF_BASE = 0.1  # seconds; the n-th retry waits up to base * 2**n
 _BACKOFF_CAP = 20.0
 _QUERY_SAFE = "-_.~"  # SigV4's unreserved set: what the canonical query leaves as it is
@@ -177,13 +181,12 @@ class S3Forwarder:
         if request.content_length is not None:
             headers["Content-Length"] = str(request.content_length)
         # A streamed body is consumed by the first try: it cannot be sent twice.
-        attempts = 1 if request.body is not None else self._config.max_attempts
+        safe = request.body is None and request.method in _SAFE_METHODS
+        attempts = self._config.max_attempts if safe else 1
         for attempt in range(1, attempts):
             response = await self._try(request.method, url, headers)
             if response is not None:
-                if response.status not in _RETRY_STATUSES:
-                    return _forward_response(response)
-                response.close()  # an error body is not worth reading; the socket goes
+                return _forward_response(response)
             await asyncio.sleep(random.uniform(0, min(_BACKOFF_CAP, _BACKOFF_BASE * 2**attempt)))
         # The last (or only) try: whatever comes back is the answer.
         signed = await self._signed(request.method, url, headers, request.body is not None)

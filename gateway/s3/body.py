@@ -11,7 +11,9 @@ blocks therefore never leave the event loop thread, and large ones never block
 it.
 
 Before any sendfile the transport's own buffer is flushed, so the headers
-aiohttp queued go out first.
+aiohttp queued go out first. Over HTTPS there is no sendfile: the bytes must
+be encrypted by the TLS transport, so a segment is read off the loop in 1 MiB
+pieces and written through it (as aiohttp's file response falls back too).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from aiohttp.abc import AbstractStreamWriter
 
 from gateway.blocks import FileSegment, Piece
 
+_COPY_PIECE = 1024 * 1024  # bytes read per step when sendfile cannot be used (HTTPS)
 _POLL_TIMEOUT_MS = 60_000  # a client that takes no byte for a minute is gone
 
 
@@ -62,6 +65,10 @@ class BodySender:
         transport = request.transport
         if transport is None or transport.is_closing():
             raise ConnectionResetError("client went away")
+        if transport.get_extra_info("sslcontext") is not None:
+            # TLS: the bytes must pass through the encrypting transport, never around it.
+            await self._copy(writer, segment)
+            return
         await writer.drain()
         await _flushed(transport)
         loop = asyncio.get_running_loop()
@@ -79,6 +86,20 @@ class BodySender:
                 self._native = False  # uvloop: no loop.sendfile
         sock = transport.get_extra_info("socket")
         await self._direct(loop, sock.fileno(), segment, release)
+
+    async def _copy(self, writer: AbstractStreamWriter, segment: FileSegment) -> None:
+        """The segment read in pieces off the loop and written as bytes (HTTPS)."""
+        loop = asyncio.get_running_loop()
+        done = 0
+        while done < segment.count:
+            size = min(_COPY_PIECE, segment.count - done)
+            piece = await loop.run_in_executor(
+                self._pool, os.pread, segment.fd, size, segment.offset + done
+            )
+            if not piece:
+                raise OSError(f"block file ended {segment.count - done} bytes early")
+            await writer.write(piece)
+            done += len(piece)
 
     async def _direct(
         self,

@@ -37,6 +37,7 @@ from typing import Protocol
 
 import xxhash
 from awscrt import checksums as crt
+from multidict import CIMultiDict
 
 from gateway.s3.errors import Code, S3Error
 
@@ -134,6 +135,23 @@ class Expected:
     def trailer_names(self) -> list[str]:
         """What the aws-chunked decoder should expect after the final chunk."""
         return [self.trailer] if self.trailer else []
+
+
+def of_the_body(headers: Mapping[str, str], operation: str) -> Mapping[str, str]:
+    """The headers that declare what ``operation``'s request body hashes to.
+
+    A CompleteMultipartUpload's ``x-amz-checksum-<alg>`` (with ``x-amz-checksum-type``
+    FULL_OBJECT or COMPOSITE) is the checksum of the object being completed, which
+    the origin checks against its parts, not of the XML body: it is left out here
+    (and still forwarded).
+    """
+    if operation != "CompleteMultipartUpload":
+        return headers
+    return CIMultiDict(
+        (name, value)
+        for name, value in headers.items()
+        if not name.lower().startswith(("x-amz-checksum-", "x-amz-sdk-checksum-algorithm"))
+    )
 
 
 def parse_expected(headers: Mapping[str, str], payload_hash: str | None = None) -> Expected:

@@ -24,6 +24,8 @@ class Code(Enum):
     AuthorizationQueryParametersError = (400, "Error parsing the X-Amz-Credential parameter.")
     BadDigest = (400, "The Content-MD5 you specified did not match what we received.")
     BucketAlreadyExists = (409, "The requested bucket name is not available.")
+    BucketNotEmpty = (409, "The bucket you tried to delete is not empty")
+    CORSResponse = (403, "CORS is not enabled for this bucket.")
     EntityTooLarge = (400, "Your proposed upload exceeds the maximum allowed object size.")
     EntityTooSmall = (400, "Your proposed upload is smaller than the minimum allowed object size.")
     IncompleteBody = (
@@ -122,7 +124,13 @@ def from_domain(exc: errors.HoardError) -> S3Error:
         case errors.NoSuchBucket():
             return S3Error(Code.NoSuchBucket, fields={"BucketName": exc.bucket})
         case errors.NoSuchKey():
-            return S3Error(Code.NoSuchKey, fields={"Key": exc.key})
+            return S3Error(Code.NoSuchKey, fields={"Key": exc.key}, headers=exc.headers)
+        case errors.InvalidBucketName():
+            return S3Error(Code.InvalidBucketName, str(exc) or None)
+        case errors.BucketAlreadyExists():
+            return S3Error(Code.BucketAlreadyExists, str(exc) or None)
+        case errors.BucketNotEmpty():
+            return S3Error(Code.BucketNotEmpty, str(exc) or None)
         case errors.InvalidObjectName():
             return S3Error(Code.InvalidObjectName, str(exc) or None)
         case errors.AccessDenied():

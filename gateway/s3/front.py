@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from urllib.parse import parse_qsl
 
@@ -18,7 +19,7 @@ from aiohttp import web
 from gateway import errors
 from gateway.reader import Reader
 from gateway.s3 import buckets, listing, objects, xml
-from gateway.s3.auth import Authenticator
+from gateway.s3.auth import ANONYMOUS, Authenticator
 from gateway.s3.body import BodySender
 from gateway.s3.call import Call
 from gateway.s3.errors import Code, S3Error, from_domain
@@ -30,6 +31,10 @@ from gateway.writer import Writer
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Call], Awaitable[web.StreamResponse]]
+
+# Bucket names an SDK client (botocore) can send. Hoard's origin client is one, so a
+# read of any other name (``a:b``) goes to an S3 origin as it is, for its own answer.
+_SDK_BUCKET = re.compile(r"[a-zA-Z0-9.\-_]{1,255}")
 
 HANDLERS: dict[str, Handler] = {
     "ListBuckets": buckets.list_buckets,
@@ -83,21 +88,32 @@ class S3Front:
     async def _dispatch(self, request: web.Request, request_id: str) -> web.StreamResponse:
         view = request_view(request)
         query = dict(_query_pairs(view.raw_query)) if view.raw_query else {}
-        found: Route = route(request.method, request.host, view.raw_path, query, self._domains)
-        request["operation"] = found.operation.split(":")[0]
+        copy_source = request.headers.get("x-amz-copy-source")
+        found: Route = route(request.method, request.host, view.raw_path, query, self._domains,
+                             copy_source is not None)  # fmt: skip
+        request["operation"] = found.operation
         request["bucket"] = found.bucket
         request["mount"] = self._reader.mount_label(found.bucket)
-        principal = self._auth.authenticate(view)
-        if principal.anonymous and not found.supported:
-            # Anonymous reads are object reads and listings Hoard answers itself, never an
-            # ACL, version, upload or tagging read fetched with Hoard's origin credentials.
-            raise S3Error(Code.AccessDenied)
-        principal.authorize(found.bucket, mutating=request.method in ("PUT", "POST", "DELETE"))
-        copy_source = request.headers.get("x-amz-copy-source")
+        if request.method == "OPTIONS":
+            # A CORS preflight is never signed (browsers send none): the bucket's CORS
+            # rules at the origin answer it, as S3 does.
+            principal = ANONYMOUS
+        else:
+            principal = self._auth.authenticate(view)
+            if principal.anonymous and not found.served:
+                # Anonymous reads are object reads and listings Hoard answers itself, never
+                # an ACL, version, upload or tagging read fetched with Hoard's credentials.
+                raise S3Error(Code.AccessDenied)
+            principal.authorize(found.bucket, mutating=request.method in ("PUT", "POST", "DELETE"))
         if copy_source is not None:  # a copy also reads its source: may this caller?
             principal.authorize(copy_source_bucket(copy_source), mutating=False)
         # What Hoard does not answer itself goes to the origin as it is.
-        handler = HANDLERS.get(found.operation, passthrough)
+        served = found.served and (
+            not found.bucket
+            or _SDK_BUCKET.fullmatch(found.bucket) is not None
+            or not self._writer.forwards(found.bucket)
+        )
+        handler = HANDLERS[found.operation] if served else passthrough
         call = Call(
             request, found, query, principal, self._reader, request_id, self._body, self._writer
         )

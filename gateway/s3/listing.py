@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from aiohttp import web
 
 from gateway.s3 import xml
-from gateway.s3.buckets import XML_TYPE
 from gateway.s3.call import Call
 from gateway.s3.errors import Code, S3Error
 from gateway.s3.numbers import query_integer
+from gateway.s3.xml import XML_TYPE
 
 MAX_KEYS_LIMIT = 1000
 

@@ -23,6 +23,8 @@ from gateway.s3.ranges import parse_range
 
 log = logging.getLogger(__name__)
 
+_CHECKSUM_PREFIX = "x-amz-checksum-"  # the object's checksums and their type
+
 # Query parameters that override response headers on GetObject/HeadObject.
 _OVERRIDES = {
     "response-content-type": "Content-Type",
@@ -34,21 +36,36 @@ _OVERRIDES = {
 }
 
 
-def object_headers(info: ObjectInfo) -> dict[str, str]:
-    """The headers S3 sends for an object on GET and HEAD (not the length/range)."""
+def object_headers(info: ObjectInfo, checksums: bool = False) -> dict[str, str]:
+    """The headers S3 sends for an object on GET and HEAD (not the length/range):
+    every header the origin sent about it, its checksums only when ``checksums``."""
     headers = {
         "ETag": info.etag,
         "Last-Modified": xml.http_date(info.last_modified),
         "Content-Type": info.content_type,
         "Accept-Ranges": "bytes",
     }
-    headers.update(info.headers)
+    if checksums:
+        headers.update(info.headers)
+    else:
+        headers.update(
+            (name, value)
+            for name, value in info.headers.items()
+            if not name.startswith(_CHECKSUM_PREFIX)
+        )
     headers.update({f"x-amz-meta-{name}": value for name, value in info.metadata.items()})
     if info.storage_class != "STANDARD":
         headers["x-amz-storage-class"] = info.storage_class
     if info.version_id:
         headers["x-amz-version-id"] = info.version_id
     return headers
+
+
+def _wants_checksums(call: Call, partial: bool) -> bool:
+    """S3 sends an object's checksums when asked with ``x-amz-checksum-mode: ENABLED``,
+    and never for a range: they describe the whole object (as MinIO, matching S3)."""
+    mode = call.request.headers.get("x-amz-checksum-mode", "")
+    return not partial and mode.upper() == "ENABLED"
 
 
 def _overrides(call: Call) -> dict[str, str]:
@@ -85,13 +102,14 @@ async def head_object(call: Call) -> web.StreamResponse:
     conditions = Conditions.from_headers(call.request.headers)
     info = await call.reader.head_object(call.bucket, call.key)
     conditions.check(info)
-    headers = object_headers(info)
-    status, length = 200, info.size
+    status, length, ranged = 200, info.size, {}
     spec = parse_range(call.request.headers.get("Range"))
     if spec is not None and spec.applies(info.size):
         start, end = spec.resolve(info.size)
-        headers.update(_range_headers(start, end, info.size))
+        ranged = _range_headers(start, end, info.size)
         status, length = 206, end - start + 1
+    headers = object_headers(info, _wants_checksums(call, status == 206))
+    headers.update(ranged)
     headers.update(overrides)
     response = web.StreamResponse(status=status, headers=headers)
     response.content_length = length
@@ -109,7 +127,7 @@ async def get_object(call: Call) -> web.StreamResponse:
         # The first bytes are fetched before the headers go out, so a cold block
         # that cannot be fetched is still an S3 error rather than a cut connection.
         await read.prime()
-        headers = object_headers(read.info)
+        headers = object_headers(read.info, _wants_checksums(call, read.partial))
         if read.partial:
             headers.update(_range_headers(read.start, read.end, read.info.size))
         headers.update(overrides)

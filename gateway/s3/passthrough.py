@@ -21,6 +21,7 @@ from aiohttp import web
 
 from gateway.s3 import writes, xml_writes
 from gateway.s3.call import Call
+from gateway.s3.checksums import of_the_body
 from gateway.s3.chunked import RequestBody, read_whole
 from gateway.s3.errors import Code, S3Error
 from gateway.s3.numbers import natural
@@ -55,7 +56,8 @@ async def passthrough(call: Call) -> web.StreamResponse:
     query = [(k, v) for k, v in call.query.items()]
     body, length, touched = None, None, None
     if _has_body(request):
-        decoded = RequestBody(request.content, request.headers, call.principal.context)
+        declared = of_the_body(request.headers, call.route.operation)
+        decoded = RequestBody(request.content, declared, call.principal.context)
         if decoded.content_encoding:
             headers["Content-Encoding"] = decoded.content_encoding
         body, length = await _verified_before_last_byte(decoded), decoded.length

@@ -5,8 +5,9 @@ Handles path-style (``/bucket/key``) and virtual-hosted-style
 percent-decoded from the raw path exactly once and never normalised: S3 keys
 may contain ``//``, ``..`` or a trailing ``/`` and mean them literally.
 
-Operations Hoard does not serve yet are still named, so metrics and errors
-say which one was refused.
+Every request is named by its S3 operation (``GetObjectAcl``,
+``PutBucketTagging``, ``CopyObject``...) from the one table below, whether Hoard
+answers it or forwards it, so metrics and the access log say what it was.
 """
 
 from __future__ import annotations
@@ -16,32 +17,88 @@ from urllib.parse import unquote
 
 from gateway.s3.errors import Code, S3Error
 
-# Bucket sub-resources; GET on any of these other than ``location`` is not a listing.
-_BUCKET_SUBRESOURCES = (
-    "accelerate", "acl", "analytics", "cors", "encryption", "intelligent-tiering",
-    "inventory", "lifecycle", "logging", "metrics", "notification", "object-lock",
-    "ownershipControls", "policy", "policyStatus", "publicAccessBlock", "replication",
-    "requestPayment", "tagging", "uploads", "versioning", "versions", "website",
-)  # fmt: skip
-_OBJECT_SUBRESOURCES = (
-    "acl", "attributes", "legal-hold", "retention", "tagging", "torrent", "uploadId",
-)  # fmt: skip
 
-SUPPORTED = frozenset(
-    {"ListBuckets", "HeadBucket", "GetBucketLocation", "ListObjects", "ListObjectsV2",
-     "HeadObject", "GetObject"}
-)  # fmt: skip
+def _named(resource: str) -> dict[str, str]:
+    """``Get<r>``, ``Put<r>``, ``Delete<r>`` for GET, PUT, DELETE."""
+    return {"GET": f"Get{resource}", "PUT": f"Put{resource}", "DELETE": f"Delete{resource}"}
+
+
+def _configuration(resource: str) -> dict[str, str]:
+    """``Get/Put/Delete<r>Configuration``; without an ``id`` a GET lists them."""
+    return {m: f"{name}Configuration" for m, name in _named(resource).items()}
+
+
+# Configurations kept by id: a GET without one is List<...>Configurations.
+_LISTED_WITHOUT_ID = ("analytics", "intelligent-tiering", "inventory", "metrics")
+
+
+# The one table of S3 operation names: what metrics, the access log and dispatch call a
+# request. Per sub-resource of the query, the operation of each method (S3 API Reference
+# names); the first sub-resource of the table that a query names decides.
+_BUCKET_SUBRESOURCES: dict[str, dict[str, str]] = {
+    "location": {"GET": "GetBucketLocation"},
+    "uploads": {"GET": "ListMultipartUploads"},
+    "versions": {"GET": "ListObjectVersions"},
+    "delete": {"POST": "DeleteObjects"},
+    "accelerate": {"GET": "GetBucketAccelerateConfiguration", "PUT": "PutBucketAccelerateConfiguration"},
+    "acl": {"GET": "GetBucketAcl", "PUT": "PutBucketAcl"},
+    "analytics": _configuration("BucketAnalytics"),
+    "cors": {"GET": "GetBucketCors", "PUT": "PutBucketCors", "DELETE": "DeleteBucketCors"},
+    "encryption": {"GET": "GetBucketEncryption", "PUT": "PutBucketEncryption",
+                   "DELETE": "DeleteBucketEncryption"},
+    "intelligent-tiering": _configuration("BucketIntelligentTiering"),
+    "inventory": _configuration("BucketInventory"),
+    "lifecycle": {"GET": "GetBucketLifecycleConfiguration", "PUT": "PutBucketLifecycleConfiguration",
+                  "DELETE": "DeleteBucketLifecycle"},
+    "logging": {"GET": "GetBucketLogging", "PUT": "PutBucketLogging"},
+    "metrics": _configuration("BucketMetrics"),
+    "notification": {"GET": "GetBucketNotificationConfiguration",
+                     "PUT": "PutBucketNotificationConfiguration"},
+    "object-lock": {"GET": "GetObjectLockConfiguration", "PUT": "PutObjectLockConfiguration"},
+    "ownershipControls": _named("BucketOwnershipControls"),
+    "policy": _named("BucketPolicy"),
+    "policyStatus": {"GET": "GetBucketPolicyStatus"},
+    "publicAccessBlock": _named("PublicAccessBlock"),
+    "replication": _named("BucketReplication"),
+    "requestPayment": {"GET": "GetBucketRequestPayment", "PUT": "PutBucketRequestPayment"},
+    "tagging": _named("BucketTagging"),
+    "versioning": {"GET": "GetBucketVersioning", "PUT": "PutBucketVersioning"},
+    "website": _named("BucketWebsite"),
+}  # fmt: skip
+_BUCKET = {"GET": "ListObjects", "HEAD": "HeadBucket", "PUT": "CreateBucket",
+           "DELETE": "DeleteBucket", "POST": "PostObject", "OPTIONS": "PreflightRequest"}  # fmt: skip
+_OBJECT_SUBRESOURCES: dict[str, dict[str, str]] = {
+    "uploads": {"POST": "CreateMultipartUpload"},
+    "acl": {"GET": "GetObjectAcl", "PUT": "PutObjectAcl"},
+    "attributes": {"GET": "GetObjectAttributes"},
+    "legal-hold": {"GET": "GetObjectLegalHold", "PUT": "PutObjectLegalHold"},
+    "retention": {"GET": "GetObjectRetention", "PUT": "PutObjectRetention"},
+    "tagging": _named("ObjectTagging"),
+    "torrent": {"GET": "GetObjectTorrent"},
+    "restore": {"POST": "RestoreObject"},
+    "select": {"POST": "SelectObjectContent"},
+    "uploadId": {"GET": "ListParts", "PUT": "UploadPart", "POST": "CompleteMultipartUpload",
+                 "DELETE": "AbortMultipartUpload"},
+}  # fmt: skip
+_OBJECT = {"GET": "GetObject", "HEAD": "HeadObject", "PUT": "PutObject",
+           "DELETE": "DeleteObject", "POST": "PostObject", "OPTIONS": "PreflightRequest"}  # fmt: skip
+# With x-amz-copy-source, a PUT copies: the S3 name of what it is then.
+_COPIES = {"PutObject": "CopyObject", "UploadPart": "UploadPartCopy"}
+# Query parameters that make a GET/HEAD of an object something the cache does not hold.
+_NOT_CACHED = ("partNumber", "versionId")
+# What Hoard answers itself; every other operation goes to the origin.
+SERVED = frozenset({"ListBuckets", "HeadBucket", "GetBucketLocation", "ListObjects",
+                    "ListObjectsV2", "HeadObject", "GetObject"})  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
 class Route:
+    """``operation`` is the S3 name; ``served``: Hoard answers it from its cache."""
+
     bucket: str
     key: str | None
     operation: str
-
-    @property
-    def supported(self) -> bool:
-        return self.operation in SUPPORTED
+    served: bool = False
 
 
 def split_host(host: str, domains: list[str]) -> str | None:
@@ -65,9 +122,14 @@ def _decode(path: str) -> str:
 
 
 def route(
-    method: str, host: str, raw_path: str, query: dict[str, str], domains: list[str]
+    method: str,
+    host: str,
+    raw_path: str,
+    query: dict[str, str],
+    domains: list[str],
+    copy_source: bool = False,
 ) -> Route:
-    """Name the S3 operation a request asks for."""
+    """Name the S3 operation a request asks for; ``copy_source``: it has x-amz-copy-source."""
     path = raw_path.split("?", 1)[0] or "/"
     virtual_bucket = split_host(host, domains)
     if virtual_bucket is not None:
@@ -76,57 +138,40 @@ def route(
         bucket_part, _, key_part = path[1:].partition("/")
         bucket, key = _decode(bucket_part), (_decode(key_part) or None)
     if not bucket:
-        return Route("", None, _service_operation(method))
+        if method != "GET":
+            raise S3Error(Code.MethodNotAllowed)
+        return Route("", None, "ListBuckets", served=True)
     if key is None:
-        return Route(bucket, None, _bucket_operation(method, query))
-    return Route(bucket, key, _object_operation(method, query))
+        operation, named = _bucket_operation(method, query)
+    else:
+        operation, named = _operation(method, query, _OBJECT_SUBRESOURCES, _OBJECT)
+        if copy_source and method == "PUT":
+            operation = _COPIES.get(operation, operation)
+    plain = not any(name in query for name in _NOT_CACHED)
+    served = operation in SERVED and plain and (not named or operation == "GetBucketLocation")
+    return Route(bucket, key, operation, served)
 
 
-def _service_operation(method: str) -> str:
-    if method == "GET":
-        return "ListBuckets"
-    raise S3Error(Code.MethodNotAllowed)
+def _operation(
+    method: str, query: dict[str, str], table: dict[str, dict[str, str]], plain: dict[str, str]
+) -> tuple[str, bool]:
+    """(the S3 name, whether a sub-resource was named). A sub-resource with no operation
+    for this method is the origin's to answer, under the method's plain name."""
+    if method not in plain:
+        raise S3Error(Code.MethodNotAllowed)
+    for name, by_method in table.items():
+        if name in query:
+            return by_method.get(method, plain[method]), True
+    return plain[method], False
 
 
-def _bucket_operation(method: str, query: dict[str, str]) -> str:
-    if method == "GET":
-        if "location" in query:
-            return "GetBucketLocation"
-        for name in _BUCKET_SUBRESOURCES:
-            if name in query:
-                return f"GetBucket:{name}"
-        return "ListObjectsV2" if query.get("list-type") == "2" else "ListObjects"
-    if method == "HEAD":
-        return "HeadBucket"
-    if method == "PUT":
-        return "CreateBucket" if not query else "PutBucketSubresource"
-    if method == "DELETE":
-        return "DeleteBucket" if not query else "DeleteBucketSubresource"
-    if method == "POST":
-        return "DeleteObjects" if "delete" in query else "PostObject"
-    raise S3Error(Code.MethodNotAllowed)
-
-
-def _object_operation(method: str, query: dict[str, str]) -> str:
-    if method in ("GET", "HEAD"):
-        verb = "Get" if method == "GET" else "Head"
-        for name in _OBJECT_SUBRESOURCES:
-            if name in query:
-                return "ListParts" if name == "uploadId" else f"{verb}Object:{name}"
-        if "partNumber" in query:
-            return f"{verb}ObjectPart"
-        if "versionId" in query:
-            return f"{verb}ObjectVersion"
-        return f"{verb}Object"
-    if method == "PUT":
-        return "UploadPart" if "uploadId" in query else "PutObject"
-    if method == "DELETE":
-        return "AbortMultipartUpload" if "uploadId" in query else "DeleteObject"
-    if method == "POST":
-        if "uploads" in query:
-            return "CreateMultipartUpload"
-        return "CompleteMultipartUpload" if "uploadId" in query else "PostObject"
-    raise S3Error(Code.MethodNotAllowed)
+def _bucket_operation(method: str, query: dict[str, str]) -> tuple[str, bool]:
+    operation, named = _operation(method, query, _BUCKET_SUBRESOURCES, _BUCKET)
+    if operation == "ListObjects" and query.get("list-type") == "2":
+        return "ListObjectsV2", named
+    if method == "GET" and "id" not in query and any(n in query for n in _LISTED_WITHOUT_ID):
+        return "List" + operation.removeprefix("Get") + "s", named
+    return operation, named
 
 
 def copy_source_bucket(value: str) -> str:

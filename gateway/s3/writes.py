@@ -3,8 +3,8 @@
 An S3 origin gets every write forwarded as it is (``passthrough.py``); a posix
 directory cannot answer S3, so for its buckets these handlers speak S3 and
 call the writer, which writes through the origin's own API and invalidates.
-The operations: PutObject, CopyObject, DeleteObject, DeleteObjects, and the
-multipart set (Create, UploadPart, UploadPartCopy, Complete, Abort, ListParts,
+The operations: CreateBucket, DeleteBucket, PutObject, CopyObject,
+DeleteObject, DeleteObjects, and the multipart set (Create, UploadPart, UploadPartCopy, Complete, Abort, ListParts,
 ListMultipartUploads). Every other operation, and any of these carrying a
 sub-resource this origin has no place for (``?tagging``, ``?acl``,
 ``?retention``…), is NotImplemented: a PUT with ``?tagging`` must never
@@ -38,13 +38,14 @@ from aiohttp import web
 from gateway import errors
 from gateway.origins.base import ObjectInfo
 from gateway.s3 import xml_writes
-from gateway.s3.buckets import XML_TYPE
 from gateway.s3.call import Call
+from gateway.s3.checksums import of_the_body
 from gateway.s3.chunked import RequestBody, read_whole
 from gateway.s3.conditionals import Conditions
 from gateway.s3.errors import Code, S3Error, from_domain
 from gateway.s3.listing import url_encoding_requested
 from gateway.s3.numbers import natural, query_integer
+from gateway.s3.xml import XML_TYPE
 from gateway.writer import Attributes, SourceCheck, UploadInfo, WriteCheck
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,8 @@ def _body(call: Call) -> RequestBody:
 
 
 def _xml_body(call: Call) -> RequestBody:
-    return RequestBody(call.request.content, call.request.headers, call.principal.context)
+    declared = of_the_body(call.request.headers, call.route.operation)
+    return RequestBody(call.request.content, declared, call.principal.context)
 
 
 def _checksum_headers(body: RequestBody, *, full_object: bool = False) -> dict[str, str]:
@@ -402,6 +404,29 @@ def _after(uploads: list[UploadInfo], key_marker: str, id_marker: str) -> list[U
     return same + [u for u in uploads if u.key > key_marker]
 
 
+# -- buckets -----------------------------------------------------------------------------------
+
+
+async def create_bucket(call: Call) -> web.StreamResponse:
+    """CreateBucket: the region of a posix origin is us-east-1, where S3 answers 200 to
+    the owner's CreateBucket of a bucket that exists (other regions: 409
+    BucketAlreadyOwnedByYou). A CreateBucketConfiguration body is not needed here."""
+    await call.writer.create_bucket(call.route.bucket)
+    return web.Response(status=200, headers={"Location": "/" + quote(call.route.bucket)})
+
+
+async def delete_bucket(call: Call) -> web.StreamResponse:
+    await call.writer.delete_bucket(call.route.bucket)
+    return web.Response(status=204)
+
+
+async def preflight(call: Call) -> web.StreamResponse:
+    """OPTIONS: a directory keeps no CORS rules, and S3 refuses a preflight to a bucket
+    without them (403 CORSResponse)."""
+    await call.reader.head_bucket(call.route.bucket)  # NoSuchBucket first, as S3
+    raise S3Error(Code.CORSResponse)
+
+
 # -- dispatch ----------------------------------------------------------------------------------
 
 # Per operation: the query parameters it takes, and its handler. Presigned-URL
@@ -412,6 +437,8 @@ _LIST_UPLOADS_TAKES = frozenset(
      "encoding-type"}
 )  # fmt: skip
 _OPERATIONS: dict[str, tuple[frozenset[str], Handler]] = {
+    "CreateBucket": (frozenset(), create_bucket),
+    "DeleteBucket": (frozenset(), delete_bucket),
     "PutObject": (frozenset(), put_object),
     "UploadPart": (frozenset({"partNumber", "uploadId"}), upload_part),
     "DeleteObject": (frozenset({"versionId"}), delete_object),
@@ -423,7 +450,10 @@ _OPERATIONS: dict[str, tuple[frozenset[str], Handler]] = {
         frozenset({"uploadId", "max-parts", "part-number-marker", "encoding-type"}),
         list_parts,
     ),
-    "GetBucket:uploads": (_LIST_UPLOADS_TAKES, list_multipart_uploads),
+    "ListMultipartUploads": (_LIST_UPLOADS_TAKES, list_multipart_uploads),
+    "CopyObject": (frozenset(), put_object),
+    "UploadPartCopy": (frozenset({"partNumber", "uploadId"}), upload_part),
+    "PreflightRequest": (frozenset(), preflight),
 }
 _ANY_OPERATION = frozenset({"x-id", "awsaccesskeyid", "signature", "expires"})
 

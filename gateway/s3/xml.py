@@ -60,15 +60,23 @@ def error(code: str, message: str, request_id: str, fields: dict[str, str]) -> b
     return (DECLARATION + body).encode()
 
 
-def list_buckets(buckets: list[BucketInfo]) -> bytes:
+XML_TYPE = "application/xml"
+
+
+def list_buckets(
+    buckets: list[BucketInfo], prefix: str | None = None, continuation_token: str | None = None
+) -> bytes:
+    """``prefix`` is echoed when it was asked; ``continuation_token`` when more follow."""
     items = "".join(
         f"<Bucket>{_element('Name', b.name)}{_element('CreationDate', iso8601(b.created))}</Bucket>"
         for b in buckets
     )
     owner = f"<Owner><ID>{OWNER_ID}</ID><DisplayName>{OWNER_ID}</DisplayName></Owner>"
+    tail = _element("ContinuationToken", continuation_token) if continuation_token else ""
+    tail += _element("Prefix", prefix) if prefix is not None else ""
     return (
         f'{DECLARATION}<ListAllMyBucketsResult xmlns="{NAMESPACE}">{owner}'
-        f"<Buckets>{items}</Buckets></ListAllMyBucketsResult>"
+        f"<Buckets>{items}</Buckets>{tail}</ListAllMyBucketsResult>"
     ).encode()
 
 
@@ -155,7 +163,8 @@ def list_objects_v1(
 ) -> bytes:
     head = [
         _element("Name", bucket),
-        _element("Prefix", _url(prefix, encode)),
+        # S3 sends ListObjects' own <Prefix> as it was asked, even with encoding-type=url.
+        _element("Prefix", prefix),
         _element("Marker", _url(marker, encode)),
     ]
     # S3 sends NextMarker only with a delimiter; without one the last key is the marker.
