@@ -10,6 +10,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import aiohttp
@@ -215,6 +216,17 @@ def _children(pid: int) -> list[int]:
     return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
+def _wait_replaced(pid: int, killed: list[int]) -> None:
+    """Until the supervisor has reaped every killed worker and started as many new ones."""
+    deadline = time.monotonic() + 30
+    while True:
+        children = set(_children(pid))
+        if not children & set(killed) and len(children) == len(killed):
+            return
+        assert time.monotonic() < deadline, f"workers {killed} not replaced: {children}"
+        time.sleep(0.05)
+
+
 def test_the_gauges_of_a_killed_worker_are_dropped(tmp_path, proxy, origin_client, bucket):
     put(origin_client, bucket, "held", 10 * KiB)
     settings = {**fault_config(proxy, retry={"hedge_after": "forever"}), "workers": 2}
@@ -240,9 +252,9 @@ def test_the_gauges_of_a_killed_worker_are_dropped(tmp_path, proxy, origin_clien
         proxy.faults = fail_nth(1, Fault("hang"))
         killed = asyncio.run(kill_workers_while_a_get_is_held())
         proxy.release()
-        node.wait_ready(30)
         assert node.proc is not None
-        assert not set(_children(node.proc.pid)) & set(killed)  # replaced by new workers
+        _wait_replaced(node.proc.pid, killed)  # a killed worker stays a child until reaped
+        node.wait_ready(30)
         # The dead worker's request in flight is no longer summed into the gauge.
         assert metric(node.endpoint, in_flight) == 0
     finally:

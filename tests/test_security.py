@@ -677,6 +677,7 @@ def test_origins_on_ambient_credentials_are_named_at_start():
     settings = build_settings({
         "origins": {"aws": {"type": "s3"}, "keyed": {"type": "s3", "access_key": "k",
                                                      "secret_key": "s"}},
+        "default_origin": "aws",
     })  # fmt: skip
     (line,) = ambient_origins(settings)
     assert line.startswith("origin 'aws' signs with the host's ambient AWS credentials")
