@@ -17,6 +17,10 @@ checkout's gateway (``PYTHONPATH``), so one run gives "before" and another
 - ``disk-full``: the cache on a 40 MiB tmpfs with ``cache.size`` 1 GiB; read
   set A (32 MiB), then set B (32 MiB) twice: origin GETs of B's second pass,
   and error lines logged (needs root for the mount; skipped otherwise).
+- ``workers``: ``workers: 2``, a new connection per request; a 64 KiB and a
+  3 MiB key (1 MiB blocks) are read by both workers, overwritten through
+  Hoard, then read 360 times; deleted through Hoard, then read 360 times.
+  Every read starts after the write was acknowledged, so each must be current.
 """
 
 from __future__ import annotations
@@ -209,6 +213,36 @@ def disk_full(code: Path, work: Path, proxy: OriginProxy, s3: Any) -> str:
         subprocess.run(["umount", "-l", str(small)], check=False)
 
 
+def across_workers(code: Path, work: Path, proxy: OriginProxy, s3: Any) -> list[str]:
+    bucket = "workers"
+    s3.create_bucket(Bucket=bucket)
+    config = {**origin_config(proxy), "workers": 2,
+              "cache": {"block_size": "1MiB", "memory": "64MiB"}}  # fmt: skip
+    node = Node(code, work, config)
+    hoard = boto3.client("s3", endpoint_url=node.url, region_name="us-east-1",
+                         aws_access_key_id=KEY, aws_secret_access_key=SECRET)  # fmt: skip
+    rows = []
+    try:
+        for size in (64 * 1024, 3 * MiB):
+            key = f"k{size}"
+            url = f"{node.url}/{bucket}/{key}"
+            v1, v2 = os.urandom(size), os.urandom(size)
+            hoard.put_object(Bucket=bucket, Key=key, Body=v1)
+            asyncio.run(_outcomes([url] * 40, [v1] * 40, 4))  # both workers cache v1
+            hoard.put_object(Bucket=bucket, Key=key, Body=v2)
+            after_put = asyncio.run(_outcomes([url] * 360, [v2] * 360, 4))
+            hoard.delete_object(Bucket=bucket, Key=key)
+            after_delete = asyncio.run(_outcomes([url] * 360, [b""] * 360, 4))
+            served = 360 - after_delete["status 404"]
+            rows.append(f"| workers: 2, {size // 1024} KiB: reads after PUT v2 | "
+                        f"{_tally(after_put, 360)} |")  # fmt: skip
+            rows.append(f"| workers: 2, {size // 1024} KiB: reads after DELETE | "
+                        f"{served}/360 served the deleted object |")  # fmt: skip
+    finally:
+        node.stop()
+    return rows
+
+
 def _tally(outcomes: Counter[str], total: int) -> str:
     bad = total - outcomes["ok"]
     rest = ", ".join(f"{n} {what}" for what, n in outcomes.items() if what != "ok")
@@ -218,7 +252,9 @@ def _tally(outcomes: Counter[str], total: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadtest.faultrun")
     p.add_argument("--code", type=Path, default=REPO, help="checkout whose gateway runs")
-    p.add_argument("--only", default="reset,truncate,replaced,stall-one,stall-all,disk-full")
+    p.add_argument(
+        "--only", default="workers,reset,truncate,replaced,stall-one,stall-all,disk-full"
+    )
     args = p.parse_args(argv)
     moto_port = free_port()
     moto = ThreadedMotoServer(ip_address="127.0.0.1", port=moto_port, verbose=False)
@@ -240,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append(stall(args.code, work, proxy, s3, name == "stall-all"))
                 elif name == "disk-full":
                     rows.append(disk_full(args.code, work, proxy, s3))
+                elif name == "workers":
+                    rows.extend(across_workers(args.code, work, proxy, s3))
                 print(rows[-1], flush=True)
     finally:
         proxy.stop()
