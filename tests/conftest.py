@@ -16,6 +16,19 @@ ORIGIN_KEY = "origin-access"
 ORIGIN_SECRET = "origin-secret"
 
 
+def moto_origin(proxy: OriginProxy, **settings: object) -> dict:
+    """The config of an origin that is moto behind the counting ``proxy``.
+
+    Hedging is off: a hedge is a deliberate second origin request for a GET that
+    stays silent for ``retry.hedge_after``, and on a loaded CI machine moto can be
+    that slow, so a test counting origin requests would count it (the tests of
+    hedging, in test_faults.py, turn it on).
+    """
+    return {"type": "s3", "endpoint": proxy.endpoint, "access_key": ORIGIN_KEY,
+            "secret_key": ORIGIN_SECRET, "addressing_style": "path",
+            "retry": {"hedge_after": "forever"}, **settings}  # fmt: skip
+
+
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
     """moto's threaded S3 server on a loopback port: the origin of most tests."""

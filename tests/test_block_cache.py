@@ -19,7 +19,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.conftest import ORIGIN_KEY, ORIGIN_SECRET
+from tests.conftest import moto_origin
 from tests.harness import HoardProcess, sum_samples
 from tests.origin_proxy import OriginProxy
 
@@ -29,9 +29,7 @@ BLOCK = 8 * MiB
 
 def hoard_config(proxy: OriginProxy, **cache: object) -> dict:
     return {
-        "origins": {"moto": {"type": "s3", "endpoint": proxy.endpoint, "access_key": ORIGIN_KEY,
-                             "secret_key": ORIGIN_SECRET, "addressing_style": "path",
-                             "max_attempts": 2}},
+        "origins": {"moto": moto_origin(proxy, max_attempts=2)},
         "default_origin": "moto",
         "allow_anonymous": True,
         "cache": {"block_size": "8MiB", "size": "1GiB", "memory": "64MiB", **cache},

@@ -25,7 +25,7 @@ import aiohttp
 import pytest
 import requests
 
-from tests.conftest import ORIGIN_KEY, ORIGIN_SECRET
+from tests.conftest import moto_origin
 from tests.harness import HoardProcess, metric
 from tests.origin_proxy import OriginProxy
 
@@ -35,10 +35,8 @@ TTL = 5.0
 
 
 def _config(proxy: OriginProxy, workers: int) -> dict:
-    origin = {"type": "s3", "endpoint": proxy.endpoint, "access_key": ORIGIN_KEY,
-              "secret_key": ORIGIN_SECRET, "addressing_style": "path"}  # fmt: skip
     return {
-        "origins": {"moto": origin},
+        "origins": {"moto": moto_origin(proxy)},
         "default_origin": "moto",
         "allow_anonymous": True,
         "workers": workers,

@@ -29,7 +29,7 @@ from gateway.cluster.peers import (
     MetadataQuery,
     sign,
 )
-from tests.conftest import ORIGIN_KEY, ORIGIN_SECRET
+from tests.conftest import moto_origin
 from tests.harness import HoardProcess, metric
 from tests.origin_proxy import OriginProxy
 from tests.rawhttp import signed_send
@@ -41,9 +41,7 @@ SECRET = "cluster-test-secret"
 
 def _config(proxy: OriginProxy, cache: dict | None = None) -> dict:
     return {
-        "origins": {"moto": {"type": "s3", "endpoint": proxy.endpoint, "access_key": ORIGIN_KEY,
-                             "secret_key": ORIGIN_SECRET, "addressing_style": "path",
-                             "max_attempts": 2}},
+        "origins": {"moto": moto_origin(proxy, max_attempts=2)},
         "default_origin": "moto",
         "allow_anonymous": True,
         "access_log": False,

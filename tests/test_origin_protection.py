@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import ORIGIN_KEY, ORIGIN_SECRET
+from tests.conftest import moto_origin
 from tests.harness import HoardProcess
 from tests.origin_proxy import OriginProxy
 from tests.test_block_cache import get_many, put
@@ -26,8 +26,7 @@ KiB = 1024
 
 def config(proxy: OriginProxy, **origin: object) -> dict:
     return {
-        "origins": {"moto": {"type": "s3", "endpoint": proxy.endpoint, "access_key": ORIGIN_KEY,
-                             "secret_key": ORIGIN_SECRET, "addressing_style": "path", **origin}},
+        "origins": {"moto": moto_origin(proxy, **origin)},
         "default_origin": "moto",
         "allow_anonymous": True,
         "cache": {"block_size": "256KiB", "size": "256MiB", "memory": "16MiB"},

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.conftest import ORIGIN_KEY, ORIGIN_SECRET
+from tests.conftest import moto_origin
 from tests.harness import HoardProcess
 from tests.origin_proxy import OriginProxy
 
@@ -42,8 +42,7 @@ def _config(origins: dict, workers: int) -> dict:
 
 @pytest.fixture(params=[2, 4], ids=["workers2", "workers4"])
 def s3_node(request, tmp_path: Path, proxy: OriginProxy) -> Iterator[HoardProcess]:
-    origins = {"moto": {"type": "s3", "endpoint": proxy.endpoint, "access_key": ORIGIN_KEY,
-                        "secret_key": ORIGIN_SECRET, "addressing_style": "path"}}  # fmt: skip
+    origins = {"moto": moto_origin(proxy)}
     node = HoardProcess(tmp_path, _config(origins, request.param)).start()
     yield node
     node.stop()

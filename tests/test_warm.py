@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from gateway.client.admin import AdminClient, AdminError
-from tests.conftest import ORIGIN_KEY, ORIGIN_SECRET
+from tests.conftest import moto_origin
 from tests.harness import ACCESS_KEY, SECRET_KEY, HoardProcess
 from tests.origin_proxy import OriginProxy
 
@@ -26,9 +26,7 @@ BLOCK = MiB
 
 def node_config(proxy: OriginProxy, **cache: str) -> dict:
     return {
-        "origins": {"moto": {"type": "s3", "endpoint": proxy.endpoint, "access_key": ORIGIN_KEY,
-                             "secret_key": ORIGIN_SECRET, "addressing_style": "path",
-                             "max_attempts": 2}},
+        "origins": {"moto": moto_origin(proxy, max_attempts=2)},
         "default_origin": "moto",
         "access_log": False,
         "cache": {"block_size": "1MiB", "size": "256MiB", "memory": "8MiB",
