@@ -48,9 +48,8 @@ from __future__ import annotations
 import asyncio
 import os
 from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass
 
 from gateway import errors, priority
 from gateway.cache.admission import Doorkeeper
@@ -61,37 +60,11 @@ from gateway.cache.singleflight import Flight, FlightGroup
 from gateway.cluster.peers import PeerNotCached
 from gateway.cluster.placement import Placement
 from gateway.metrics import Metrics
-from gateway.origins.base import ObjectStream, Origin
+from gateway.origins.base import ObjectStream
+from gateway.pieces import BlockRef, FileSegment, Piece
 
 _TAIL_CHUNK = 1024 * 1024
 _STAGED_MEMORY = 65536  # staged block digests remembered (more than the memory tier holds)
-
-
-@dataclass(slots=True)
-class FileSegment:
-    """``count`` bytes at ``offset`` of an open file; ``release()`` when sent."""
-
-    fd: int
-    offset: int
-    count: int
-    release: Callable[[], None]
-
-
-Piece = bytes | memoryview | FileSegment
-
-
-@dataclass(frozen=True, slots=True)
-class BlockRef:
-    """One block of one object version, with where to fetch it from."""
-
-    block: BlockId
-    origin: Origin
-    first: int  # inclusive byte range of the block within the object
-    last: int
-
-    @property
-    def length(self) -> int:
-        return self.last - self.first + 1
 
 
 class BlockSource:

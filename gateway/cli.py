@@ -37,7 +37,7 @@ from aiohttp import web
 from gateway import errors, listener, tls
 from gateway.accesslog import AccessLog
 from gateway.admin import Admin
-from gateway.blocks import BlockRef, BlockSource, Piece
+from gateway.blocks import BlockSource
 from gateway.cache.admission import Doorkeeper
 from gateway.cache.disk import DiskTier
 from gateway.cache.disk_open import raise_fd_limit
@@ -66,6 +66,7 @@ from gateway.origins.base import Origin
 from gateway.origins.guard import OriginGuard
 from gateway.origins.posix import PosixOrigin
 from gateway.origins.s3 import S3Origin
+from gateway.pieces import BlockRef, Piece
 from gateway.prefetch.api import PrefetchApi
 from gateway.prefetch.prefetcher import Prefetcher
 from gateway.readahead import ReadAheadPolicy

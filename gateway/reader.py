@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterat
 from dataclasses import dataclass
 
 from gateway import errors
-from gateway.blocks import BlockRef, BlockSource, FileSegment, Piece
+from gateway.blocks import BlockSource
 from gateway.cache.block import BlockId, block_bounds, block_plan
 from gateway.cache.journal import EVERYTHING, Journal, SoloJournal
 from gateway.cache.metadata import Aged, FetchHead, FetchPage, MetadataCache, Policy
@@ -37,6 +37,7 @@ from gateway.metadata.revalidate import Revalidator
 from gateway.metrics import Metrics
 from gateway.namespace import Mount, Namespace
 from gateway.origins.base import BucketInfo, ListPage, ObjectInfo, Origin
+from gateway.pieces import BlockRef, FileSegment, Piece
 from gateway.readahead import ReadAheadPolicy, Window
 
 __all__ = ["FileSegment", "ObjectRead", "Piece", "RangeSpec", "Reader", "Watch"]

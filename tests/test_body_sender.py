@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.blocks import FileSegment
+from gateway.pieces import FileSegment
 from gateway.s3.body import BodySender, _Release
 
 SIZE = 16 * 1024 * 1024  # far more than a socket buffer: the rest goes to the thread

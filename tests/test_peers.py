@@ -22,7 +22,6 @@ from aiohttp import web
 from yarl import URL
 
 from gateway import errors
-from gateway.blocks import FileSegment, Piece
 from gateway.cluster.peers import (
     BlockRequest,
     MetadataQuery,
@@ -35,6 +34,7 @@ from gateway.cluster.peers import (
     sign,
 )
 from gateway.invalidation import Invalidation
+from gateway.pieces import FileSegment, Piece
 from gateway.s3.body import BodySender
 from tests.harness import free_port
 

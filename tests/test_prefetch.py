@@ -13,10 +13,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.blocks import BlockRef
 from gateway.cache.block import BlockId
 from gateway.client import prefetch
 from gateway.client.admin import AdminClient, AdminError
+from gateway.pieces import BlockRef
 from gateway.prefetch.order import Order
 from gateway.prefetch.stream import Stream
 from tests.harness import ACCESS_KEY, SECRET_KEY, HoardProcess

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from gateway.blocks import BlockSource, FileSegment
+from gateway.blocks import BlockSource
 from gateway.cache.disk import DiskTier
 from gateway.cache.memory import MemoryTier
 from gateway.cache.metadata import MetadataCache
@@ -28,6 +28,7 @@ from gateway.metrics import Metrics
 from gateway.namespace import Mount, Namespace
 from gateway.origins.base import ObjectInfo
 from gateway.origins.posix import PosixOrigin
+from gateway.pieces import FileSegment
 from gateway.reader import Reader
 from gateway.writer import Attributes, Writer
 from tests.harness import HoardProcess, metric, sum_samples

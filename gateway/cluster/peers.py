@@ -51,7 +51,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 from urllib.parse import parse_qsl, quote, urlsplit
 
 import aiohttp
@@ -62,11 +62,9 @@ from yarl import URL
 from gateway import errors
 from gateway.cache.block import BlockId
 from gateway.invalidation import Invalidation
+from gateway.pieces import Piece
 
-if TYPE_CHECKING:  # types only: blocks.py may well come to import this module
-    from gateway.blocks import Piece
-
-    Pieces = AsyncIterator[Piece]
+Pieces = AsyncIterator[Piece]
 
 log = logging.getLogger(__name__)
 

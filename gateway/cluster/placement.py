@@ -31,9 +31,9 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from typing import TYPE_CHECKING
 
 from gateway import errors
+from gateway.cache.singleflight import Flight
 from gateway.cluster.membership import Membership
 from gateway.cluster.peers import (
     BlockRequest,
@@ -45,10 +45,7 @@ from gateway.cluster.peers import (
 )
 from gateway.cluster.rendezvous import Ranking
 from gateway.metrics import Metrics
-
-if TYPE_CHECKING:  # blocks.py imports this module
-    from gateway.blocks import BlockRef
-    from gateway.cache.singleflight import Flight
+from gateway.pieces import BlockRef
 
 log = logging.getLogger(__name__)
 

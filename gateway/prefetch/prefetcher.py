@@ -37,7 +37,7 @@ from gateway.prefetch.order import Order, OrderError
 from gateway.prefetch.stream import Stream
 
 if TYPE_CHECKING:  # the reader is built after the prefetcher (it calls ``observe``)
-    from gateway.blocks import BlockRef
+    from gateway.pieces import BlockRef
     from gateway.reader import Reader
 
 log = logging.getLogger(__name__)

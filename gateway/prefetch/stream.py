@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.prefetch.order import Order
 
 if TYPE_CHECKING:
-    from gateway.blocks import BlockRef
+    from gateway.pieces import BlockRef
 
 
 class Stream:

@@ -29,7 +29,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 
-from gateway.blocks import FileSegment, Piece
+from gateway.pieces import FileSegment, Piece
 
 _COPY_PIECE = 1024 * 1024  # bytes read per step when sendfile cannot be used (HTTPS)
 _POLL_TIMEOUT_MS = 60_000  # a client that takes no byte for a minute is gone

@@ -27,8 +27,9 @@ from collections.abc import Awaitable
 from typing import Any
 
 from gateway import errors
-from gateway.blocks import BlockRef, BlockSource
+from gateway.blocks import BlockSource
 from gateway.metrics import Metrics
+from gateway.pieces import BlockRef
 from gateway.reader import Reader
 from gateway.warm.spec import Progress, WarmSpec
 from gateway.warm.store import JobStore
