@@ -12,7 +12,9 @@ can enumerate its keys (the posix origin) or a cache that holds a prefix's whole
 listing (the metadata cache) answers any page without the real store. It costs
 O(page * log n), not O(n): it starts with a bisect and, after each common
 prefix, bisects past every key under it, so a million keys rolling into one
-prefix cost one step.
+prefix cost one step. It probes keys only and builds the entries of the page
+served, so a columnar snapshot (``metadata/snapshot.py``, which offers its
+``keys``) never materialises the rest.
 
 Edge cases, checked against AWS's documentation where it speaks and against
 moto 5 (``list_objects_v2``) where it is silent (``tests/test_listing.py``
@@ -40,11 +42,9 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
-from operator import attrgetter
 
 from gateway.origins.base import ListEntry, ListPage
 
-_KEY = attrgetter("key")
 _MAX_CHAR = chr(0x10FFFF)
 
 
@@ -92,34 +92,54 @@ def paginate(
     """
     if max_keys <= 0:
         return ListPage(entries=[], common_prefixes=[], is_truncated=False, next_marker=None)
-    i = bisect_left(entries, prefix, key=_KEY)
+    keys = _keys_of(entries)
+    i = bisect_left(keys, prefix)
     if start_after:
-        i = max(i, bisect_right(entries, start_after, key=_KEY))
+        i = max(i, bisect_right(keys, start_after))
     contents: list[ListEntry] = []
     prefixes: list[str] = []
     last: str | None = None
-    while i < len(entries):
-        entry = entries[i]
-        if not entry.key.startswith(prefix):
+    while i < len(keys):
+        key = keys[i]
+        if not key.startswith(prefix):
             break  # keys under a prefix are contiguous: none follow
-        rolled = common_prefix(entry.key, prefix, delimiter)
-        i = i + 1 if rolled is None else _skip_under(entries, rolled, i)
+        rolled = common_prefix(key, prefix, delimiter)
+        i = i + 1 if rolled is None else _skip_under(keys, rolled, i)
         if rolled is not None and rolled <= start_after:
             continue  # the marker is this prefix or lies inside it: already listed
         if len(contents) + len(prefixes) == max_keys:
             return ListPage(contents, prefixes, is_truncated=True, next_marker=last)
         if rolled is None:
-            contents.append(entry)
-            last = entry.key
+            contents.append(entries[i - 1])  # built only now: a snapshot's entries are lazy
+            last = key
         else:
             prefixes.append(rolled)
             last = rolled
     return ListPage(contents, prefixes, is_truncated=False, next_marker=last)
 
 
-def _skip_under(entries: Sequence[ListEntry], rolled: str, lo: int) -> int:
-    """Index of the first entry at or after ``lo`` that does not start with ``rolled``."""
+class _EntryKeys(Sequence[str]):
+    """The keys of a plain list of entries, as a sequence ``bisect`` can probe."""
+
+    def __init__(self, entries: Sequence[ListEntry]) -> None:
+        self._entries = entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __getitem__(self, i: int) -> str:  # type: ignore[override]
+        return self._entries[i].key
+
+
+def _keys_of(entries: Sequence[ListEntry]) -> Sequence[str]:
+    """A columnar listing's own key column (``metadata/snapshot.py``), else a view."""
+    keys = getattr(entries, "keys", None)
+    return keys if isinstance(keys, Sequence) else _EntryKeys(entries)
+
+
+def _skip_under(keys: Sequence[str], rolled: str, lo: int) -> int:
+    """Index of the first key at or after ``lo`` that does not start with ``rolled``."""
     end = prefix_end(rolled)
     if end is None:
-        return len(entries)
-    return bisect_left(entries, end, lo=lo, key=_KEY)
+        return len(keys)
+    return bisect_left(keys, end, lo=lo)
