@@ -107,7 +107,8 @@ class HeadTable:
             if matches(scope, key):
                 self._pop(k)
 
-    def keys(self) -> Iterator[tuple[Hashable, str]]:
+    def held(self) -> Iterator[tuple[Hashable, str]]:
+        """(scope, key) of every entry, least recently used first."""
         for _, named in self._named():
             yield named
 

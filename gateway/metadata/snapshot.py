@@ -77,13 +77,13 @@ def unpack_etag(packed: bytes) -> str:
 class Keys(Sequence[str]):
     """A snapshot's keys, decoded one at a time (what ``bisect`` and ``paginate`` probe)."""
 
-    __slots__ = ("_blob", "_offsets", "_prefix")
+    __slots__ = ("blob", "offsets", "prefix")
 
     def __init__(self, prefix: str, blob: bytes, offsets: array[int]) -> None:
-        self._prefix, self._blob, self._offsets = prefix, blob, offsets
+        self.prefix, self.blob, self.offsets = prefix, blob, offsets
 
     def __len__(self) -> int:
-        return len(self._offsets) - 1
+        return len(self.offsets) - 1
 
     @overload
     def __getitem__(self, i: int) -> str: ...
@@ -96,7 +96,7 @@ class Keys(Sequence[str]):
             i += len(self)
         if not 0 <= i < len(self):
             raise IndexError(i)
-        return self._prefix + self._blob[self._offsets[i] : self._offsets[i + 1]].decode(
+        return self.prefix + self.blob[self.offsets[i] : self.offsets[i + 1]].decode(
             "utf-8", "surrogatepass"
         )
 
@@ -134,7 +134,10 @@ class Snapshot(Sequence[ListEntry]):
     def __getitem__(self, i: slice) -> list[ListEntry]: ...
     def __getitem__(self, i: int | slice) -> ListEntry | list[ListEntry]:
         if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
+            start, stop, step = i.indices(len(self))
+            if step == 1:
+                return self._run(start, max(start, stop))
+            return [self[j] for j in range(start, stop, step)]
         key = self.keys[i]  # checks the index
         i %= len(self)
         etag = self._odd_etags.get(i) or unpack_etag(self._etags[16 * i : 16 * i + 16])
@@ -142,6 +145,27 @@ class Snapshot(Sequence[ListEntry]):
         return ListEntry(
             key, self._sizes[i], etag, moment(self._times[i]), storage_class, checksums, owner
         )
+
+    def _run(self, start: int, stop: int) -> list[ListEntry]:
+        """Entries ``start`` to ``stop``, their keys and ETags decoded in one go (a page)."""
+        offsets, base = self.keys.offsets, self.keys.offsets[start]
+        blob = self.keys.blob[base : offsets[stop]]
+        text = blob.decode("utf-8", "surrogatepass")
+        if len(text) == len(blob):  # ASCII: byte offsets are character offsets
+            prefix = self.prefix
+            keys = [prefix + text[offsets[j] - base : offsets[j + 1] - base]
+                    for j in range(start, stop)]  # fmt: skip
+        else:
+            keys = self.keys[start:stop]
+        hexes, odd = self._etags[16 * start : 16 * stop].hex(), self._odd_etags
+        attrs, attr_ids, sizes, times = self._attrs, self._attr_ids, self._sizes, self._times
+        page = []
+        for n, j in enumerate(range(start, stop)):
+            etag = odd.get(j) or f'"{hexes[32 * n : 32 * n + 32]}"'
+            storage_class, checksums, owner = attrs[attr_ids[j]]
+            page.append(ListEntry(keys[n], sizes[j], etag, moment(times[j]), storage_class,
+                                  checksums, owner))  # fmt: skip
+        return page
 
     def __iter__(self) -> Iterator[ListEntry]:
         return (self[i] for i in range(len(self)))

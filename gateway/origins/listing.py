@@ -96,6 +96,8 @@ def paginate(
     i = bisect_left(keys, prefix)
     if start_after:
         i = max(i, bisect_right(keys, start_after))
+    if not delimiter:  # no roll-up: the page is one run of keys
+        return _run(entries, keys, prefix, i, max_keys)
     contents: list[ListEntry] = []
     prefixes: list[str] = []
     last: str | None = None
@@ -116,6 +118,17 @@ def paginate(
             prefixes.append(rolled)
             last = rolled
     return ListPage(contents, prefixes, is_truncated=False, next_marker=last)
+
+
+def _run(
+    entries: Sequence[ListEntry], keys: Sequence[str], prefix: str, i: int, max_keys: int
+) -> ListPage:
+    """The flat page of up to ``max_keys`` keys from ``i`` on, all under ``prefix``."""
+    end = prefix_end(prefix) if prefix else None
+    stop = len(keys) if end is None else bisect_left(keys, end, lo=i)
+    contents = list(entries[i : min(stop, i + max_keys)])
+    last = contents[-1].key if contents else None
+    return ListPage(contents, [], is_truncated=i + max_keys < stop, next_marker=last)
 
 
 class _EntryKeys(Sequence[str]):

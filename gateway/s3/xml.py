@@ -24,8 +24,9 @@ OWNER_ID = "hoard"
 
 def iso8601(moment: datetime) -> str:
     """S3's timestamp form: ``2026-11-21T17:42:39.000Z``."""
-    moment = moment.astimezone(UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    if moment.tzinfo is not UTC:
+        moment = moment.astimezone(UTC)
+    return moment.isoformat(timespec="milliseconds")[:-6] + "Z"  # less its "+00:00"
 
 
 # Characters XML 1.0 cannot carry (control bytes, lone surrogates from undecodable
@@ -39,7 +40,13 @@ def http_date(moment: datetime) -> str:
     return format_datetime(moment.astimezone(UTC), usegmt=True)
 
 
+# Anything _text would change: most values (keys, ETags) have none, and are kept as they are.
+_NOT_PLAIN = re.compile("[&<>\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
 def _text(value: str) -> str:
+    if _NOT_PLAIN.search(value) is None:  # a listing page has thousands of values
+        return value
     return escape(_NOT_XML.sub("\ufffd", value))
 
 
