@@ -34,6 +34,7 @@ snapshot never changes once built (a refresh builds a new one).
 
 from __future__ import annotations
 
+import functools
 from array import array
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
@@ -54,6 +55,7 @@ def microseconds(moment: datetime) -> int:
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
+@functools.lru_cache(maxsize=4096)  # a dataset's files share few distinct times
 def moment(us: int) -> datetime:
     """The UTC datetime ``us`` microseconds after the epoch."""
     return _EPOCH + timedelta(microseconds=us)
