@@ -39,6 +39,7 @@ import json
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -85,7 +86,26 @@ def make_dataset(root: Path, objects: int, dirs: int) -> float:
 # --- servers -------------------------------------------------------------------------
 
 
-def start_hoard(work: Path, root: Path, ttl: str) -> tuple[subprocess.Popen[bytes], str]:
+def seed_s3(moto_url: str, objects: int, dirs: int) -> float:
+    """``objects`` of 4 KiB put in moto (directly, not counted); returns the seconds it took."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from loadtest.datasets import origin_client
+
+    started = time.monotonic()
+    client = origin_client(moto_url, pool=16)
+    client.create_bucket(Bucket=BUCKET)
+    per_dir = -(-objects // dirs)
+    body = bytes(SIZE)
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda i: client.put_object(Bucket=BUCKET, Key=key_of(i, per_dir), Body=body),
+                      range(objects)))  # fmt: skip
+    return time.monotonic() - started
+
+
+def start_hoard(
+    work: Path, origin: dict[str, Any], ttl: str
+) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     config = {
         "listen": f"127.0.0.1:{port}",
@@ -93,7 +113,7 @@ def start_hoard(work: Path, root: Path, ttl: str) -> tuple[subprocess.Popen[byte
         "access_log": False,
         "allow_anonymous": True,
         "cache": {"dir": str(work / "hoard-cache")},
-        "origins": {"files": {"type": "posix", "path": str(root / BUCKET)}},
+        "origins": {"files": origin},
         "mounts": [{"bucket": BUCKET, "origin": "files", "metadata_ttl": ttl, "readonly": True}],
     }
     (work / "hoard.yaml").write_text(yaml.safe_dump(config))
@@ -112,6 +132,8 @@ def start_nginx(work: Path, root: Path, probe: str) -> tuple[subprocess.Popen[by
     directory = work / "nginx"
     directory.mkdir(exist_ok=True)
     conf = (HERE / "nginx-static.conf").read_text()
+    # open_file_cache keeps up to 100,000 descriptors: let the worker have them.
+    conf = conf.replace("worker_processes", "worker_rlimit_nofile 300000;\nworker_processes", 1)
     for name, value in {"@USER@": "user root;" if os.geteuid() == 0 else "", "@WORKERS@": "1",
                         "@DIR@": str(directory), "@PORT@": str(port), "@ROOT@": str(root)}.items():  # fmt: skip
         conf = conf.replace(name, value)
@@ -151,6 +173,7 @@ def _read_http(args: tuple[str, list[str], int]) -> list[float]:
     url, keys, threads = args
     host, port = url.removeprefix("http://").split(":")
     latencies: list[float] = []
+    errors: list[str] = []
     lock = threading.Lock()
     work = iter(keys)
 
@@ -163,11 +186,16 @@ def _read_http(args: tuple[str, list[str], int]) -> list[float]:
             if key is None:
                 break
             started = time.perf_counter()
-            conn.request("GET", f"/{BUCKET}/{key}")
-            response = conn.getresponse()
-            body = response.read()
-            if response.status != 200 or len(body) != SIZE:
-                raise RuntimeError(f"GET {key}: {response.status}, {len(body)} bytes")
+            try:
+                conn.request("GET", f"/{BUCKET}/{key}")
+                response = conn.getresponse()
+                body = response.read()
+            except (OSError, http.client.HTTPException):
+                conn.close()  # reconnects on the next request
+                body, response = b"", None
+            if response is None or response.status != 200 or len(body) != SIZE:
+                errors.append(key)  # counted in the report; an answer wrong in any way
+                continue
             mine.append(time.perf_counter() - started)
         conn.close()
         with lock:
@@ -178,7 +206,7 @@ def _read_http(args: tuple[str, list[str], int]) -> list[float]:
         worker.start()
     for worker in workers:
         worker.join()
-    return latencies
+    return latencies + [-1.0] * len(errors)  # an error: a negative latency
 
 
 def _read_files(args: tuple[str, list[str], int]) -> list[float]:
@@ -244,14 +272,15 @@ def measure_lists(url: str, pid: int) -> list[dict[str, Any]]:
 def epoch(target: str, source: str, keys: list[str], opts: argparse.Namespace) -> dict[str, Any]:
     chunks = [keys[i :: opts.procs] for i in range(opts.procs)]
     threads = max(1, opts.readers // opts.procs)
-    reader = _read_files if target == "direct" else _read_http
+    reader = _read_files if target == "direct" and opts.origin == "posix" else _read_http
     started = time.monotonic()
     with Pool(opts.procs) as pool:
-        latencies = [
+        answers = [
             t for part in pool.map(reader, [(source, c, threads) for c in chunks]) for t in part
         ]
     seconds = time.monotonic() - started
-    return {"objects": len(latencies), "seconds": round(seconds, 1),
+    latencies = [t for t in answers if t >= 0]
+    return {"objects": len(latencies), "errors": len(answers) - len(latencies), "seconds": round(seconds, 1),
             "obj_per_s": round(len(latencies) / seconds), "p50_ms": round(1e3 * percentile(latencies, 0.5), 2),
             "p99_ms": round(1e3 * percentile(latencies, 0.99), 2)}  # fmt: skip
 
@@ -268,8 +297,29 @@ def _rss(pid: int) -> float | None:
 
 def run(opts: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="hoard-scale-", dir=opts.workdir))
-    root = work / "data"
-    made = make_dataset(root, opts.objects, opts.dirs)
+    try:
+        if opts.origin == "posix":
+            root = work / "data"
+            made = make_dataset(root, opts.objects, opts.dirs)
+            return _run(opts, work, made, str(root), {"type": "posix", "path": str(root / BUCKET)})
+        from loadtest.datasets import ORIGIN_KEY, ORIGIN_SECRET
+        from loadtest.origin import Origin
+
+        with Origin(work / "origin", rtt_ms=opts.rtt_ms) as s3:
+            made = seed_s3(s3.moto_url, opts.objects, opts.dirs)
+            origin = {"type": "s3", "endpoint": s3.endpoint, "region": "us-east-1",
+                      "access_key": ORIGIN_KEY, "secret_key": ORIGIN_SECRET,
+                      "addressing_style": "path", "max_connections": 128}  # fmt: skip
+            return _run(opts, work, made, s3.endpoint, origin)
+    finally:
+        if not opts.keep:
+            subprocess.run(["rm", "-rf", str(work)], check=False)
+
+
+def _run(
+    opts: argparse.Namespace, work: Path, made: float, direct: str, origin: dict[str, Any]
+) -> dict[str, Any]:
+    """Every target over the dataset; ``direct`` is the origin's files (a directory) or URL."""
     per_dir = -(-opts.objects // opts.dirs)
     chosen = random.Random(opts.seed).sample(range(opts.dirs), opts.read_dirs or opts.dirs)
     keys = [
@@ -277,18 +327,21 @@ def run(opts: argparse.Namespace) -> dict[str, Any]:
         for d in chosen
         for i in range(d * per_dir, min(opts.objects, (d + 1) * per_dir))
     ]
-    result: dict[str, Any] = {"objects": opts.objects, "dirs": opts.dirs, "read_per_epoch": len(keys),
+    result: dict[str, Any] = {"origin": opts.origin, "objects": opts.objects, "dirs": opts.dirs,
+                              "read_per_epoch": len(keys),
                               "ttl": opts.ttl, "dataset_seconds": round(made, 1), "targets": {}}  # fmt: skip
     print(
         f"dataset: {opts.objects} objects in {made:.1f} s; {len(keys)} read per epoch", flush=True
     )
     for target in opts.targets.split(","):
-        proc, source = None, str(root)
+        proc, source = None, direct
         try:
             if target == "hoard":
-                proc, source = start_hoard(work, root, opts.ttl)
+                proc, source = start_hoard(work, origin, opts.ttl)
             elif target == "nginx":
-                proc, source = start_nginx(work, root, keys[0])
+                if opts.origin != "posix" or shutil.which("nginx") is None:
+                    continue  # nginx serves a directory here; as an S3 cache see the main run
+                proc, source = start_nginx(work, Path(direct), keys[0])
             rows = measure_lists(source, proc.pid) if target == "hoard" and proc else []
             for n in range(1, opts.epochs + 1):
                 rng = random.Random(opts.seed * 1000 + n)
@@ -304,13 +357,12 @@ def run(opts: argparse.Namespace) -> dict[str, Any]:
             result["targets"][target] = rows
         finally:
             stop_process(proc)
-    if not opts.keep:
-        subprocess.run(["rm", "-rf", str(work)], check=False)
     return result
 
 
 def markdown(result: dict[str, Any]) -> str:
-    lines = [f"# Scale workload: {result['objects']:,} objects of 4 KiB in {result['dirs']} directories",
+    lines = [f"# Scale workload: {result['objects']:,} objects of 4 KiB in {result['dirs']} directories, "
+             f"{result['origin']} origin",
              "", f"Dataset made in {result['dataset_seconds']} s (sparse files); "
              f"{result['read_per_epoch']:,} objects read per epoch; Hoard's metadata_ttl: {result['ttl']}.", "",
              "| target | phase | objects/pages | s | obj/s | p50 ms | p99 ms | server ms/page | origin requests | per 1,000 obj | Hoard RSS MiB |",
@@ -320,15 +372,22 @@ def markdown(result: dict[str, Any]) -> str:
             origin = ", ".join(f"{k} {v}" for k, v in r.get("origin", {}).items()) or (
                 "0" if "origin" in r else ""
             )
-            lines.append(f"| {target} | {r['phase']} | {r.get('objects', r.get('pages', ''))} | {r.get('seconds', '')} | "
+            lines.append(f"| {target} | {r['phase']} | {r.get('objects', r.get('pages', ''))}{_errors(r)} | {r.get('seconds', '')} | "
                          f"{r.get('obj_per_s', '')} | {r.get('p50_ms', r.get('client_ms_p50', ''))} | "
                          f"{r.get('p99_ms', r.get('client_ms_p99', ''))} | {r.get('server_ms_per_page', '')} | "
                          f"{origin} | {r.get('origin_per_1000', '')} | {r.get('rss_mib', '')} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
+def _errors(row: dict[str, Any]) -> str:
+    return f" ({row['errors']} errors)" if row.get("errors") else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadtest scale", description=__doc__.split("\n")[0])
+    p.add_argument("--origin", choices=("posix", "s3"), default="posix",
+                   help="a directory, or moto behind the emulated WAN (use fewer --objects)")  # fmt: skip
+    p.add_argument("--rtt-ms", type=float, default=20.0, help="S3 origin round trip")
     p.add_argument("--objects", type=int, default=1_000_000)
     p.add_argument("--dirs", type=int, default=1000)
     p.add_argument("--read-dirs", type=int, default=0, help="directories read per epoch (0: all)")
