@@ -47,6 +47,7 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _Attrs = tuple[str, tuple[str, ...], tuple[str, str] | None]  # storage class, checksums, owner
 # The fixed bytes per key: offset (8), ETag (16), size (8), time (8), attrs index (4).
 FIXED_BYTES = 44
+_SAMPLE = 64  # every 64th key kept decoded, to bisect on
 
 
 def microseconds(moment: datetime) -> int:
@@ -77,12 +78,27 @@ def unpack_etag(packed: bytes) -> str:
 
 
 class Keys(Sequence[str]):
-    """A snapshot's keys, decoded one at a time (what ``bisect`` and ``paginate`` probe)."""
+    """A snapshot's keys, decoded one at a time (what ``bisect`` and ``paginate`` probe).
 
-    __slots__ = ("blob", "offsets", "prefix")
+    ``bisect_left`` first bisects a sample of every ``_SAMPLE``-th key, held as
+    ``str`` (made on first use, ~1.5% of the snapshot), at C speed, then at most
+    ``_SAMPLE`` decoded keys: a page rolling up a thousand common prefixes does a
+    thousand bisects.
+    """
+
+    __slots__ = ("_sample", "blob", "offsets", "prefix")
 
     def __init__(self, prefix: str, blob: bytes, offsets: array[int]) -> None:
         self.prefix, self.blob, self.offsets = prefix, blob, offsets
+        self._sample: list[str] | None = None
+
+    def bisect_left(self, key: str, lo: int = 0) -> int:
+        """The index of the first key ``>= key`` at or after ``lo``."""
+        if self._sample is None:
+            self._sample = [self[i] for i in range(0, len(self), _SAMPLE)]
+        block = bisect_left(self._sample, key, lo // _SAMPLE)  # sample[block] >= key
+        hi = min(len(self), block * _SAMPLE)
+        return bisect_left(self, key, max(lo, hi - _SAMPLE), max(lo, hi))
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -174,7 +190,7 @@ class Snapshot(Sequence[ListEntry]):
 
     def find(self, key: str) -> ListEntry | None:
         """The entry of ``key``, or ``None`` if it is not listed."""
-        i = bisect_left(self.keys, key)
+        i = self.keys.bisect_left(key)
         return self[i] if i < len(self) and self.keys[i] == key else None
 
 
