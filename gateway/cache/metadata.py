@@ -199,7 +199,8 @@ class MetadataCache:
         if entry is not None and entry.value is None and self._clock() < entry.fresh_until:
             self._count("head", "negative", policy.label)
             raise NoSuchKey(key)
-        return await self._lookup("head", k, partial(self._load_head, k, policy, fetch), policy)
+        load = partial(self._load_head, k, policy, fetch)
+        return await self._lookup("head", k, load, policy, entry)
 
     def has_entry(self, scope: Hashable, key: str) -> bool:
         """Whether metadata of ``key`` is held, fresh or stale (a refresh needs no bytes)."""
@@ -261,16 +262,14 @@ class MetadataCache:
         # The nearest cached whole listing covering the prefix, else the prefix's own
         # (a fresh too-big marker there answers None, as does a walk that finds it so).
         k = self._find_whole(scope, prefix) or (scope, prefix)
-        whole = await self._lookup(
-            "list", k, partial(self._load_whole, k, policy, fetch_page), policy
-        )
+        load = partial(self._load_whole, k, policy, fetch_page)
+        whole = await self._lookup("list", k, load, policy, self._lists.get(k))
         if whole.value is not None:
             page = paginate(whole.value, prefix, delimiter, start_after, max_keys)
             return Lookup(page, whole.state)
         k = (scope, prefix, delimiter, start_after, max_keys)
-        return await self._lookup(
-            "page", k, partial(self._load_page, k, policy, fetch_page), policy
-        )
+        load = partial(self._load_page, k, policy, fetch_page)
+        return await self._lookup("page", k, load, policy, self._lists.get(k))
 
     def invalidate_key(self, scope: Hashable, key: str) -> None:
         """Drop ``key``'s head entry and every listing that could contain it."""
@@ -387,14 +386,13 @@ class MetadataCache:
     # --- time and flights --------------------------------------------------------
 
     async def _lookup(
-        self, tag: str, k: tuple[Any, ...], load: Load, policy: Policy
+        self, tag: str, k: tuple[Any, ...], load: Load, policy: Policy, entry: Entry | None
     ) -> Lookup[Any]:
-        """Serve the entry at ``k`` if fresh (``hit``) or revalidating (``stale``,
-        starting one refresh), else join or start the flight for it (``miss``),
-        falling back on an origin failure to a stale entry still young enough."""
+        """Serve ``entry`` (the one at ``k``, looked up by the caller) if fresh (``hit``)
+        or revalidating (``stale``, starting one refresh), else join or start the
+        flight for it (``miss``), falling back on an origin failure to a stale entry
+        still young enough."""
         kind = "head" if tag == "head" else "list"
-        get = (lambda: self._heads.get(*k)) if kind == "head" else partial(self._lists.get, k)
-        entry = get()
         now = self._clock()
         if entry is not None and now < entry.fresh_until:
             return self._served(kind, entry.value, "hit", policy.label)
@@ -408,7 +406,8 @@ class MetadataCache:
             loaded = await asyncio.shield(self._flight((tag, k), load))
             return self._served(kind, loaded, "miss", policy.label)
         except OriginUnavailable:
-            entry = get()  # again: invalidation may have dropped it meanwhile
+            # Again: invalidation may have dropped it meanwhile.
+            entry = self._heads.get(*k) if kind == "head" else self._lists.get(k)
             if _usable(entry, self._clock(), policy.stale_if_error):
                 return self._served(kind, entry.value, "stale_error", policy.label)
             self._count(kind, "miss", policy.label)

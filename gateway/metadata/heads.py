@@ -41,6 +41,7 @@ from gateway.origins.base import ObjectInfo
 _RECORD = struct.Struct("<ddqqI16s")
 _NEGATIVE = 0xFFFFFFFF  # the interned index of a negative entry
 _MAX_INTERNED = 65_536
+_DECODED = 1024
 _SLOT = 48  # a dict slot (hash, key, value) and its share of the index, per entry
 _UNPACKED = 700  # an ObjectInfo, its strings, datetime and dicts, beyond the headers' text
 
@@ -66,6 +67,8 @@ class HeadTable:
         self._scopes: dict[Hashable, str] = {}  # scope -> short id, the key's first part
         self._interned: dict[tuple[str, str], int] = {}
         self._pairs: list[tuple[str, str]] = []
+        # The last _DECODED answers decoded, by record: a hot key is decoded once.
+        self._decoded: dict[bytes, Entry] = {}
 
     def __len__(self) -> int:
         return len(self._records)
@@ -154,6 +157,14 @@ class HeadTable:
     def _decode(self, key: str, record: bytes | Entry) -> Entry:
         if isinstance(record, Entry):
             return record
+        entry = self._decoded.get(record)
+        if entry is None or entry.value is None or entry.value.key != key:
+            entry = self._decoded[record] = self._unpack(key, record)
+            if len(self._decoded) > _DECODED:
+                del self._decoded[next(iter(self._decoded))]
+        return entry
+
+    def _unpack(self, key: str, record: bytes) -> Entry:
         fresh_until, learned, size, us, pair, etag = _RECORD.unpack(record)
         if pair == _NEGATIVE:
             return Entry(None, fresh_until, 0, learned)
