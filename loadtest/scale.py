@@ -187,7 +187,7 @@ def _read_http(args: tuple[str, list[str], int]) -> list[float]:
                 break
             started = time.perf_counter()
             try:
-                conn.request("GET", f"/{BUCKET}/{key}")
+                conn.request("GET", key if key.startswith("/") else f"/{BUCKET}/{key}")
                 response = conn.getresponse()
                 body = response.read()
             except (OSError, http.client.HTTPException):
@@ -269,7 +269,21 @@ def measure_lists(url: str, pid: int) -> list[dict[str, Any]]:
     return rows
 
 
+def _presigned(endpoint: str, keys: list[str]) -> list[str]:
+    """Path and query of a presigned GET of each key (signed here, not by the readers)."""
+    from urllib.parse import urlsplit
+
+    from loadtest.datasets import origin_client
+
+    client = origin_client(endpoint)
+    urls = (client.generate_presigned_url("get_object", Params={"Bucket": BUCKET, "Key": key})
+            for key in keys)  # fmt: skip
+    return [f"{u.path}?{u.query}" for u in map(urlsplit, urls)]
+
+
 def epoch(target: str, source: str, keys: list[str], opts: argparse.Namespace) -> dict[str, Any]:
+    if target == "direct" and opts.origin == "s3":
+        keys = _presigned(source, keys)  # the origin wants signed requests
     chunks = [keys[i :: opts.procs] for i in range(opts.procs)]
     threads = max(1, opts.readers // opts.procs)
     reader = _read_files if target == "direct" and opts.origin == "posix" else _read_http
