@@ -39,6 +39,7 @@ import json
 import os
 import random
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -132,8 +133,13 @@ def start_nginx(work: Path, root: Path, probe: str) -> tuple[subprocess.Popen[by
     directory = work / "nginx"
     directory.mkdir(exist_ok=True)
     conf = (HERE / "nginx-static.conf").read_text()
-    # open_file_cache keeps up to 100,000 descriptors: let the worker have them.
-    conf = conf.replace("worker_processes", "worker_rlimit_nofile 300000;\nworker_processes", 1)
+    # open_file_cache keeps up to 100,000 descriptors: more than the hard limit may
+    # allow (then every open fails). Keep a quarter of the limit, and raise the soft one.
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    conf = conf.replace(
+        "open_file_cache max=100000", f"open_file_cache max={min(100_000, limit // 4)}"
+    )
+    conf = conf.replace("worker_processes", f"worker_rlimit_nofile {limit};\nworker_processes", 1)
     for name, value in {"@USER@": "user root;" if os.geteuid() == 0 else "", "@WORKERS@": "1",
                         "@DIR@": str(directory), "@PORT@": str(port), "@ROOT@": str(root)}.items():  # fmt: skip
         conf = conf.replace(name, value)
