@@ -254,7 +254,7 @@ def list_all(url: str, delimiter: str = "") -> list[float]:
 
 
 def measure_lists(url: str, pid: int) -> list[dict[str, Any]]:
-    rows = []
+    rows: list[dict[str, Any]] = [{"phase": "started", "rss_mib": _rss(pid)}]
     for phase in ("cold", "cached"):
         before = metrics(url)
         started = time.monotonic()
