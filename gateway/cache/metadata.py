@@ -273,9 +273,11 @@ class MetadataCache:
 
     def invalidate_key(self, scope: Hashable, key: str) -> None:
         """Drop ``key``'s head entry and every listing that could contain it."""
+        self._heads.pop(scope, key)  # not a scan of millions of heads per write
         self._drop_where(
             lambda k: k == (scope, key),
             lambda k: k[0] == scope and key.startswith(k[1]),
+            scan_heads=False,
         )
 
     def invalidate_prefix(self, scope: Hashable, prefix: str) -> None:
@@ -442,9 +444,13 @@ class MetadataCache:
             task.exception()  # retrieved: a flight all of whose callers left must not warn
 
     def _drop_where(
-        self, head: Callable[[tuple[Any, ...]], bool], lists: Callable[[tuple[Any, ...]], bool]
+        self,
+        head: Callable[[tuple[Any, ...]], bool],
+        lists: Callable[[tuple[Any, ...]], bool],
+        scan_heads: bool = True,
     ) -> None:
-        self._heads.drop_where(lambda scope, key: head((scope, key)))
+        if scan_heads:
+            self._heads.drop_where(lambda scope, key: head((scope, key)))
         self._lists.drop_where(lists)
         # Detach, don't cancel: waiters still get an answer, but a fetch that
         # began before the write must not store what it read.
