@@ -109,7 +109,10 @@ class Keys(Sequence[str]):
     def __getitem__(self, i: slice) -> list[str]: ...
     def __getitem__(self, i: int | slice) -> str | list[str]:
         if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
+            start, stop, step = i.indices(len(self))
+            if step == 1:
+                return self._run(start, max(start, stop))
+            return [self[j] for j in range(start, stop, step)]
         if i < 0:
             i += len(self)
         if not 0 <= i < len(self):
@@ -117,6 +120,18 @@ class Keys(Sequence[str]):
         return self.prefix + self.blob[self.offsets[i] : self.offsets[i + 1]].decode(
             "utf-8", "surrogatepass"
         )
+
+    def _run(self, start: int, stop: int) -> list[str]:
+        """Keys ``start`` to ``stop``, decoded in one go (ASCII: sliced, not decoded each)."""
+        offsets, base = self.offsets, self.offsets[start]
+        blob = self.blob[base : offsets[stop]]
+        text = blob.decode("utf-8", "surrogatepass")
+        if len(text) != len(blob):  # not ASCII: byte offsets are not character offsets
+            return [self[j] for j in range(start, stop)]
+        prefix = self.prefix
+        return [
+            prefix + text[offsets[j] - base : offsets[j + 1] - base] for j in range(start, stop)
+        ]
 
 
 class Snapshot(Sequence[ListEntry]):
@@ -166,15 +181,7 @@ class Snapshot(Sequence[ListEntry]):
 
     def _run(self, start: int, stop: int) -> list[ListEntry]:
         """Entries ``start`` to ``stop``, their keys and ETags decoded in one go (a page)."""
-        offsets, base = self.keys.offsets, self.keys.offsets[start]
-        blob = self.keys.blob[base : offsets[stop]]
-        text = blob.decode("utf-8", "surrogatepass")
-        if len(text) == len(blob):  # ASCII: byte offsets are character offsets
-            prefix = self.prefix
-            keys = [prefix + text[offsets[j] - base : offsets[j + 1] - base]
-                    for j in range(start, stop)]  # fmt: skip
-        else:
-            keys = self.keys[start:stop]
+        keys = self.keys[start:stop]
         hexes, odd = self._etags[16 * start : 16 * stop].hex(), self._odd_etags
         attrs, attr_ids, sizes, times = self._attrs, self._attr_ids, self._sizes, self._times
         page = []

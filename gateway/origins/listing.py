@@ -40,12 +40,14 @@ an unsorted listing gives wrong pages, not an error.
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from collections.abc import Sequence
+from typing import Any
 
 from gateway.origins.base import ListEntry, ListPage
 
 _MAX_CHAR = chr(0x10FFFF)
+_CHUNK = 1  # keys decoded at once after a roll-up; doubles while keys are listed
 
 
 def common_prefix(key: str, prefix: str, delimiter: str) -> str | None:
@@ -95,29 +97,55 @@ def paginate(
     keys = _keys_of(entries)
     i = _bisect(keys, prefix)
     if start_after:
-        i = max(i, bisect_right(keys, start_after))
+        i = max(i, _bisect(keys, start_after + "\0"))  # the first key after it
     if not delimiter:  # no roll-up: the page is one run of keys
         return _run(entries, keys, prefix, i, max_keys)
-    contents: list[ListEntry] = []
+    listed: list[int] = []  # indices of the keys listed as themselves
     prefixes: list[str] = []
     last: str | None = None
+    chunk = _CHUNK
     while i < len(keys):
-        key = keys[i]
-        if not key.startswith(prefix):
-            break  # keys under a prefix are contiguous: none follow
-        rolled = common_prefix(key, prefix, delimiter)
-        i = i + 1 if rolled is None else _skip_under(keys, rolled, i)
-        if rolled is not None and rolled <= start_after:
-            continue  # the marker is this prefix or lies inside it: already listed
-        if len(contents) + len(prefixes) == max_keys:
-            return ListPage(contents, prefixes, is_truncated=True, next_marker=last)
+        # Keys are decoded a chunk at a time, more while none rolls up.
+        rolled = None
+        for key in keys[i : i + chunk]:
+            if not key.startswith(prefix):
+                return _page(entries, listed, prefixes, False, last)  # none follow
+            rolled = common_prefix(key, prefix, delimiter)
+            if rolled is not None:
+                break
+            if len(listed) + len(prefixes) == max_keys:
+                return _page(entries, listed, prefixes, True, last)
+            listed.append(i)
+            last, i = key, i + 1
         if rolled is None:
-            contents.append(entries[i - 1])  # built only now: a snapshot's entries are lazy
-            last = key
-        else:
-            prefixes.append(rolled)
-            last = rolled
-    return ListPage(contents, prefixes, is_truncated=False, next_marker=last)
+            chunk = min(2 * chunk, 1024)
+            continue
+        chunk = _CHUNK
+        i = _skip_under(keys, rolled, i)
+        if rolled <= start_after:
+            continue  # the marker is this prefix or lies inside it: already listed
+        if len(listed) + len(prefixes) == max_keys:
+            return _page(entries, listed, prefixes, True, last)
+        prefixes.append(rolled)
+        last = rolled
+    return _page(entries, listed, prefixes, False, last)
+
+
+def _page(
+    entries: Sequence[ListEntry],
+    listed: list[int],
+    prefixes: list[str],
+    truncated: bool,
+    last: str | None,
+) -> ListPage:
+    """The page, its entries built now (a snapshot's are lazy), a run of indices at a time."""
+    contents: list[ListEntry] = []
+    start = 0
+    for n in range(1, len(listed) + 1):
+        if n == len(listed) or listed[n] != listed[n - 1] + 1:
+            contents.extend(entries[listed[start] : listed[n - 1] + 1])
+            start = n
+    return ListPage(contents, prefixes, is_truncated=truncated, next_marker=last)
 
 
 def _run(
@@ -140,7 +168,9 @@ class _EntryKeys(Sequence[str]):
     def __len__(self) -> int:
         return len(self._entries)
 
-    def __getitem__(self, i: int) -> str:  # type: ignore[override]
+    def __getitem__(self, i: int | slice) -> Any:
+        if isinstance(i, slice):
+            return [entry.key for entry in self._entries[i]]
         return self._entries[i].key
 
 
