@@ -11,8 +11,10 @@ and time, so a common answer is packed into one ``bytes`` record:
   (int64), an index into the table's interned (content type, storage class)
   pairs, and the ETag's 16 bytes (``snapshot.pack_etag``),
 
-keyed by one string, the scope's short id and the key. Decoding builds a new
-``ObjectInfo`` per hit (a microsecond or two), which buys ~3.5x less memory.
+keyed by one string, the scope's short id and the key (~214 bytes an
+object in all, ~4x less). Unpacking builds a new ``ObjectInfo``, a few
+microseconds, so the last ``_DECODED`` answers unpacked are kept by record:
+a hot key is unpacked once, a key read once an epoch once an epoch.
 An answer that does not pack (user metadata, stored headers, a version id, a
 multipart or otherwise odd ETag, a naive time) is kept as it is, weighed as
 such. A negative entry (the origin said NoSuchKey) packs too.
