@@ -17,7 +17,7 @@ The tiers today, fastest first (to be gathered into this package):
 
 Memory is bounded in bytes and sized for millions of objects: a HEAD answer is
 one packed record (``heads.py``, ~214 bytes an object), a prefix's whole
-listing one columnar snapshot (``snapshot.py``, ~83 bytes a key) that pages
+listing one columnar snapshot (``snapshot.py``, ~85 bytes a key) that pages
 without building an object per key.
 
 Age travels with an answer across tiers: an entry served from the store or
