@@ -213,12 +213,12 @@ def build(
     )
     blocks = BlockSource(memory, disk, metrics, cache.fill_concurrency, placement, admission)
     metadata = MetadataCache(
-        max_heads=cache.metadata_entries, max_listing_keys=cache.listing_keys,
-        whole_listing_limit=cache.whole_listing_limit,
+        head_bytes=cache.metadata_head_bytes, listing_bytes=cache.metadata_listing_bytes,
+        whole_listing_bytes=cache.whole_listing_bytes,
         on_event=lambda kind, state, mount: _metadata_event(metrics, kind, state, mount),
     )  # fmt: skip
     store = MetadataStore(
-        cache.dir / "metadata.sqlite3", max_rows=10 * cache.metadata_entries, shared=shared
+        cache.dir / "metadata.sqlite3", max_rows=cache.metadata_store_rows, shared=shared
     )
     journal = Journal(cache.dir / "journal")  # what sibling workers invalidated
     router = cluster.directory if cluster is not None else None

@@ -12,6 +12,7 @@ each naming the key, so ``cli.py`` can print it and exit 2 without a traceback.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -30,6 +31,8 @@ from pydantic import (
     model_validator,
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(Exception):
@@ -117,6 +120,15 @@ def _default_cache_dir() -> Path:
     return Path(base) / "hoard"
 
 
+# What one object's metadata takes in memory, as measured (python -m loadtest.metamem):
+# the deprecated entry-count bounds are multiplied by these to become bytes.
+HEAD_BYTES = 256
+LISTED_KEY_BYTES = 96
+_DEPRECATED_AS = {"metadata_entries": f"{HEAD_BYTES} x entries",
+                  "listing_keys": f"{LISTED_KEY_BYTES} x keys",
+                  "whole_listing_limit": f"{LISTED_KEY_BYTES} x keys"}  # fmt: skip
+
+
 class CacheConfig(_Strict):
     dir: Path = Field(default_factory=_default_cache_dir)
     # The process umask: cached blocks, metadata and job files of private objects are
@@ -146,11 +158,18 @@ class CacheConfig(_Strict):
     # Descriptors of hot disk blocks up to 1 MiB kept open per worker, so a hit needs no
     # open, header check or thread hop (gateway/cache/disk_open.py); 0 turns it off.
     open_files: int = Field(default=4096, ge=0, le=1_000_000)
-    # Metadata cache bounds: HEAD entries, keys across cached listings, and the largest
-    # prefix listing kept whole (bigger prefixes are cached page by page).
-    metadata_entries: int = Field(default=100_000, ge=1)
-    listing_keys: int = Field(default=1_000_000, ge=1)
-    whole_listing_limit: int = Field(default=100_000, ge=1)
+    # Memory for metadata per worker, half for HEAD answers (~230 bytes an object,
+    # packed) and half for listings (~85 bytes a key, a prefix's whole listing kept
+    # as one columnar snapshot while it fits in that half; bigger prefixes are cached
+    # page by page). The default holds ~2.3 M objects' heads and ~6 M listed keys.
+    metadata_memory: Size = parse_size("1GiB")
+    # Rows of the node's on-disk metadata store (~300 bytes of disk each).
+    metadata_store_rows: int = Field(default=10_000_000, ge=1)
+    # Deprecated entry-count bounds, still accepted: each is turned into bytes
+    # (metadata_head_bytes and friends below), so old configs keep their meaning.
+    metadata_entries: int | None = Field(default=None, ge=1)
+    listing_keys: int | None = Field(default=None, ge=1)
+    whole_listing_limit: int | None = Field(default=None, ge=1)
     # Write-through: a PutObject up to this size also lands in the block cache (mounts
     # opt out with write_through: false), holding at most write_through_buffer bytes of
     # uploads in memory at once per worker; an upload that finds no room is not cached.
@@ -161,9 +180,38 @@ class CacheConfig(_Strict):
     pin_quota: Size | None = None
 
     @property
+    def metadata_head_bytes(self) -> int:
+        """Bytes for HEAD answers: half of ``metadata_memory``, or the old entry count's worth."""
+        if self.metadata_entries is not None:
+            return self.metadata_entries * HEAD_BYTES
+        return self.metadata_memory // 2
+
+    @property
+    def metadata_listing_bytes(self) -> int:
+        """Bytes for listings: half of ``metadata_memory``, or the old key count's worth."""
+        if self.listing_keys is not None:
+            return self.listing_keys * LISTED_KEY_BYTES
+        return self.metadata_memory - self.metadata_memory // 2
+
+    @property
+    def whole_listing_bytes(self) -> int:
+        """The largest prefix snapshot: all the listings' bytes, or the old key count's worth."""
+        if self.whole_listing_limit is not None:
+            return self.whole_listing_limit * LISTED_KEY_BYTES
+        return self.metadata_listing_bytes
+
+    @property
     def pin_limit(self) -> int:
         """The pin quota in bytes: ``pin_quota``, or half the disk tier when unset."""
         return self.size // 2 if self.pin_quota is None else self.pin_quota
+
+    @model_validator(mode="after")
+    def _deprecated_counts(self) -> CacheConfig:
+        for name in ("metadata_entries", "listing_keys", "whole_listing_limit"):
+            if name in self.model_fields_set:
+                log.warning("cache.%s is deprecated: set cache.metadata_memory (bytes) instead; "
+                            "%s is taken as %s bytes", name, name, _DEPRECATED_AS[name])  # fmt: skip
+        return self
 
     @model_validator(mode="after")
     def _read_ahead_bounds(self) -> CacheConfig:

@@ -19,6 +19,7 @@ import pytest
 from gateway.cache.metadata import Aged, Lookup, MetadataCache, Policy
 from gateway.config import S3OriginConfig
 from gateway.errors import NoSuchKey, OriginThrottled, OriginUnavailable
+from gateway.metadata.snapshot import snapshot
 from gateway.origins.base import ListEntry, ListPage, ObjectInfo
 from gateway.origins.listing import paginate
 from gateway.origins.s3 import S3Origin
@@ -224,8 +225,10 @@ async def test_whole_listing_is_one_walk_asked_after_since(
 
 
 async def test_whole_listing_of_a_prefix_too_big_is_none(clock: Clock) -> None:
-    cache = MetadataCache(clock=clock, whole_listing_limit=1000)
     lister = Lister([f"d/{i}" for i in range(2500)])
+    cache = MetadataCache(
+        clock=clock, whole_listing_bytes=snapshot("d/", lister.entries[:1000]).nbytes
+    )
     assert await cache.whole_listing(SCOPE, "d/", clock.now, POLICY, lister) is None
 
 
@@ -422,7 +425,7 @@ async def test_clear_forgets_everything(cache: MetadataCache) -> None:
     await listing(cache, Lister(["a"]))
     cache.clear()
     stats = cache.stats()
-    assert (stats["heads"], stats["listings"], stats["listing_keys"]) == (0, 0, 0)
+    assert (stats["heads"], stats["listings"], stats["listing_bytes"]) == (0, 0, 0)
 
 
 # --- listings ----------------------------------------------------------------
@@ -513,8 +516,11 @@ async def test_listing_origin_error_serves_stale_or_raises(
 async def test_prefix_over_the_limit_stops_early_and_caches_pages(
     clock: Clock, events: list
 ) -> None:
-    cache = MetadataCache(whole_listing_limit=1500, clock=clock)
     lister = Lister([f"big/{i:05d}" for i in range(5000)])
+    limit = snapshot("big/", lister.entries[:1500]).nbytes  # the bytes of 1,500 keys
+    cache = MetadataCache(
+        whole_listing_bytes=limit, clock=clock, on_event=lambda *e: events.append(e[:2])
+    )
     lister.gate = asyncio.Event()
 
     pages = await held(
@@ -531,6 +537,7 @@ async def test_prefix_over_the_limit_stops_early_and_caches_pages(
     nxt = await listing(cache, lister, "big/", "/", pages[0].value.next_marker or "", 10)
     assert nxt.value == paginate(lister.entries, "big/", "/", "big/00009", 10)
     assert len(lister.calls) == 4  # the too-big verdict is remembered: no second walk
+    assert events.count(("list", "too_big")) == 1
 
     clock.advance(61)
     assert (await listing(cache, lister, "big/", "/", "", 10)).state == "stale"
@@ -542,7 +549,10 @@ async def test_prefix_over_the_limit_stops_early_and_caches_pages(
 
 
 async def test_heads_are_bounded_least_recently_used_first(clock: Clock, events: list) -> None:
-    cache = MetadataCache(max_heads=3, clock=clock, on_event=lambda *e: events.append(e[:2]))
+    one = MetadataCache()
+    one.put_head(SCOPE, "k0", info("k0"), POLICY)
+    limit = 3 * one.stats()["head_bytes"] + 10  # room for three such entries, not four
+    cache = MetadataCache(head_bytes=limit, clock=clock, on_event=lambda *e: events.append(e[:2]))
     for key in ("k1", "k2", "k3"):
         cache.put_head(SCOPE, key, info(key), POLICY)
     await cache.head(SCOPE, "k1", POLICY, Fetch(info("k1")))  # k2 is now the oldest
@@ -554,15 +564,18 @@ async def test_heads_are_bounded_least_recently_used_first(clock: Clock, events:
     assert cache.stats()["heads"] == 3 and events.count(("head", "evicted")) == 2
 
 
-async def test_listings_are_bounded_by_total_keys(clock: Clock, events: list) -> None:
-    cache = MetadataCache(max_listing_keys=5, clock=clock, on_event=lambda *e: events.append(e[:2]))
+async def test_listings_are_bounded_by_their_bytes(clock: Clock, events: list) -> None:
     lister = Lister(["a/1", "a/2", "a/3", "b/1", "b/2", "c/1", "c/2"])
+    a, b = snapshot("a/", lister.entries[:3]).nbytes, snapshot("b/", lister.entries[3:5]).nbytes
+    cache = MetadataCache(
+        listing_bytes=a + b, clock=clock, on_event=lambda *e: events.append(e[:2])
+    )
     await listing(cache, lister, "a/")
     await listing(cache, lister, "b/")
     await listing(cache, lister, "a/")  # b/ is now the least recently used
     await listing(cache, lister, "c/")
 
-    assert cache.stats()["listing_keys"] == 5 and events.count(("list", "evicted")) == 1
+    assert cache.stats()["listing_bytes"] == a + b and events.count(("list", "evicted")) == 1
     assert (await listing(cache, lister, "a/")).state == "hit"
     assert (await listing(cache, lister, "b/")).state == "miss"
 
@@ -570,9 +583,9 @@ async def test_listings_are_bounded_by_total_keys(clock: Clock, events: list) ->
 # --- against a real bucket -------------------------------------------------------
 
 
-@pytest.mark.parametrize("whole_listing_limit", [100_000, 5])
+@pytest.mark.parametrize("whole_listing_bytes", [1 << 20, 600])  # whole; pages (5 keys)
 async def test_pages_match_moto_list_objects_v2(
-    moto_endpoint: str, origin_client, whole_listing_limit: int
+    moto_endpoint: str, origin_client, whole_listing_bytes: int
 ) -> None:
     bucket = f"hoard-{uuid.uuid4().hex[:16]}"
     origin_client.create_bucket(Bucket=bucket)
@@ -581,7 +594,7 @@ async def test_pages_match_moto_list_objects_v2(
     origin = S3Origin("moto", S3OriginConfig(
         type="s3", endpoint=moto_endpoint, access_key="origin-access", secret_key="origin-secret",
     ))  # fmt: skip
-    cache = MetadataCache(whole_listing_limit=whole_listing_limit)
+    cache = MetadataCache(whole_listing_bytes=whole_listing_bytes)
 
     async def fetch_page(prefix: str, delimiter: str, start_after: str, max_keys: int) -> ListPage:
         return await origin.list_objects(bucket, prefix, delimiter, start_after, max_keys)

@@ -33,7 +33,9 @@ def revalidator(clock: Clock, outcomes: list[str]) -> Revalidator:
     async def no_store(scope: object, key: str) -> None:
         return None
 
-    cache = MetadataCache(clock=clock, whole_listing_limit=1000)
+    cache = MetadataCache(
+        clock=clock, whole_listing_bytes=100_000
+    )  # ~650 keys with ETags like these
     return Revalidator(cache, None, no_store, lambda outcome, mount: outcomes.append(outcome))
 
 

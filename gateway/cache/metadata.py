@@ -53,9 +53,14 @@ still answer their waiters but no longer store, so a fetch that began before
 the write cannot put the old answer back. Invalidation scans the tables, which
 is fine for the rare writes of a training workload.
 
-Memory: at most ``max_heads`` heads and ``max_listing_keys`` keys over all
-cached listings (an empty page or a too-big marker weighs one), least recently
-used evicted first.
+Memory is bounded in bytes, least recently used evicted first: heads up to
+``head_bytes`` (packed records, ``metadata/heads.py``), listings up to
+``listing_bytes`` (whole ones as columnar snapshots, ``metadata/snapshot.py``;
+pages as they came). A prefix is held whole while its snapshot stays within
+``whole_listing_bytes``: the limit is memory, not a key count, so with the
+defaults a prefix of a few million keys is one snapshot. A walk stops as soon
+as the snapshot would outgrow it, having held no more, and the prefix is then
+cached page by page (counted as a ``too_big`` lookup).
 
 NOT guaranteed: writes that bypass Hoard show up only after the TTL (never, with
 ``forever``). The cache is per process, not shared between workers or nodes.
@@ -75,7 +80,9 @@ from functools import partial
 from typing import Any, Generic, TypeGuard, TypeVar
 
 from gateway.errors import NoSuchKey, OriginUnavailable
-from gateway.origins.base import ListEntry, ListPage, ObjectInfo
+from gateway.metadata.heads import Entry, HeadTable
+from gateway.metadata.snapshot import Snapshot, SnapshotBuilder
+from gateway.origins.base import ListPage, ObjectInfo
 from gateway.origins.listing import paginate
 
 log = logging.getLogger(__name__)
@@ -97,6 +104,9 @@ class Lookup(Generic[T]):
     state: str  # "hit" | "miss" | "stale" (served while revalidating) | "stale_error"
 
 
+_PAGE_ENTRY_BYTES = 330  # a ListEntry in a cached page, its strings and datetime
+
+
 @dataclass(frozen=True, slots=True)
 class Policy:
     ttl: float = 60.0  # math.inf allowed
@@ -114,31 +124,22 @@ class Aged:
     age: float
 
 
-@dataclass(slots=True)
-class _Entry:
-    value: Any  # ObjectInfo | list[ListEntry] | ListPage; None: negative head or too-big prefix
-    fresh_until: float
-    weight: int = 1
-    learned: float = 0.0  # the clock when the answer was asked of the origin
-    absent: dict[str, str] | None = None  # a negative head: what the origin's 404 said
-
-
 class _Lru:
     """Entries by key, least recently used first, evicted beyond ``limit`` total weight."""
 
     def __init__(self, limit: int) -> None:
-        self.entries: OrderedDict[tuple[Any, ...], _Entry] = OrderedDict()
+        self.entries: OrderedDict[tuple[Any, ...], Entry] = OrderedDict()
         self.limit = limit
         self.weight = 0  # sum of entry weights
         self.empty = 0  # entries whose value is None
 
-    def get(self, k: tuple[Any, ...]) -> _Entry | None:
+    def get(self, k: tuple[Any, ...]) -> Entry | None:
         entry = self.entries.get(k)
         if entry is not None:
             self.entries.move_to_end(k)
         return entry
 
-    def put(self, k: tuple[Any, ...], entry: _Entry) -> int:
+    def put(self, k: tuple[Any, ...], entry: Entry) -> int:
         """Store ``entry``; returns how many old entries were evicted for it."""
         self.pop(k)
         self.entries[k] = entry
@@ -167,18 +168,21 @@ class MetadataCache:
     def __init__(
         self,
         *,
-        max_heads: int = 100_000,
-        max_listing_keys: int = 1_000_000,
-        whole_listing_limit: int = 100_000,
+        head_bytes: int = 512 << 20,
+        listing_bytes: int = 512 << 20,
+        whole_listing_bytes: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_event: Callable[[str, str, str], None] | None = None,
     ) -> None:
-        self._whole_limit = whole_listing_limit
+        """``whole_listing_bytes``: the largest snapshot of one prefix (default:
+        all of ``listing_bytes``)."""
+        self._whole_limit = listing_bytes if whole_listing_bytes is None else whole_listing_bytes
         self._clock = clock
         self._on_event = on_event
-        # Keyed (scope, key) for heads; (scope, prefix) for whole listings and
-        # too-big markers, (scope, prefix, delimiter, start_after, max_keys) for pages.
-        self._tables = {"head": _Lru(max_heads), "list": _Lru(max_listing_keys)}
+        self._heads = HeadTable(head_bytes)
+        # Keyed (scope, prefix) for whole listings and too-big markers,
+        # (scope, prefix, delimiter, start_after, max_keys) for pages.
+        self._lists = _Lru(listing_bytes)
         self._flights: dict[tuple[str, tuple[Any, ...]], asyncio.Task[Any]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()  # strong references to running flights
         self._counts = dict.fromkeys(("hits", "misses", "stale", "stale_error"), 0)
@@ -192,11 +196,12 @@ class MetadataCache:
         :raises HoardError: the fetch's error when no stale entry may be served.
         """
         k = (scope, key)
-        entry = self._tables["head"].get(k)
+        entry = self._heads.get(scope, key)
         if entry is not None and entry.value is None and self._clock() < entry.fresh_until:
             self._count("head", "negative", policy.label)
             raise NoSuchKey(key, entry.absent)
-        return await self._lookup("head", k, partial(self._load_head, k, policy, fetch), policy)
+        load = partial(self._load_head, k, policy, fetch)
+        return await self._lookup("head", k, load, policy, entry)
 
     def has_entry(self, scope: Hashable, key: str) -> bool:
         """Whether metadata of ``key`` is held, fresh or stale (a refresh needs no bytes)."""
@@ -204,7 +209,7 @@ class MetadataCache:
 
     def known(self, scope: Hashable, key: str) -> tuple[ObjectInfo, float] | None:
         """The held metadata of ``key``, fresh or stale, and when it was learned."""
-        entry = self._tables["head"].entries.get((scope, key))
+        entry = self._heads.peek(scope, key)
         if entry is None or entry.value is None:
             return None
         return entry.value, entry.learned
@@ -215,7 +220,7 @@ class MetadataCache:
 
     async def whole_listing(
         self, scope: Hashable, prefix: str, since: float, policy: Policy, fetch_page: FetchPage
-    ) -> tuple[list[ListEntry], float] | None:
+    ) -> tuple[Snapshot, float] | None:
         """The whole listing covering ``prefix``, learned at ``since`` or later, and
         when it was learned; ``None`` if the prefix is too big to hold whole.
 
@@ -225,12 +230,12 @@ class MetadataCache:
         """
         for _ in range(2):  # a flight that began before ``since`` is joined, then one more
             k = self._find_whole(scope, prefix) or (scope, prefix)
-            entry = self._tables["list"].get(k)
+            entry = self._lists.get(k)
             if entry is not None and entry.learned >= since:
                 return None if entry.value is None else (entry.value, entry.learned)
             load = partial(self._load_whole, (scope, prefix), policy, fetch_page)
             await asyncio.shield(self._flight(("list", (scope, prefix)), load))
-        entry = self._tables["list"].get((scope, prefix))
+        entry = self._lists.get((scope, prefix))
         if entry is None or entry.value is None:
             return None
         return entry.value, entry.learned
@@ -258,22 +263,22 @@ class MetadataCache:
         # The nearest cached whole listing covering the prefix, else the prefix's own
         # (a fresh too-big marker there answers None, as does a walk that finds it so).
         k = self._find_whole(scope, prefix) or (scope, prefix)
-        whole = await self._lookup(
-            "list", k, partial(self._load_whole, k, policy, fetch_page), policy
-        )
+        load = partial(self._load_whole, k, policy, fetch_page)
+        whole = await self._lookup("list", k, load, policy, self._lists.get(k))
         if whole.value is not None:
             page = paginate(whole.value, prefix, delimiter, start_after, max_keys)
             return Lookup(page, whole.state)
         k = (scope, prefix, delimiter, start_after, max_keys)
-        return await self._lookup(
-            "page", k, partial(self._load_page, k, policy, fetch_page), policy
-        )
+        load = partial(self._load_page, k, policy, fetch_page)
+        return await self._lookup("page", k, load, policy, self._lists.get(k))
 
     def invalidate_key(self, scope: Hashable, key: str) -> None:
         """Drop ``key``'s head entry and every listing that could contain it."""
+        self._heads.pop(scope, key)  # not a scan of millions of heads per write
         self._drop_where(
             lambda k: k == (scope, key),
             lambda k: k[0] == scope and key.startswith(k[1]),
+            scan_heads=False,
         )
 
     def invalidate_prefix(self, scope: Hashable, prefix: str) -> None:
@@ -290,12 +295,13 @@ class MetadataCache:
     def stats(self) -> dict[str, int]:
         """Entries held (``heads``: positive ones; ``listings``: whole or page) and
         lookups by outcome (a negative hit is a hit)."""
-        heads, lists = self._tables["head"], self._tables["list"]
+        heads, lists = self._heads, self._lists
         return {
-            "heads": len(heads.entries) - heads.empty,
+            "heads": len(heads) - heads.empty,
             "negative": heads.empty,
             "listings": len(lists.entries) - lists.empty,
-            "listing_keys": lists.weight,
+            "head_bytes": heads.weight,
+            "listing_bytes": lists.weight,
             **self._counts,
         }
 
@@ -327,21 +333,23 @@ class MetadataCache:
 
     async def _load_whole(
         self, k: tuple[Hashable, str], policy: Policy, fetch_page: FetchPage
-    ) -> list[ListEntry] | None:
-        # Flat pages in order; trusted sorted, as paginate() trusts them.
+    ) -> Snapshot | None:
+        # Flat pages in order, into columns; trusted sorted, as paginate() trusts them.
         learned = self._clock()
-        entries: list[ListEntry] = []
+        builder = SnapshotBuilder(k[1])
         marker = ""
-        while len(entries) <= self._whole_limit:
+        while builder.nbytes <= self._whole_limit:
             page = await fetch_page(k[1], "", marker, ORIGIN_PAGE)
-            entries.extend(page.entries)
+            builder.add(page.entries)
             if not page.is_truncated or not page.next_marker:
+                snapshot = builder.build()
                 if self._owns(("list", k)):
-                    self._store("list", k, entries, policy.ttl, len(entries), learned)
-                return entries
+                    self._store("list", k, snapshot, policy.ttl, snapshot.nbytes, learned)
+                return snapshot
             marker = page.next_marker
-        # Over the limit: stop reading (the prefix may hold millions of keys) and
-        # remember for a TTL that it is too big, so misses go straight to pages.
+        # Over the limit: stop reading (the prefix may hold more keys than memory
+        # allows) and remember for a TTL that it is too big, so misses go to pages.
+        self._count("list", "too_big", policy.label)
         if self._owns(("list", k)):
             self._store("list", k, None, policy.ttl, learned=learned)
         return None
@@ -352,7 +360,7 @@ class MetadataCache:
         learned = self._clock()
         page = await fetch_page(*k[1:])
         if self._owns(("page", k)):
-            weight = len(page.entries) + len(page.common_prefixes)
+            weight = _PAGE_ENTRY_BYTES * (len(page.entries) + len(page.common_prefixes))
             self._store("list", k, page, policy.ttl, weight, learned)
         return page
 
@@ -368,14 +376,14 @@ class MetadataCache:
     ) -> None:
         learned = self._clock() if learned is None else learned
         # Weight at least 1: an empty listing or a marker still costs memory.
-        entry = _Entry(value, learned + ttl, max(1, weight), learned, absent or None)
-        evicted = self._tables[table].put(k, entry)
+        entry = Entry(value, learned + ttl, max(1, weight), learned, absent or None)
+        evicted = self._heads.put(*k, entry) if table == "head" else self._lists.put(k, entry)
         for _ in range(evicted):
             self._count(table, "evicted")
 
     def _find_whole(self, scope: Hashable, prefix: str) -> tuple[Hashable, str] | None:
         for candidate in _covering(prefix):
-            entry = self._tables["list"].entries.get((scope, candidate))
+            entry = self._lists.entries.get((scope, candidate))
             if entry is not None and entry.value is not None:
                 return scope, candidate
         return None
@@ -383,14 +391,13 @@ class MetadataCache:
     # --- time and flights --------------------------------------------------------
 
     async def _lookup(
-        self, tag: str, k: tuple[Any, ...], load: Load, policy: Policy
+        self, tag: str, k: tuple[Any, ...], load: Load, policy: Policy, entry: Entry | None
     ) -> Lookup[Any]:
-        """Serve the entry at ``k`` if fresh (``hit``) or revalidating (``stale``,
-        starting one refresh), else join or start the flight for it (``miss``),
-        falling back on an origin failure to a stale entry still young enough."""
+        """Serve ``entry`` (the one at ``k``, looked up by the caller) if fresh (``hit``)
+        or revalidating (``stale``, starting one refresh), else join or start the
+        flight for it (``miss``), falling back on an origin failure to a stale entry
+        still young enough."""
         kind = "head" if tag == "head" else "list"
-        table = self._tables[kind]
-        entry = table.get(k)
         now = self._clock()
         if entry is not None and now < entry.fresh_until:
             return self._served(kind, entry.value, "hit", policy.label)
@@ -404,7 +411,8 @@ class MetadataCache:
             loaded = await asyncio.shield(self._flight((tag, k), load))
             return self._served(kind, loaded, "miss", policy.label)
         except OriginUnavailable:
-            entry = table.get(k)  # again: invalidation may have dropped it meanwhile
+            # Again: invalidation may have dropped it meanwhile.
+            entry = self._heads.get(*k) if kind == "head" else self._lists.get(k)
             if _usable(entry, self._clock(), policy.stale_if_error):
                 return self._served(kind, entry.value, "stale_error", policy.label)
             self._count(kind, "miss", policy.label)
@@ -439,10 +447,14 @@ class MetadataCache:
             task.exception()  # retrieved: a flight all of whose callers left must not warn
 
     def _drop_where(
-        self, head: Callable[[tuple[Any, ...]], bool], lists: Callable[[tuple[Any, ...]], bool]
+        self,
+        head: Callable[[tuple[Any, ...]], bool],
+        lists: Callable[[tuple[Any, ...]], bool],
+        scan_heads: bool = True,
     ) -> None:
-        self._tables["head"].drop_where(head)
-        self._tables["list"].drop_where(lists)
+        if scan_heads:
+            self._heads.drop_where(lambda scope, key: head((scope, key)))
+        self._lists.drop_where(lists)
         # Detach, don't cancel: waiters still get an answer, but a fetch that
         # began before the write must not store what it read.
         for fk in [fk for fk in self._flights if (head if fk[0] == "head" else lists)(fk[1])]:
@@ -461,7 +473,7 @@ class MetadataCache:
         return Lookup(value, state)
 
 
-def _usable(entry: _Entry | None, now: float, grace: float) -> TypeGuard[_Entry]:
+def _usable(entry: Entry | None, now: float, grace: float) -> TypeGuard[Entry]:
     """Whether ``entry`` holds a value that may be served ``grace`` seconds past expiry."""
     return entry is not None and entry.value is not None and now < entry.fresh_until + grace
 

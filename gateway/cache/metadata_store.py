@@ -33,7 +33,7 @@ import os
 import sqlite3
 import time
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
@@ -89,7 +89,7 @@ class MetadataStore:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="metadata-store")
         self._db: sqlite3.Connection | None = None
         self._pending: dict[tuple[str, str, str], _Row] = {}
-        self._confirmations: list[tuple[float, str, str, str, str, int, float]] = []
+        self._confirmations: list[tuple[float, Scope, Sequence[ListEntry]]] = []
         self._flusher: asyncio.Task[None] | None = None
 
     @property
@@ -184,14 +184,13 @@ class MetadataStore:
         written with the next flush."""
         self._pending[(*scope, key)] = (_encode(info), time.time(), learned, info.etag, info.size)
 
-    def confirm(self, scope: Scope, entries: list[ListEntry], listed_at: float) -> None:
+    def confirm(self, scope: Scope, entries: Sequence[ListEntry], listed_at: float) -> None:
         """A listing asked at wall time ``listed_at`` showed ``entries``: every stored
         row it shows unchanged (same ETag and size) is as young as the listing. A
         row keeps its ``learned``: a write after that still makes it suspect.
-        Written with the next flush."""
-        self._confirmations.extend(
-            (listed_at, *scope, e.key, e.etag, e.size, listed_at) for e in entries
-        )
+        Written with the next flush, by the store's thread (``entries`` must not
+        change: a snapshot of a million keys is walked there, not on the loop)."""
+        self._confirmations.append((listed_at, scope, entries))
 
     async def drop(self, scope: Scope, key_prefix: str, exact: bool = False) -> None:
         """Forget ``key_prefix`` (or every key under it): a write or an admin drop."""
@@ -220,7 +219,11 @@ class MetadataStore:
         confirmations, self._confirmations = self._confirmations, []
         await self._call(self._write, batch, confirmations)
 
-    def _write(self, batch: dict[tuple[str, str, str], _Row], confirmations: list[Any]) -> None:
+    def _write(
+        self,
+        batch: dict[tuple[str, str, str], _Row],
+        confirmations: list[tuple[float, Scope, Sequence[ListEntry]]],
+    ) -> None:
         assert self._db is not None
         rows = [(*k, *row) for k, row in batch.items()]
         with self._db:
@@ -228,11 +231,12 @@ class MetadataStore:
             self._db.executemany(
                 "INSERT OR REPLACE INTO objects VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows
             )
-            self._db.executemany(
-                "UPDATE objects SET stored_at=? WHERE origin=? AND bucket=? AND key=?"
-                " AND etag=? AND size=? AND stored_at<?",
-                confirmations,
-            )
+            for listed_at, scope, entries in confirmations:
+                self._db.executemany(
+                    "UPDATE objects SET stored_at=? WHERE origin=? AND bucket=? AND key=?"
+                    " AND etag=? AND size=? AND stored_at<?",
+                    ((listed_at, *scope, e.key, e.etag, e.size, listed_at) for e in entries),
+                )
             (count,) = self._db.execute("SELECT count(*) FROM objects").fetchone()
             if count > self._max_rows:
                 self._db.execute(

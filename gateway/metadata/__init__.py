@@ -15,6 +15,11 @@ The tiers today, fastest first (to be gathered into this package):
   * the origin.
 ``cache/journal.py`` carries every invalidation to every worker of the node.
 
+Memory is bounded in bytes and sized for millions of objects: a HEAD answer is
+one packed record (``heads.py``, ~214 bytes an object), a prefix's whole
+listing one columnar snapshot (``snapshot.py``, ~85 bytes a key) that pages
+without building an object per key.
+
 Age travels with an answer across tiers: an entry served from the store or
 confirmed by a listing is as old as that answer, never refreshed by being
 copied, so what a client sees as fresh is at most ``metadata_ttl`` old (in a

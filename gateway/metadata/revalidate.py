@@ -18,7 +18,8 @@ keys. So:
      own HEAD: the changed object's headers are needed, and "not listed" is
      confirmed before it becomes a negative entry (a listing may lag, and a
      cluster owner's listing may be older than this node's knowledge);
-  4. a directory too big to hold whole (``cache.whole_listing_limit``), or a
+  4. a directory too big to hold whole (its snapshot would outgrow
+     ``cache.metadata_memory``'s share for listings), or a
      listing that fails, falls back to the HEAD, counted by outcome and the
      failure logged once a minute per origin.
 
@@ -38,14 +39,13 @@ from __future__ import annotations
 
 import logging
 import time
-from bisect import bisect_left
 from collections.abc import Awaitable, Callable
-from operator import attrgetter
 
 from gateway import errors
 from gateway.cache.metadata import Aged, FetchPage, MetadataCache, Policy
 from gateway.cache.metadata_store import MetadataStore, Stored
-from gateway.origins.base import ListEntry, ObjectInfo
+from gateway.metadata.snapshot import Snapshot
+from gateway.origins.base import ObjectInfo
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,6 @@ Scope = tuple[str, str]
 Head = Callable[[], Awaitable[ObjectInfo]]
 Believable = Callable[[Scope, str], Awaitable[Stored | None]]
 _LOG_EVERY = 60.0
-_KEY = attrgetter("key")
 
 
 class Revalidator:
@@ -99,7 +98,7 @@ class Revalidator:
         if listing is None:
             return await self._head(head, "too_big", policy)
         entries, listed = listing
-        entry = _find(entries, key)
+        entry = entries.find(key)
         if entry is None:
             return await self._head(head, "unlisted", policy)
         if entry.etag != known.etag or entry.size != known.size:
@@ -115,7 +114,7 @@ class Revalidator:
         learned: float,
         policy: Policy,
         fetch_page: FetchPage,
-    ) -> tuple[list[ListEntry], float] | Aged | None:
+    ) -> tuple[Snapshot, float] | Aged | None:
         """The directory's whole listing asked after ``learned`` (``None``: too big),
         or the key's row if a sibling's listing confirmed it while we waited."""
         if self._store is None:
@@ -132,9 +131,7 @@ class Revalidator:
                 await self._confirm(scope, directory, listing)
         return listing
 
-    async def _confirm(
-        self, scope: Scope, directory: str, listing: tuple[list[ListEntry], float]
-    ) -> None:
+    async def _confirm(self, scope: Scope, directory: str, listing: tuple[Snapshot, float]) -> None:
         """Tell the node's store what ``listing`` showed unchanged, once per listing."""
         assert self._store is not None
         entries, listed = listing
@@ -162,8 +159,3 @@ class Revalidator:
                 origin,
                 exc,
             )
-
-
-def _find(entries: list[ListEntry], key: str) -> ListEntry | None:
-    i = bisect_left(entries, key, key=_KEY)
-    return entries[i] if i < len(entries) and entries[i].key == key else None

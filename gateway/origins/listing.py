@@ -12,7 +12,9 @@ can enumerate its keys (the posix origin) or a cache that holds a prefix's whole
 listing (the metadata cache) answers any page without the real store. It costs
 O(page * log n), not O(n): it starts with a bisect and, after each common
 prefix, bisects past every key under it, so a million keys rolling into one
-prefix cost one step.
+prefix cost one step. It probes keys only and builds the entries of the page
+served, so a columnar snapshot (``metadata/snapshot.py``, which offers its
+``keys``) never materialises the rest.
 
 Edge cases, checked against AWS's documentation where it speaks and against
 moto 5 (``list_objects_v2``) where it is silent (``tests/test_listing.py``
@@ -38,14 +40,14 @@ an unsorted listing gives wrong pages, not an error.
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from collections.abc import Sequence
-from operator import attrgetter
+from typing import Any
 
 from gateway.origins.base import ListEntry, ListPage
 
-_KEY = attrgetter("key")
 _MAX_CHAR = chr(0x10FFFF)
+_CHUNK = 1  # keys decoded at once after a roll-up; doubles while keys are listed
 
 
 def common_prefix(key: str, prefix: str, delimiter: str) -> str | None:
@@ -92,34 +94,101 @@ def paginate(
     """
     if max_keys <= 0:
         return ListPage(entries=[], common_prefixes=[], is_truncated=False, next_marker=None)
-    i = bisect_left(entries, prefix, key=_KEY)
+    keys = _keys_of(entries)
+    i = _bisect(keys, prefix)
     if start_after:
-        i = max(i, bisect_right(entries, start_after, key=_KEY))
-    contents: list[ListEntry] = []
+        i = max(i, _bisect(keys, start_after + "\0"))  # the first key after it
+    if not delimiter:  # no roll-up: the page is one run of keys
+        return _run(entries, keys, prefix, i, max_keys)
+    listed: list[int] = []  # indices of the keys listed as themselves
     prefixes: list[str] = []
     last: str | None = None
-    while i < len(entries):
-        entry = entries[i]
-        if not entry.key.startswith(prefix):
-            break  # keys under a prefix are contiguous: none follow
-        rolled = common_prefix(entry.key, prefix, delimiter)
-        i = i + 1 if rolled is None else _skip_under(entries, rolled, i)
-        if rolled is not None and rolled <= start_after:
-            continue  # the marker is this prefix or lies inside it: already listed
-        if len(contents) + len(prefixes) == max_keys:
-            return ListPage(contents, prefixes, is_truncated=True, next_marker=last)
+    chunk = _CHUNK
+    while i < len(keys):
+        # Keys are decoded a chunk at a time, more while none rolls up.
+        rolled = None
+        for key in keys[i : i + chunk]:
+            if not key.startswith(prefix):
+                return _page(entries, listed, prefixes, False, last)  # none follow
+            rolled = common_prefix(key, prefix, delimiter)
+            if rolled is not None:
+                break
+            if len(listed) + len(prefixes) == max_keys:
+                return _page(entries, listed, prefixes, True, last)
+            listed.append(i)
+            last, i = key, i + 1
         if rolled is None:
-            contents.append(entry)
-            last = entry.key
-        else:
-            prefixes.append(rolled)
-            last = rolled
-    return ListPage(contents, prefixes, is_truncated=False, next_marker=last)
+            chunk = min(2 * chunk, 1024)
+            continue
+        chunk = _CHUNK
+        i = _skip_under(keys, rolled, i)
+        if rolled <= start_after:
+            continue  # the marker is this prefix or lies inside it: already listed
+        if len(listed) + len(prefixes) == max_keys:
+            return _page(entries, listed, prefixes, True, last)
+        prefixes.append(rolled)
+        last = rolled
+    return _page(entries, listed, prefixes, False, last)
 
 
-def _skip_under(entries: Sequence[ListEntry], rolled: str, lo: int) -> int:
-    """Index of the first entry at or after ``lo`` that does not start with ``rolled``."""
+def _page(
+    entries: Sequence[ListEntry],
+    listed: list[int],
+    prefixes: list[str],
+    truncated: bool,
+    last: str | None,
+) -> ListPage:
+    """The page, its entries built now (a snapshot's are lazy), a run of indices at a time."""
+    contents: list[ListEntry] = []
+    start = 0
+    for n in range(1, len(listed) + 1):
+        if n == len(listed) or listed[n] != listed[n - 1] + 1:
+            contents.extend(entries[listed[start] : listed[n - 1] + 1])
+            start = n
+    return ListPage(contents, prefixes, is_truncated=truncated, next_marker=last)
+
+
+def _run(
+    entries: Sequence[ListEntry], keys: Sequence[str], prefix: str, i: int, max_keys: int
+) -> ListPage:
+    """The flat page of up to ``max_keys`` keys from ``i`` on, all under ``prefix``."""
+    end = prefix_end(prefix) if prefix else None
+    stop = len(keys) if end is None else _bisect(keys, end, i)
+    contents = list(entries[i : min(stop, i + max_keys)])
+    last = contents[-1].key if contents else None
+    return ListPage(contents, [], is_truncated=i + max_keys < stop, next_marker=last)
+
+
+class _EntryKeys(Sequence[str]):
+    """The keys of a plain list of entries, as a sequence ``bisect`` can probe."""
+
+    def __init__(self, entries: Sequence[ListEntry]) -> None:
+        self._entries = entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __getitem__(self, i: int | slice) -> Any:
+        if isinstance(i, slice):
+            return [entry.key for entry in self._entries[i]]
+        return self._entries[i].key
+
+
+def _keys_of(entries: Sequence[ListEntry]) -> Sequence[str]:
+    """A columnar listing's own key column (``metadata/snapshot.py``), else a view."""
+    keys = getattr(entries, "keys", None)
+    return keys if isinstance(keys, Sequence) else _EntryKeys(entries)
+
+
+def _skip_under(keys: Sequence[str], rolled: str, lo: int) -> int:
+    """Index of the first key at or after ``lo`` that does not start with ``rolled``."""
     end = prefix_end(rolled)
     if end is None:
-        return len(entries)
-    return bisect_left(entries, end, lo=lo, key=_KEY)
+        return len(keys)
+    return _bisect(keys, end, lo)
+
+
+def _bisect(keys: Sequence[str], key: str, lo: int = 0) -> int:
+    """``bisect_left``, by the key column's own (faster) one where it has one."""
+    own = getattr(keys, "bisect_left", None)
+    return own(key, lo) if own is not None else bisect_left(keys, key, lo)
