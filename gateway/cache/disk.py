@@ -3,6 +3,7 @@
 Layout under ``directory``::
 
     blocks/<2 hex>/<digest>   header (block.HEADER_SIZE bytes) + data, served with sendfile
+    segments/<pid>-<t>.seg    small blocks packed: records of header + data (``disk_packed.py``)
     tmp/<digest>.part         a fill in progress, flock'ed by the process filling it
     index.sqlite3             the index (``disk_index.py``), WAL mode
 
@@ -86,11 +87,13 @@ from typing import Any, TypeVar
 import xxhash
 
 from gateway.cache import disk_files as files
-from gateway.cache import disk_space
+from gateway.cache import disk_packed, disk_space, segment_sql
 from gateway.cache.block import HEADER_SIZE, BlockId, encode_header
 from gateway.cache.disk_files import BlockFile, Corrupt, FillAbandoned, PartFollower
 from gateway.cache.disk_index import DiskIndex, IndexRow
 from gateway.cache.disk_open import OpenBlocks, within_fd_limit
+from gateway.cache.disk_packed import Bad, PackedBlocks
+from gateway.cache.segment_sql import Place, Removed
 
 __all__ = ["BlockFile", "BlockWriter", "DiskStats", "DiskTier", "FillAbandoned", "PartFollower"]
 
@@ -100,6 +103,7 @@ T = TypeVar("T")
 _THREAD_WRITE = 256 << 10  # writes at least this large run in a thread
 _KEEP_OPEN_MAX = 1 << 20  # blocks up to this size keep their descriptors open when hot
 _RECONCILE_GRACE = 60.0  # seconds: younger files and rows may belong to a commit in flight
+_SEGMENT_SHARE = 32  # a segment holds at most 1/32 of the capacity: eviction stays fine-grained
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +123,8 @@ class BlockWriter:
     """
 
     def __init__(self, tier: DiskTier, block: BlockId, fd: int, path: Path, length: int) -> None:
+        # A block small enough to be packed keeps its chunks to append them at commit.
+        self.chunks: list[bytes] | None = [] if tier.packs(length) else None
         self.fd = fd
         self.path = path
         self.data_offset = HEADER_SIZE
@@ -148,6 +154,8 @@ class BlockWriter:
                 # shielded: if the caller is cancelled the write still ends, and
                 # abort() waits for it before closing the descriptor it uses
                 await asyncio.shield(self._pending)
+            if self.chunks is not None:
+                self.chunks.append(data)
         except OSError as exc:
             await self.abort()
             await self._tier._failed("write", exc, self.block)
@@ -207,8 +215,13 @@ class DiskTier:
         on_evict: Callable[[int], None] | None = None,
         on_corrupt: Callable[[], None] | None = None,
         on_full: Callable[[], None] | None = None,
+        packed_max: int = 0,
+        segment_size: int = 64 << 20,
     ) -> None:
         """``capacity`` counts file bytes (headers included) across all processes.
+
+        ``packed_max``: blocks up to this many bytes are packed into segment files
+        of up to ``segment_size`` bytes (``disk_packed.py``; 0: every block has its own file).
 
         ``open_files``: descriptors of hot small blocks kept open (``disk_open.py``; 0: none).
 
@@ -239,12 +252,23 @@ class DiskTier:
         self._corrupt = 0
         self._flusher: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
+        self.packed_max = packed_max
+        self._packed: PackedBlocks | None = None
+        if packed_max > 0:
+            size = max(1 << 20, min(segment_size, capacity // _SEGMENT_SHARE))
+            self._packed = PackedBlocks(self.directory / "segments", self._index, size,
+                                        self._take_touches, lambda: self.limit,
+                                        self._remove_evicted)  # fmt: skip
+
+    def packs(self, length: int) -> bool:
+        """Whether a block of ``length`` bytes is packed into a segment."""
+        return self._packed is not None and 0 < length <= self.packed_max
 
     # -- lifecycle -------------------------------------------------------------
 
     async def start(self) -> None:
         """Create the directories and the index; clean up after crashed processes."""
-        for path in (self._blocks, self._tmp):
+        for path in (self._blocks, self._tmp, self.directory / "segments"):
             await asyncio.to_thread(path.mkdir, parents=True, exist_ok=True)
         await self._index.open()
         stale = await asyncio.to_thread(files.remove_stale_parts, self._tmp)
@@ -259,6 +283,8 @@ class DiskTier:
         self._flusher.cancel()
         await asyncio.gather(self._flusher, *self._background, return_exceptions=True)
         self._flusher = None
+        if self._packed is not None:
+            await self._packed.close()
         self._open.clear()
         await self.flush()
         await self._index.close()
@@ -274,6 +300,12 @@ class DiskTier:
         if kept is not None:
             self._touched[block.digest] = time.time()
             return kept
+        if self._packed is not None:
+            place = await self._packed.locate(block.digest)
+            if place is None:
+                return None  # not indexed (or its row still on the way)
+            if isinstance(place, Place):
+                return await self._get_packed(block, place)
         found = await _opening(
             asyncio.to_thread(files.open_block, self._final(block), block, self._verified)
         )
@@ -313,8 +345,13 @@ class DiskTier:
             raise OSError(errno.EFBIG, f"a block of {length} bytes exceeds the disk tier")
         part, final = self._part(block), self._final(block)
         header = encode_header(block, length, 0)  # provisional: tells followers the length
+        if self._packed is not None:  # no final file to look for: ask the index too
+            claim = self._index.run(self._index.read, _claim_unless_indexed,
+                                    part, final, header, block.digest)  # fmt: skip
+        else:
+            claim = asyncio.to_thread(files.claim, part, final, header)
         try:
-            fd = await _opening(asyncio.to_thread(files.claim, part, final, header))
+            fd = await _opening(claim)
         except OSError as exc:
             await self._failed("start", exc, block)
             raise
@@ -335,6 +372,8 @@ class DiskTier:
         # Rename first, index second: an eviction in another process cannot
         # delete a row whose file is still on its way (and leave the file
         # unindexed); until the row lands, the file is a block in flight.
+        if writer.chunks is not None and self._packed is not None:
+            return await self._publish_packed(writer, checksum)
         block, final = writer.block, self._final(writer.block)
         header = encode_header(block, writer.length, checksum)
         try:
@@ -353,7 +392,33 @@ class DiskTier:
             await self._failed("index", exc, block)
             return False
         await self._remove_evicted(evicted)
-        return block.digest not in evicted  # it evicts itself only if nothing else fits
+        return block.digest not in evicted.files  # it evicts itself only if nothing else fits
+
+    async def _publish_packed(self, writer: BlockWriter, checksum: int) -> bool:
+        # The claim (the part file) is held until the block is indexed, so a sibling
+        # asking meanwhile tails the part instead of fetching the block again.
+        assert self._packed is not None and writer.chunks is not None
+        try:
+            stored = await self._packed.store(writer.block, writer.chunks, checksum)
+        except OSError as exc:
+            await writer.abort()
+            await self._failed("append", exc, writer.block)
+            return False
+        await writer.abort()  # the part only carried the claim and the bytes for followers
+        return stored
+
+    async def _get_packed(self, block: BlockId, place: Place) -> BlockFile | None:
+        assert self._packed is not None
+        try:
+            found = await self._packed.open(block, place)
+        except (Bad, OSError) as exc:
+            await self._discard_packed(block, str(exc))
+            return None
+        if found is None:  # the segment is gone: evicted, or deleted by someone else
+            await self._lost_segment(place.segment)
+            return None
+        self._touched[block.digest] = time.time()
+        return found
 
     # -- dropping --------------------------------------------------------------
 
@@ -387,6 +452,8 @@ class DiskTier:
         """Write pending hits to the index and refresh the totals behind ``stats``;
         close kept descriptors of files that sibling workers removed meanwhile."""
         self._open.sweep()
+        if self._packed is not None:
+            self._packed.sweep()
         touches, self._touched = self._touched, {}
         try:
             await self._index.touch(touches)
@@ -435,6 +502,10 @@ class DiskTier:
         digest = block if isinstance(block, str) else block.digest
         return self._blocks / digest[:2] / digest
 
+    def _take_touches(self) -> dict[str, float]:
+        touches, self._touched = self._touched, {}
+        return touches
+
     def _part(self, block: BlockId) -> Path:
         return self._tmp / f"{block.digest}.part"
 
@@ -457,23 +528,56 @@ class DiskTier:
             await self._forget(block.digest)
             await asyncio.to_thread(files.unlink, path)
 
+    async def _discard_packed(self, block: BlockId, why: str) -> None:
+        log.warning(
+            "disk tier: dropping corrupt packed block %s (%s): %s", block.digest, block, why
+        )
+        assert self._packed is not None
+        self._packed.drop_place(block.digest)
+        self._count_corrupt(1)
+        await self._forget(block.digest)
+
+    async def _lost_segment(self, name: str) -> None:
+        """A segment file vanished: drop its rows; if it still had any, someone else
+        deleted it (an eviction removes the rows first), so its blocks count as corrupt."""
+        try:
+            removed = await self._index.drop_segment(name)
+        except sqlite3.Error as exc:
+            log.error("disk tier: cannot drop segment %s: %s", name, exc)
+            return
+        if removed.packed:
+            log.warning("disk tier: segment %s deleted under the cache; %d blocks dropped",
+                        name, len(removed.packed))  # fmt: skip
+            self._count_corrupt(len(removed.packed))
+        await self._unlink(removed)
+
+    def _count_corrupt(self, n: int) -> None:
+        self._corrupt += n
+        if self._on_corrupt is not None:
+            for _ in range(n):
+                self._on_corrupt()
+
     async def _forget(self, digest: str) -> None:
         try:
             await self._index.remove(digest)
         except sqlite3.Error as exc:  # a row without a file costs only capacity
             log.error("disk tier: cannot remove index row %s: %s", digest, exc)
 
-    async def _remove_evicted(self, digests: list[str]) -> None:
-        if digests:
-            await self._unlink(digests)
-            self._evictions += len(digests)
+    async def _remove_evicted(self, removed: Removed) -> None:
+        if removed.files or removed.packed or removed.segments:
+            await self._unlink(removed)
+            self._evictions += len(removed)
             if self._on_evict is not None:
-                self._on_evict(len(digests))
+                self._on_evict(len(removed))
 
-    async def _unlink(self, digests: list[str]) -> int:
-        self._open.forget(digests)
-        await asyncio.to_thread(files.unlink_many, [self._final(d) for d in digests])
-        return len(digests)
+    async def _unlink(self, removed: Removed) -> int:
+        self._open.forget(removed.files)
+        if self._packed is not None:
+            self._packed.forget(removed)
+        segments = self.directory / "segments"
+        paths = [self._final(d) for d in removed.files] + [segments / n for n in removed.segments]
+        await asyncio.to_thread(files.unlink_many, paths)
+        return len(removed)
 
     async def _flush_loop(self) -> None:
         while True:
@@ -493,11 +597,38 @@ class DiskTier:
         await asyncio.to_thread(files.unlink_many, orphans)
         ghosts = [(d, c) for d, c in indexed.items() if d not in on_disk and c < cutoff]
         await self._index.forget(ghosts)
+        await self._reconcile_segments(cutoff)
         await self._index.recount()
         await self._remove_evicted(await self._index.evict(self.capacity))
         if orphans or ghosts:
             log.info("disk tier: removed %d unindexed files, %d rows without files",
                      len(orphans), len(ghosts))  # fmt: skip
+
+    async def _reconcile_segments(self, cutoff: float) -> None:
+        """Segment files without a row go; rows of segments without a file go."""
+        directory = self.directory / "segments"
+        on_disk = await asyncio.to_thread(disk_packed.scan, directory)
+        indexed = await self._index.segments()
+        orphans = await asyncio.to_thread(
+            files.older_than, [directory / n for n in on_disk.difference(indexed)], cutoff
+        )
+        await asyncio.to_thread(files.unlink_many, orphans)
+        for name, created in indexed.items():
+            if name not in on_disk and created < cutoff:
+                await self._lost_segment(name)
+
+
+def _claim_unless_indexed(
+    conn: sqlite3.Connection, part: Path, final: Path, header: bytes, digest: str
+) -> int | None:
+    """``files.claim``, in the index thread, also giving way to a block indexed already
+    (a packed block has no final file for ``claim`` to find)."""
+    fd = files.claim(part, final, header)
+    if fd is not None and segment_sql.locate(conn, digest) is not None:
+        files.unlink(part)
+        os.close(fd)
+        return None
+    return fd
 
 
 async def _opening(job: Awaitable[T]) -> T:
