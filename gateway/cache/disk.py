@@ -103,7 +103,6 @@ T = TypeVar("T")
 _THREAD_WRITE = 256 << 10  # writes at least this large run in a thread
 _KEEP_OPEN_MAX = 1 << 20  # blocks up to this size keep their descriptors open when hot
 _RECONCILE_GRACE = 60.0  # seconds: younger files and rows may belong to a commit in flight
-_SEGMENT_SHARE = 32  # a segment holds at most 1/32 of the capacity: eviction stays fine-grained
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,8 +254,7 @@ class DiskTier:
         self.packed_max = packed_max
         self._packed: PackedBlocks | None = None
         if packed_max > 0:
-            size = max(1 << 20, min(segment_size, capacity // _SEGMENT_SHARE))
-            self._packed = PackedBlocks(self.directory / "segments", self._index, size,
+            self._packed = PackedBlocks(self.directory / "segments", self._index, segment_size,
                                         self._take_touches, lambda: self.limit,
                                         self._remove_evicted)  # fmt: skip
 

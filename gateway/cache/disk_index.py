@@ -281,6 +281,7 @@ class DiskIndex:
     def _connect(self) -> None:
         conn = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None)
         conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA temp_store = MEMORY")  # sorting for eviction needs no disk
         # NORMAL in WAL mode never corrupts the database; a power cut may drop
         # the last transactions, which reconciliation at start-up absorbs.
         conn.execute(f"PRAGMA synchronous = {'FULL' if self._durable else 'NORMAL'}")

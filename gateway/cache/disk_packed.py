@@ -71,6 +71,8 @@ log = logging.getLogger(__name__)
 
 SUFFIX = ".seg"
 _PLACES = 262_144  # block places remembered per process (a miss asks the index)
+_SEGMENT_SHARE = 32  # a segment holds at most 1/32 of the limit: eviction stays fine-grained
+_SEGMENT_MIN = 1 << 20
 _VERIFY_ON_LOOP = 64 << 10  # records up to this size are checked without a thread hop
 
 
@@ -269,7 +271,9 @@ class PackedBlocks:
     async def _room(self, record: int) -> _Active:
         """The active segment, rolled to a new one when this record would overflow it."""
         active = self._active
-        if active is not None and active.size + record > self.segment_size and active.size:
+        # A segment is at most a share of the limit, which a full disk may have lowered.
+        ceiling = max(_SEGMENT_MIN, min(self.segment_size, self._limit() // _SEGMENT_SHARE))
+        if active is not None and active.size + record > ceiling and active.size:
             self._retire()
             active = None
         if active is not None:

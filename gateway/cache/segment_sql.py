@@ -64,6 +64,7 @@ ON CONFLICT (digest) DO UPDATE SET
     seg_offset = excluded.seg_offset, checksum = excluded.checksum
 """
 
+_GROW = "UPDATE segments SET size = max(size, ?), last_access = max(last_access, ?) WHERE name = ?"
 _U64 = (1 << 64) - 1
 _LOCATE = "SELECT segment, seg_offset, length, checksum FROM blocks WHERE digest = ?"
 
@@ -132,11 +133,11 @@ def add_packed(
     """Index packed blocks and grow their segments to ``sizes``; returns the segments
     that are gone (evicted or dropped meanwhile), whose blocks were not indexed."""
     gone = set()
+    now = time.time()  # a new block is a use: the segment is as recent as its newest block
     for name, size in sizes.items():
-        if conn.execute("UPDATE segments SET size = max(size, ?) WHERE name = ?",
-                        (size, name)).rowcount == 0:  # fmt: skip
+        grown = conn.execute(_GROW, (size, now, name))
+        if grown.rowcount == 0:
             gone.add(name)
-    now = time.time()
     conn.executemany(_PACKED_UPSERT, [
         (*identity, now, now, place.segment, place.offset, _signed(place.checksum))
         for identity, place in rows if place.segment not in gone
