@@ -38,6 +38,14 @@ Several processes (the gateway workers of one node) share one directory.
   ``touch_interval`` seconds (and with this process's next commit), not one
   SQLite write per hit.
 
+Small blocks (up to ``packed_max`` bytes) are claimed and followed the same
+way, but their commit appends them to this process's segment file instead of
+renaming the part into ``blocks/`` (``disk_packed.py``), and their index rows
+are written in group commits; a hit on one first asks where it is (this
+process's memory of places, else one index read) and is lent the segment's
+kept descriptor. Eviction takes own-file blocks and whole segments by last use
+(``segment_sql.py``).
+
 Disk full: ``begin``, ``write`` and ``commit`` remove the part file and fail
 (OSError from the first two, False from ``commit`` and ``put``); nothing
 partial reaches ``blocks/`` and blocks already stored keep serving, so the
@@ -84,15 +92,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import xxhash
-
 from gateway.cache import disk_files as files
-from gateway.cache import disk_packed, disk_space, segment_sql
+from gateway.cache import disk_packed, disk_space
 from gateway.cache.block import HEADER_SIZE, BlockId, encode_header
 from gateway.cache.disk_files import BlockFile, Corrupt, FillAbandoned, PartFollower
 from gateway.cache.disk_index import DiskIndex, IndexRow
 from gateway.cache.disk_open import OpenBlocks, within_fd_limit
-from gateway.cache.disk_packed import Bad, PackedBlocks
+from gateway.cache.disk_packed import PackedBlocks
+from gateway.cache.disk_writer import BlockWriter
 from gateway.cache.segment_sql import Place, Removed
 
 __all__ = ["BlockFile", "BlockWriter", "DiskStats", "DiskTier", "FillAbandoned", "PartFollower"]
@@ -100,7 +107,6 @@ __all__ = ["BlockFile", "BlockWriter", "DiskStats", "DiskTier", "FillAbandoned",
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-_THREAD_WRITE = 256 << 10  # writes at least this large run in a thread
 _KEEP_OPEN_MAX = 1 << 20  # blocks up to this size keep their descriptors open when hot
 _RECONCILE_GRACE = 60.0  # seconds: younger files and rows may belong to a commit in flight
 
@@ -113,91 +119,6 @@ class DiskStats:
     evictions: int  # blocks this process evicted
     corrupt: int  # bad block files this process found and removed
     pinned_bytes: int = 0  # bytes under a live pin (see disk_pins.py)
-
-
-class BlockWriter:
-    """One claimed fill: append ``length`` data bytes, then ``commit`` or ``abort``.
-
-    Calls must not overlap (a fill streams in order, one write at a time).
-    """
-
-    def __init__(self, tier: DiskTier, block: BlockId, fd: int, path: Path, length: int) -> None:
-        # A block small enough to be packed keeps its chunks to append them at commit.
-        self.chunks: list[bytes] | None = [] if tier.packs(length) else None
-        self.fd = fd
-        self.path = path
-        self.data_offset = HEADER_SIZE
-        self.written = 0
-        self.length = length
-        self.block = block
-        self._tier = tier
-        self._hasher = xxhash.xxh3_64()  # the checksum, computed as the data goes by
-        self._finished = False  # committed or aborting: no more writes
-        self._pending: asyncio.Future[None] | None = None  # a write still running in a thread
-
-    async def write(self, data: bytes) -> None:
-        """Append ``data``. Raises OSError (ENOSPC...) after removing the part file."""
-        if self._finished:
-            raise ValueError("write to a finished BlockWriter")
-        if self.written + len(data) > self.length:
-            raise ValueError(f"{self.written} + {len(data)} bytes exceed length {self.length}")
-        offset = self.data_offset + self.written
-        try:
-            if len(data) < _THREAD_WRITE:  # a page-cache copy of this size is quicker than a hop
-                files.append(self.fd, self._hasher, data, offset)
-            else:
-                loop = asyncio.get_running_loop()
-                self._pending = loop.run_in_executor(
-                    None, files.append, self.fd, self._hasher, data, offset
-                )
-                # shielded: if the caller is cancelled the write still ends, and
-                # abort() waits for it before closing the descriptor it uses
-                await asyncio.shield(self._pending)
-            if self.chunks is not None:
-                self.chunks.append(data)
-        except OSError as exc:
-            await self.abort()
-            await self._tier._failed("write", exc, self.block)
-            raise
-        self.written += len(data)
-
-    async def commit(self) -> bool:
-        """Seal, index and publish the block, evicting to capacity; False if not stored.
-
-        Raises ValueError if fewer than ``length`` bytes were written (after
-        aborting). Runs to the end even if the caller is cancelled.
-        """
-        if self._finished:
-            raise ValueError("commit of a finished BlockWriter")
-        if self.written != self.length:
-            await self.abort()
-            raise ValueError(f"commit after {self.written} of {self.length} bytes")
-        self._finished = True
-        checksum = self._hasher.intdigest()
-        return await self._tier._keep(self._tier._publish(self, checksum))
-
-    async def abort(self) -> None:
-        """Remove the part file and release the claim. Idempotent."""
-        if self.fd < 0:
-            return
-        fd, self.fd = self.fd, -1  # taken now, so an overlapping abort cannot unlink twice
-        self._finished = True
-        await self._tier._keep(self._remove(fd))  # a cancelled abort must not leak the lock
-
-    async def _remove(self, fd: int) -> None:
-        try:
-            if self._pending is not None:
-                await asyncio.gather(self._pending, return_exceptions=True)
-            # unlink while still holding the lock: until then the name is ours
-            await asyncio.to_thread(files.unlink, self.path)
-        finally:
-            os.close(fd)
-
-    def release(self) -> None:
-        """Close the descriptor (releasing the lock) without touching the part's name."""
-        fd, self.fd = self.fd, -1
-        if fd >= 0:
-            os.close(fd)
 
 
 class DiskTier:
@@ -256,7 +177,7 @@ class DiskTier:
         if packed_max > 0:
             self._packed = PackedBlocks(self.directory / "segments", self._index, segment_size,
                                         self._take_touches, lambda: self.limit,
-                                        self._remove_evicted)  # fmt: skip
+                                        self._remove_evicted, self._count_corrupt)  # fmt: skip
 
     def packs(self, length: int) -> bool:
         """Whether a block of ``length`` bytes is packed into a segment."""
@@ -303,7 +224,10 @@ class DiskTier:
             if place is None:
                 return None  # not indexed (or its row still on the way)
             if isinstance(place, Place):
-                return await self._get_packed(block, place)
+                packed = await self._packed.get(block, place)
+                if packed is not None:
+                    self._touched[block.digest] = time.time()
+                return packed
         found = await _opening(
             asyncio.to_thread(files.open_block, self._final(block), block, self._verified)
         )
@@ -344,7 +268,7 @@ class DiskTier:
         part, final = self._part(block), self._final(block)
         header = encode_header(block, length, 0)  # provisional: tells followers the length
         if self._packed is not None:  # no final file to look for: ask the index too
-            claim = self._index.run(self._index.read, _claim_unless_indexed,
+            claim = self._index.run(self._index.read, disk_packed.claim_unless_indexed,
                                     part, final, header, block.digest)  # fmt: skip
         else:
             claim = asyncio.to_thread(files.claim, part, final, header)
@@ -404,19 +328,6 @@ class DiskTier:
             return False
         await writer.abort()  # the part only carried the claim and the bytes for followers
         return stored
-
-    async def _get_packed(self, block: BlockId, place: Place) -> BlockFile | None:
-        assert self._packed is not None
-        try:
-            found = await self._packed.open(block, place)
-        except (Bad, OSError) as exc:
-            await self._discard_packed(block, str(exc))
-            return None
-        if found is None:  # the segment is gone: evicted, or deleted by someone else
-            await self._lost_segment(place.segment)
-            return None
-        self._touched[block.digest] = time.time()
-        return found
 
     # -- dropping --------------------------------------------------------------
 
@@ -526,29 +437,6 @@ class DiskTier:
             await self._forget(block.digest)
             await asyncio.to_thread(files.unlink, path)
 
-    async def _discard_packed(self, block: BlockId, why: str) -> None:
-        log.warning(
-            "disk tier: dropping corrupt packed block %s (%s): %s", block.digest, block, why
-        )
-        assert self._packed is not None
-        self._packed.drop_place(block.digest)
-        self._count_corrupt(1)
-        await self._forget(block.digest)
-
-    async def _lost_segment(self, name: str) -> None:
-        """A segment file vanished: drop its rows; if it still had any, someone else
-        deleted it (an eviction removes the rows first), so its blocks count as corrupt."""
-        try:
-            removed = await self._index.drop_segment(name)
-        except sqlite3.Error as exc:
-            log.error("disk tier: cannot drop segment %s: %s", name, exc)
-            return
-        if removed.packed:
-            log.warning("disk tier: segment %s deleted under the cache; %d blocks dropped",
-                        name, len(removed.packed))  # fmt: skip
-            self._count_corrupt(len(removed.packed))
-        await self._unlink(removed)
-
     def _count_corrupt(self, n: int) -> None:
         self._corrupt += n
         if self._on_corrupt is not None:
@@ -595,38 +483,13 @@ class DiskTier:
         await asyncio.to_thread(files.unlink_many, orphans)
         ghosts = [(d, c) for d, c in indexed.items() if d not in on_disk and c < cutoff]
         await self._index.forget(ghosts)
-        await self._reconcile_segments(cutoff)
+        if self._packed is not None:
+            await self._packed.reconcile(cutoff)
         await self._index.recount()
         await self._remove_evicted(await self._index.evict(self.capacity))
         if orphans or ghosts:
             log.info("disk tier: removed %d unindexed files, %d rows without files",
                      len(orphans), len(ghosts))  # fmt: skip
-
-    async def _reconcile_segments(self, cutoff: float) -> None:
-        """Segment files without a row go; rows of segments without a file go."""
-        directory = self.directory / "segments"
-        on_disk = await asyncio.to_thread(disk_packed.scan, directory)
-        indexed = await self._index.segments()
-        orphans = await asyncio.to_thread(
-            files.older_than, [directory / n for n in on_disk.difference(indexed)], cutoff
-        )
-        await asyncio.to_thread(files.unlink_many, orphans)
-        for name, created in indexed.items():
-            if name not in on_disk and created < cutoff:
-                await self._lost_segment(name)
-
-
-def _claim_unless_indexed(
-    conn: sqlite3.Connection, part: Path, final: Path, header: bytes, digest: str
-) -> int | None:
-    """``files.claim``, in the index thread, also giving way to a block indexed already
-    (a packed block has no final file for ``claim`` to find)."""
-    fd = files.claim(part, final, header)
-    if fd is not None and segment_sql.locate(conn, digest) is not None:
-        files.unlink(part)
-        os.close(fd)
-        return None
-    return fd
 
 
 async def _opening(job: Awaitable[T]) -> T:

@@ -53,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sqlite3
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -62,6 +63,7 @@ from pathlib import Path
 import xxhash
 
 from gateway.cache import disk_files as files
+from gateway.cache import segment_sql
 from gateway.cache.block import HEADER_SIZE, BlockId, decode_header, encode_header
 from gateway.cache.disk_files import BlockFile
 from gateway.cache.disk_index import DiskIndex
@@ -134,16 +136,19 @@ class PackedBlocks:
         take_touches: Callable[[], dict[str, float]],
         limit: Callable[[], int],
         on_removed: Callable[[Removed], Awaitable[None]],
+        on_corrupt: Callable[[int], None],
     ) -> None:
         """``take_touches()`` hands over the hits to record with the next batch;
         ``limit()`` is the capacity to evict to; ``on_removed`` gets what a batch
-        evicted (the tier unlinks files and counts)."""
+        evicted (the tier unlinks files and counts); ``on_corrupt(n)`` counts
+        blocks dropped as damaged."""
         self.directory = directory
         self.segment_size = segment_size
         self._index = index
         self._take_touches = take_touches
         self._limit = limit
         self._on_removed = on_removed
+        self._on_corrupt = on_corrupt
         self._places: OrderedDict[str, Place | bool] = OrderedDict()  # True: own file
         self._segments: dict[str, _Segment] = {}
         self._active: _Active | None = None
@@ -161,6 +166,55 @@ class PackedBlocks:
             if place is not None:
                 self._remember(digest, place)
         return place
+
+    async def get(self, block: BlockId, place: Place) -> PackedFile | None:
+        """The block's checked record, lent from its segment; None if it is gone or
+        damaged (then dropped from the index and counted)."""
+        try:
+            found = await self.open(block, place)
+        except (Bad, OSError) as exc:
+            await self._discard(block, str(exc))
+            return None
+        if found is None:  # the segment is gone: evicted, or deleted by someone else
+            await self.lost_segment(place.segment)
+        return found
+
+    async def lost_segment(self, name: str) -> None:
+        """A segment file vanished: drop its rows; if it still had any, someone else
+        deleted it (an eviction removes the rows first), so its blocks count as corrupt."""
+        try:
+            removed = await self._index.drop_segment(name)
+        except sqlite3.Error as exc:
+            log.error("disk tier: cannot drop segment %s: %s", name, exc)
+            return
+        if removed.packed:
+            log.warning("disk tier: segment %s deleted under the cache; %d blocks dropped",
+                        name, len(removed.packed))  # fmt: skip
+            self._on_corrupt(len(removed.packed))
+        self.forget(removed)
+
+    async def reconcile(self, cutoff: float) -> None:
+        """At start: segment files without a row go; rows of segments without a file go.
+        Both only when older than ``cutoff``: younger ones may be another worker's, mid-commit."""
+        on_disk = await asyncio.to_thread(scan, self.directory)
+        indexed = await self._index.segments()
+        orphans = await asyncio.to_thread(
+            files.older_than, [self.directory / n for n in on_disk.difference(indexed)], cutoff
+        )
+        await asyncio.to_thread(files.unlink_many, orphans)
+        for name, created in indexed.items():
+            if name not in on_disk and created < cutoff:
+                await self.lost_segment(name)
+
+    async def _discard(self, block: BlockId, why: str) -> None:
+        log.warning("disk tier: dropping damaged packed block %s (%s): %s",
+                    block.digest, block, why)  # fmt: skip
+        self.drop_place(block.digest)
+        self._on_corrupt(1)
+        try:
+            await self._index.remove(block.digest)
+        except sqlite3.Error as exc:  # its record stays dead bytes; a refill replaces the row
+            log.error("disk tier: cannot remove index row %s: %s", block.digest, exc)
 
     async def open(self, block: BlockId, place: Place) -> PackedFile | None:
         """The block's record, checked, lent from its segment's kept descriptor.
@@ -324,6 +378,19 @@ class PackedBlocks:
 
     def drop_place(self, digest: str) -> None:
         self._places.pop(digest, None)
+
+
+def claim_unless_indexed(
+    conn: sqlite3.Connection, part: Path, final: Path, header: bytes, digest: str
+) -> int | None:
+    """``files.claim``, in the index thread, also giving way to a block indexed already
+    (a packed block has no final file for ``claim`` to find)."""
+    fd = files.claim(part, final, header)
+    if fd is not None and segment_sql.locate(conn, digest) is not None:
+        files.unlink(part)
+        os.close(fd)
+        return None
+    return fd
 
 
 def _create(path: Path) -> int:
