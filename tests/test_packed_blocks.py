@@ -225,3 +225,48 @@ def test_workers_appending_at_once_never_interleave(tmp_path: Path) -> None:
             await tier.close()
 
     asyncio.run(check())
+
+
+@pytest.fixture
+def tiny_fs(tmp_path: Path):
+    """A 1 MiB tmpfs we can fill up (needs root and mount rights)."""
+    mountpoint = tmp_path / "tiny"
+    mountpoint.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mountpoint)],
+                            capture_output=True, text=True, check=False)  # fmt: skip
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs to fill up: {result.stderr.strip()}")
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", "-l", str(mountpoint)], check=False)
+
+
+async def test_a_full_disk_while_appending_stores_nothing_torn_and_keeps_the_rest(
+    tiny_fs: Path,
+) -> None:
+    tier = packed_tier(tiny_fs, 1 << 30)  # the file system runs out long before the bound
+    await tier.start()
+    try:
+        stored: list[BlockId] = []
+        for i in range(400):  # 400 x 16 KiB: six times the file system
+            block = block_id(f"full{i}")
+            if not await tier.put(block, payload(block, 16 << 10)):
+                failed = block
+                break
+            stored.append(block)
+        else:
+            pytest.fail("the 1 MiB file system never filled up")
+        assert stored, "not even one block fitted"
+        assert await read_back(tier, failed) is None  # not indexed
+        assert tier.limit < 1 << 20  # the full disk lowered the limit and evicted to it
+        for block in stored:  # whatever is still indexed reads back whole
+            found = await read_back(tier, block)
+            assert found is None or found == payload(block, 16 << 10)
+        assert tier.stats().corrupt == 0
+        # caching goes on: new blocks replace old segments
+        later = [block_id(f"later{i}") for i in range(8)]
+        kept = [b for b in later if await tier.put(b, payload(b, 16 << 10))]
+        assert kept and await read_back(tier, kept[-1]) == payload(kept[-1], 16 << 10)
+    finally:
+        await tier.close()

@@ -82,6 +82,7 @@ the fill itself.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import os
@@ -177,7 +178,8 @@ class DiskTier:
         if packed_max > 0:
             self._packed = PackedBlocks(self.directory / "segments", self._index, segment_size,
                                         self._take_touches, lambda: self.limit,
-                                        self._remove_evicted, self._count_corrupt)  # fmt: skip
+                                        self._remove_evicted, self._count_corrupt,
+                                        self._batch_failed)  # fmt: skip
 
     def packs(self, length: int) -> bool:
         """Whether a block of ``length`` bytes is packed into a segment."""
@@ -384,6 +386,14 @@ class DiskTier:
         if full:
             await self._make_room()
 
+    async def _batch_failed(self, exc: BaseException) -> None:
+        """A group commit of packed blocks failed: log it; a full disk makes room."""
+        full = disk_space.is_full(exc)
+        self.errors.error("full" if full else "index", "disk tier: cannot index packed blocks: %s",
+                          exc)  # fmt: skip
+        if full:
+            await self._make_room()
+
     async def _make_room(self) -> None:
         """Lower the limit to the low watermark of what the file system holds; evict to it."""
         if self._making_room:
@@ -394,6 +404,10 @@ class DiskTier:
             self.limit = await asyncio.to_thread(
                 disk_space.ceiling, self.directory, held, self.limit
             )
+            # The write-ahead log may be what filled the disk: fold it into the database
+            # first, or the eviction's own commit finds no room to write.
+            with contextlib.suppress(sqlite3.Error):
+                await self._index.checkpoint()
             evicted = await self._index.evict(self.limit)
             await self._remove_evicted(evicted)
             await self._index.checkpoint()

@@ -47,6 +47,7 @@ from gateway.cache.segment_sql import Place, Removed
 T = TypeVar("T")
 
 THREAD_NAME = "hoard-disk-index"
+_WAL_PAGES = 64  # write-ahead log pages before a checkpoint (SQLite's default: 1,000)
 _EVICT_BATCH = 64  # least recently used rows fetched per eviction query
 
 _SCHEMA = """
@@ -282,6 +283,10 @@ class DiskIndex:
         conn = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None)
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA temp_store = MEMORY")  # sorting for eviction needs no disk
+        # A small log, checkpointed often and cut back after: on a full disk the log is
+        # what must still find room for the eviction that frees it (disk_space.py).
+        conn.execute(f"PRAGMA wal_autocheckpoint = {_WAL_PAGES}")
+        conn.execute(f"PRAGMA journal_size_limit = {_WAL_PAGES * 4096}")
         # NORMAL in WAL mode never corrupts the database; a power cut may drop
         # the last transactions, which reconciliation at start-up absorbs.
         conn.execute(f"PRAGMA synchronous = {'FULL' if self._durable else 'NORMAL'}")

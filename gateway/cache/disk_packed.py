@@ -137,11 +137,13 @@ class PackedBlocks:
         limit: Callable[[], int],
         on_removed: Callable[[Removed], Awaitable[None]],
         on_corrupt: Callable[[int], None],
+        on_failed: Callable[[BaseException], Awaitable[None]],
     ) -> None:
         """``take_touches()`` hands over the hits to record with the next batch;
         ``limit()`` is the capacity to evict to; ``on_removed`` gets what a batch
         evicted (the tier unlinks files and counts); ``on_corrupt(n)`` counts
-        blocks dropped as damaged."""
+        blocks dropped as damaged; ``on_failed(exc)`` hears of a batch the index
+        refused (logged there; a full disk makes room)."""
         self.directory = directory
         self.segment_size = segment_size
         self._index = index
@@ -149,6 +151,7 @@ class PackedBlocks:
         self._limit = limit
         self._on_removed = on_removed
         self._on_corrupt = on_corrupt
+        self._on_failed = on_failed
         self._places: OrderedDict[str, Place | bool] = OrderedDict()  # True: own file
         self._segments: dict[str, _Segment] = {}
         self._active: _Active | None = None
@@ -307,8 +310,8 @@ class PackedBlocks:
                 removed, gone = await self._index.publish_packed(
                     rows, sizes, self._take_touches(), self._limit()
                 )
-            except Exception as exc:  # sqlite3.Error, a full disk: these blocks stay unindexed
-                log.error("disk tier: cannot index %d packed blocks: %s", len(batch), exc)
+            except (sqlite3.Error, OSError) as exc:  # a full disk...: these stay unindexed
+                await self._on_failed(exc)
                 removed, gone = Removed(), set(sizes)
             evicted = set(removed.packed)
             for pending in batch:
