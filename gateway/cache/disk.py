@@ -323,12 +323,12 @@ class DiskTier:
         # asking meanwhile tails the part instead of fetching the block again.
         assert self._packed is not None and writer.chunks is not None
         try:
-            stored = await self._packed.store(writer.block, writer.chunks, checksum)
+            stored = await self._packed.store(writer.block, writer.chunks, checksum, writer.path)
         except OSError as exc:
             await writer.abort()
             await self._failed("append", exc, writer.block)
             return False
-        await writer.abort()  # the part only carried the claim and the bytes for followers
+        writer.release()  # its part (the claim, the bytes for followers) went with the batch
         return stored
 
     # -- dropping --------------------------------------------------------------

@@ -118,6 +118,7 @@ class _Active:
 class _Pending:
     identity: tuple[object, ...]
     place: Place
+    part: Path
     done: asyncio.Future[bool]
 
 
@@ -271,10 +272,11 @@ class PackedBlocks:
 
     # -- storing a block ---------------------------------------------------------
 
-    async def store(self, block: BlockId, chunks: list[bytes], checksum: int) -> bool:
+    async def store(self, block: BlockId, chunks: list[bytes], checksum: int, part: Path) -> bool:
         """Append the block's record to this process's segment and index it in the
-        next group commit; True once indexed. Raises OSError (ENOSPC...) from the
-        append, after which nothing of it is indexed."""
+        next group commit; True once indexed. ``part`` (the fill's claim, still held
+        by the caller) is unlinked with its batch, one thread hop for all of them.
+        Raises OSError (ENOSPC...) from the append, after which nothing is indexed."""
         length = sum(len(c) for c in chunks)
         header = encode_header(block, length, checksum)
         active = await self._room(HEADER_SIZE + length)
@@ -284,7 +286,7 @@ class PackedBlocks:
         self._remember(block.digest, place)
         b = block
         identity = (b.digest, b.origin, b.bucket, b.key, b.etag, b.index, length)
-        pending = _Pending(identity, place, asyncio.get_running_loop().create_future())
+        pending = _Pending(identity, place, part, asyncio.get_running_loop().create_future())
         self._pending.append(pending)
         if self._committing is None or self._committing.done():
             self._committing = asyncio.create_task(self._commit_batches())
@@ -313,6 +315,8 @@ class PackedBlocks:
             except (sqlite3.Error, OSError) as exc:  # a full disk...: these stay unindexed
                 await self._on_failed(exc)
                 removed, gone = Removed(), set(sizes)
+            # The claims end once the rows are in: a sibling asking now finds the block.
+            await asyncio.to_thread(files.unlink_many, [p.part for p in batch])
             evicted = set(removed.packed)
             for pending in batch:
                 stored = pending.place.segment not in gone and pending.identity[0] not in evicted
