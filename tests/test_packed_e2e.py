@@ -142,3 +142,28 @@ def test_damaged_segments_are_dropped_counted_refetched_never_served(
         assert metric(node.endpoint, "hoard_cache_corrupt_blocks_total") == 11 + len(objects)
     finally:
         node.stop()
+
+
+def test_a_dataset_three_times_the_bound_stays_within_it(tmp_path, proxy, origin_client, bucket):
+    bound = 4 << 20
+    objects = upload(origin_client, bucket, 3 * bound // (16 * KiB), 16 * KiB)
+    config = small_config(proxy, workers=2)
+    config["cache"] = {**config["cache"], "size": bound}  # 1 MiB segments: the smallest
+    node = HoardProcess(tmp_path, config).start()
+    cache_dir = Path(node.config["cache"]["dir"])
+    urls = [f"{node.endpoint}/{bucket}/{key}" for key in objects]
+    try:
+        for start in range(0, len(urls), 500):
+            assert (
+                fetch_all(urls[start : start + 500]) == list(objects.values())[start : start + 500]
+            )
+            on_disk = sum(p.stat().st_size for p in segment_files(cache_dir))
+            # each worker's active segment may run up to one segment past its last commit
+            assert on_disk <= bound + 2 * (1 << 20)
+        assert metric(node.endpoint, 'hoard_cache_evictions_total{tier="disk"}') > 0
+        proxy.reset()
+        recent = urls[-64:]  # the last read are still cached
+        assert fetch_all(recent) == list(objects.values())[-64:]
+        assert proxy.counts["GetObject"] == 0
+    finally:
+        node.stop()
