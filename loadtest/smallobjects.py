@@ -104,13 +104,18 @@ def disk_usage(directory: Path) -> tuple[int, int]:
     return files, used
 
 
-def start_hoard(workdir: Path, origin: str, cache_bytes: int, workers: int) -> tuple[Any, str]:
+def start_hoard(
+    workdir: Path, origin: str, cache_bytes: int, workers: int, disk_hits: bool = False
+) -> tuple[Any, str]:
+    """A cold Hoard; ``disk_hits``: its memory tier keeps no small block, so warm hits
+    come from the disk tier."""
     port = free_port()
     config = {
         "listen": f"127.0.0.1:{port}", "workers": workers, "log_level": "warning",
         "access_log": False, "shutdown_timeout": "5s",
         "credentials": [{"access_key": HOARD_KEY, "secret_key": HOARD_SECRET}],
-        "cache": {"dir": str(workdir / "cache"), "size": cache_bytes},
+        "cache": {"dir": str(workdir / "cache"), "size": cache_bytes,
+                  **({"memory_item_max": "1KiB"} if disk_hits else {})},
         "origins": {"origin": {"type": "s3", "endpoint": origin, "region": "us-east-1",
                                "access_key": ORIGIN_KEY, "secret_key": ORIGIN_SECRET,
                                "addressing_style": "path", "max_connections": 128}},
@@ -152,7 +157,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 endpoint = origin.endpoint
             elif name == "hoard":
                 proc, endpoint = start_hoard(workdir / "hoard", origin.endpoint, cache_bytes,
-                                             args.workers)  # fmt: skip
+                                             args.workers, args.disk_hits)  # fmt: skip
             else:
                 ctx = Context(origin.endpoint, SimpleNamespace(local_root=workdir),  # type: ignore[arg-type]
                               workdir, Pinning(enabled=False), cache_bytes)  # fmt: skip
@@ -198,6 +203,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--disk-hits", action="store_true",
+                        help="Hoard's memory tier keeps no small block: warm hits from disk")  # fmt: skip
     parser.add_argument("--targets", nargs="+", default=["direct", "hoard", "nginx"])
     parser.add_argument("--workdir", default="loadtest/results/smallobjects")
     parser.add_argument("--out", default="")
