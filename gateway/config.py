@@ -158,6 +158,10 @@ class CacheConfig(_Strict):
     # Descriptors of hot disk blocks up to 1 MiB kept open per worker, so a hit needs no
     # open, header check or thread hop (gateway/cache/disk_open.py); 0 turns it off.
     open_files: int = Field(default=4096, ge=0, le=1_000_000)
+    # Blocks up to packed_block_max bytes are appended to shared segment files of up to
+    # segment_size bytes instead of one file each (gateway/cache/disk_packed.py); 0: off.
+    packed_block_max: Size = parse_size("256KiB")
+    segment_size: Size = parse_size("64MiB")
     # Memory for metadata per worker, half for HEAD answers (~230 bytes an object,
     # packed) and half for listings (~85 bytes a key, a prefix's whole listing kept
     # as one columnar snapshot while it fits in that half; bigger prefixes are cached

@@ -5,7 +5,9 @@ Every node reads moto through one counting ``OriginProxy``; blocks are 1 MiB.
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,8 +50,12 @@ def cluster(tmp_path_factory, proxy) -> Iterator[list[HoardProcess]]:
             node.stop()
 
 
-def _block_file(node: HoardProcess, block: BlockId) -> Path:
-    return Path(node.config["cache"]["dir"]) / "blocks" / block.digest[:2] / block.digest
+def _stores(node: HoardProcess, block: BlockId) -> bool:
+    """Whether the node's disk tier indexes the block (its own file, or packed in a segment)."""
+    index = Path(node.config["cache"]["dir"]) / "index.sqlite3"
+    with contextlib.closing(sqlite3.connect(index)) as conn:
+        row = conn.execute("SELECT 1 FROM blocks WHERE digest = ?", (block.digest,)).fetchone()
+    return row is not None
 
 
 def test_a_cluster_warms_each_block_once_on_its_owner(cluster, proxy, origin_client, bucket):
@@ -83,7 +89,7 @@ def test_a_cluster_warms_each_block_once_on_its_owner(cluster, proxy, origin_cli
             owner = ranking.rank(block.digest)[0].name
             per_node[owner] += 1
             for url, node in by_url.items():
-                assert _block_file(node, block).exists() == (url == owner), (key, index, url)
+                assert _stores(node, block) == (url == owner), (key, index, url)
     assert all(count > 0 for count in per_node.values()), per_node
     proxy.reset()
     for i, (key, body) in enumerate(sorted(data.items())):

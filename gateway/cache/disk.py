@@ -3,6 +3,7 @@
 Layout under ``directory``::
 
     blocks/<2 hex>/<digest>   header (block.HEADER_SIZE bytes) + data, served with sendfile
+    segments/<pid>-<t>.seg    small blocks packed: records of header + data (``disk_packed.py``)
     tmp/<digest>.part         a fill in progress, flock'ed by the process filling it
     index.sqlite3             the index (``disk_index.py``), WAL mode
 
@@ -36,6 +37,14 @@ Several processes (the gateway workers of one node) share one directory.
 - Hits are recorded in memory and written to the index in one batch every
   ``touch_interval`` seconds (and with this process's next commit), not one
   SQLite write per hit.
+
+Small blocks (up to ``packed_max`` bytes) are claimed and followed the same
+way, but their commit appends them to this process's segment file instead of
+renaming the part into ``blocks/`` (``disk_packed.py``), and their index rows
+are written in group commits; a hit on one first asks where it is (this
+process's memory of places, else one index read) and is lent the segment's
+kept descriptor. Eviction takes own-file blocks and whole segments by last use
+(``segment_sql.py``).
 
 Disk full: ``begin``, ``write`` and ``commit`` remove the part file and fail
 (OSError from the first two, False from ``commit`` and ``put``); nothing
@@ -73,6 +82,7 @@ the fill itself.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import os
@@ -83,21 +93,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import xxhash
-
 from gateway.cache import disk_files as files
-from gateway.cache import disk_space
+from gateway.cache import disk_packed, disk_space
 from gateway.cache.block import HEADER_SIZE, BlockId, encode_header
 from gateway.cache.disk_files import BlockFile, Corrupt, FillAbandoned, PartFollower
 from gateway.cache.disk_index import DiskIndex, IndexRow
 from gateway.cache.disk_open import OpenBlocks, within_fd_limit
+from gateway.cache.disk_packed import PackedBlocks
+from gateway.cache.disk_writer import BlockWriter
+from gateway.cache.segment_sql import Place, Removed
 
 __all__ = ["BlockFile", "BlockWriter", "DiskStats", "DiskTier", "FillAbandoned", "PartFollower"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-_THREAD_WRITE = 256 << 10  # writes at least this large run in a thread
 _KEEP_OPEN_MAX = 1 << 20  # blocks up to this size keep their descriptors open when hot
 _RECONCILE_GRACE = 60.0  # seconds: younger files and rows may belong to a commit in flight
 
@@ -110,87 +120,6 @@ class DiskStats:
     evictions: int  # blocks this process evicted
     corrupt: int  # bad block files this process found and removed
     pinned_bytes: int = 0  # bytes under a live pin (see disk_pins.py)
-
-
-class BlockWriter:
-    """One claimed fill: append ``length`` data bytes, then ``commit`` or ``abort``.
-
-    Calls must not overlap (a fill streams in order, one write at a time).
-    """
-
-    def __init__(self, tier: DiskTier, block: BlockId, fd: int, path: Path, length: int) -> None:
-        self.fd = fd
-        self.path = path
-        self.data_offset = HEADER_SIZE
-        self.written = 0
-        self.length = length
-        self.block = block
-        self._tier = tier
-        self._hasher = xxhash.xxh3_64()  # the checksum, computed as the data goes by
-        self._finished = False  # committed or aborting: no more writes
-        self._pending: asyncio.Future[None] | None = None  # a write still running in a thread
-
-    async def write(self, data: bytes) -> None:
-        """Append ``data``. Raises OSError (ENOSPC...) after removing the part file."""
-        if self._finished:
-            raise ValueError("write to a finished BlockWriter")
-        if self.written + len(data) > self.length:
-            raise ValueError(f"{self.written} + {len(data)} bytes exceed length {self.length}")
-        offset = self.data_offset + self.written
-        try:
-            if len(data) < _THREAD_WRITE:  # a page-cache copy of this size is quicker than a hop
-                files.append(self.fd, self._hasher, data, offset)
-            else:
-                loop = asyncio.get_running_loop()
-                self._pending = loop.run_in_executor(
-                    None, files.append, self.fd, self._hasher, data, offset
-                )
-                # shielded: if the caller is cancelled the write still ends, and
-                # abort() waits for it before closing the descriptor it uses
-                await asyncio.shield(self._pending)
-        except OSError as exc:
-            await self.abort()
-            await self._tier._failed("write", exc, self.block)
-            raise
-        self.written += len(data)
-
-    async def commit(self) -> bool:
-        """Seal, index and publish the block, evicting to capacity; False if not stored.
-
-        Raises ValueError if fewer than ``length`` bytes were written (after
-        aborting). Runs to the end even if the caller is cancelled.
-        """
-        if self._finished:
-            raise ValueError("commit of a finished BlockWriter")
-        if self.written != self.length:
-            await self.abort()
-            raise ValueError(f"commit after {self.written} of {self.length} bytes")
-        self._finished = True
-        checksum = self._hasher.intdigest()
-        return await self._tier._keep(self._tier._publish(self, checksum))
-
-    async def abort(self) -> None:
-        """Remove the part file and release the claim. Idempotent."""
-        if self.fd < 0:
-            return
-        fd, self.fd = self.fd, -1  # taken now, so an overlapping abort cannot unlink twice
-        self._finished = True
-        await self._tier._keep(self._remove(fd))  # a cancelled abort must not leak the lock
-
-    async def _remove(self, fd: int) -> None:
-        try:
-            if self._pending is not None:
-                await asyncio.gather(self._pending, return_exceptions=True)
-            # unlink while still holding the lock: until then the name is ours
-            await asyncio.to_thread(files.unlink, self.path)
-        finally:
-            os.close(fd)
-
-    def release(self) -> None:
-        """Close the descriptor (releasing the lock) without touching the part's name."""
-        fd, self.fd = self.fd, -1
-        if fd >= 0:
-            os.close(fd)
 
 
 class DiskTier:
@@ -207,8 +136,13 @@ class DiskTier:
         on_evict: Callable[[int], None] | None = None,
         on_corrupt: Callable[[], None] | None = None,
         on_full: Callable[[], None] | None = None,
+        packed_max: int = 0,
+        segment_size: int = 64 << 20,
     ) -> None:
         """``capacity`` counts file bytes (headers included) across all processes.
+
+        ``packed_max``: blocks up to this many bytes are packed into segment files
+        of up to ``segment_size`` bytes (``disk_packed.py``; 0: every block has its own file).
 
         ``open_files``: descriptors of hot small blocks kept open (``disk_open.py``; 0: none).
 
@@ -239,12 +173,23 @@ class DiskTier:
         self._corrupt = 0
         self._flusher: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
+        self.packed_max = packed_max
+        self._packed: PackedBlocks | None = None
+        if packed_max > 0:
+            self._packed = PackedBlocks(self.directory / "segments", self._index, segment_size,
+                                        self._take_touches, lambda: self.limit,
+                                        self._remove_evicted, self._count_corrupt,
+                                        self._batch_failed)  # fmt: skip
+
+    def packs(self, length: int) -> bool:
+        """Whether a block of ``length`` bytes is packed into a segment."""
+        return self._packed is not None and 0 < length <= self.packed_max
 
     # -- lifecycle -------------------------------------------------------------
 
     async def start(self) -> None:
         """Create the directories and the index; clean up after crashed processes."""
-        for path in (self._blocks, self._tmp):
+        for path in (self._blocks, self._tmp, self.directory / "segments"):
             await asyncio.to_thread(path.mkdir, parents=True, exist_ok=True)
         await self._index.open()
         stale = await asyncio.to_thread(files.remove_stale_parts, self._tmp)
@@ -259,6 +204,8 @@ class DiskTier:
         self._flusher.cancel()
         await asyncio.gather(self._flusher, *self._background, return_exceptions=True)
         self._flusher = None
+        if self._packed is not None:
+            await self._packed.close()
         self._open.clear()
         await self.flush()
         await self._index.close()
@@ -274,6 +221,15 @@ class DiskTier:
         if kept is not None:
             self._touched[block.digest] = time.time()
             return kept
+        if self._packed is not None:
+            place = await self._packed.locate(block.digest)
+            if place is None:
+                return None  # not indexed (or its row still on the way)
+            if isinstance(place, Place):
+                packed = await self._packed.get(block, place)
+                if packed is not None:
+                    self._touched[block.digest] = time.time()
+                return packed
         found = await _opening(
             asyncio.to_thread(files.open_block, self._final(block), block, self._verified)
         )
@@ -313,8 +269,13 @@ class DiskTier:
             raise OSError(errno.EFBIG, f"a block of {length} bytes exceeds the disk tier")
         part, final = self._part(block), self._final(block)
         header = encode_header(block, length, 0)  # provisional: tells followers the length
+        if self._packed is not None:  # no final file to look for: ask the index too
+            claim = self._index.run(self._index.read, disk_packed.claim_unless_indexed,
+                                    part, final, header, block.digest)  # fmt: skip
+        else:
+            claim = asyncio.to_thread(files.claim, part, final, header)
         try:
-            fd = await _opening(asyncio.to_thread(files.claim, part, final, header))
+            fd = await _opening(claim)
         except OSError as exc:
             await self._failed("start", exc, block)
             raise
@@ -335,6 +296,8 @@ class DiskTier:
         # Rename first, index second: an eviction in another process cannot
         # delete a row whose file is still on its way (and leave the file
         # unindexed); until the row lands, the file is a block in flight.
+        if writer.chunks is not None and self._packed is not None:
+            return await self._publish_packed(writer, checksum)
         block, final = writer.block, self._final(writer.block)
         header = encode_header(block, writer.length, checksum)
         try:
@@ -353,7 +316,20 @@ class DiskTier:
             await self._failed("index", exc, block)
             return False
         await self._remove_evicted(evicted)
-        return block.digest not in evicted  # it evicts itself only if nothing else fits
+        return block.digest not in evicted.files  # it evicts itself only if nothing else fits
+
+    async def _publish_packed(self, writer: BlockWriter, checksum: int) -> bool:
+        # The claim (the part file) is held until the block is indexed, so a sibling
+        # asking meanwhile tails the part instead of fetching the block again.
+        assert self._packed is not None and writer.chunks is not None
+        try:
+            stored = await self._packed.store(writer.block, writer.chunks, checksum, writer.path)
+        except OSError as exc:
+            await writer.abort()
+            await self._failed("append", exc, writer.block)
+            return False
+        writer.release()  # its part (the claim, the bytes for followers) went with the batch
+        return stored
 
     # -- dropping --------------------------------------------------------------
 
@@ -387,6 +363,8 @@ class DiskTier:
         """Write pending hits to the index and refresh the totals behind ``stats``;
         close kept descriptors of files that sibling workers removed meanwhile."""
         self._open.sweep()
+        if self._packed is not None:
+            self._packed.sweep()
         touches, self._touched = self._touched, {}
         try:
             await self._index.touch(touches)
@@ -408,6 +386,14 @@ class DiskTier:
         if full:
             await self._make_room()
 
+    async def _batch_failed(self, exc: BaseException) -> None:
+        """A group commit of packed blocks failed: log it; a full disk makes room."""
+        full = disk_space.is_full(exc)
+        self.errors.error("full" if full else "index", "disk tier: cannot index packed blocks: %s",
+                          exc)  # fmt: skip
+        if full:
+            await self._make_room()
+
     async def _make_room(self) -> None:
         """Lower the limit to the low watermark of what the file system holds; evict to it."""
         if self._making_room:
@@ -418,6 +404,10 @@ class DiskTier:
             self.limit = await asyncio.to_thread(
                 disk_space.ceiling, self.directory, held, self.limit
             )
+            # The write-ahead log may be what filled the disk: fold it into the database
+            # first, or the eviction's own commit finds no room to write.
+            with contextlib.suppress(sqlite3.Error):
+                await self._index.checkpoint()
             evicted = await self._index.evict(self.limit)
             await self._remove_evicted(evicted)
             await self._index.checkpoint()
@@ -434,6 +424,10 @@ class DiskTier:
     def _final(self, block: BlockId | str) -> Path:
         digest = block if isinstance(block, str) else block.digest
         return self._blocks / digest[:2] / digest
+
+    def _take_touches(self) -> dict[str, float]:
+        touches, self._touched = self._touched, {}
+        return touches
 
     def _part(self, block: BlockId) -> Path:
         return self._tmp / f"{block.digest}.part"
@@ -457,23 +451,33 @@ class DiskTier:
             await self._forget(block.digest)
             await asyncio.to_thread(files.unlink, path)
 
+    def _count_corrupt(self, n: int) -> None:
+        self._corrupt += n
+        if self._on_corrupt is not None:
+            for _ in range(n):
+                self._on_corrupt()
+
     async def _forget(self, digest: str) -> None:
         try:
             await self._index.remove(digest)
         except sqlite3.Error as exc:  # a row without a file costs only capacity
             log.error("disk tier: cannot remove index row %s: %s", digest, exc)
 
-    async def _remove_evicted(self, digests: list[str]) -> None:
-        if digests:
-            await self._unlink(digests)
-            self._evictions += len(digests)
+    async def _remove_evicted(self, removed: Removed) -> None:
+        if removed.files or removed.packed or removed.segments:
+            await self._unlink(removed)
+            self._evictions += len(removed)
             if self._on_evict is not None:
-                self._on_evict(len(digests))
+                self._on_evict(len(removed))
 
-    async def _unlink(self, digests: list[str]) -> int:
-        self._open.forget(digests)
-        await asyncio.to_thread(files.unlink_many, [self._final(d) for d in digests])
-        return len(digests)
+    async def _unlink(self, removed: Removed) -> int:
+        self._open.forget(removed.files)
+        if self._packed is not None:
+            self._packed.forget(removed)
+        segments = self.directory / "segments"
+        paths = [self._final(d) for d in removed.files] + [segments / n for n in removed.segments]
+        await asyncio.to_thread(files.unlink_many, paths)
+        return len(removed)
 
     async def _flush_loop(self) -> None:
         while True:
@@ -493,6 +497,8 @@ class DiskTier:
         await asyncio.to_thread(files.unlink_many, orphans)
         ghosts = [(d, c) for d, c in indexed.items() if d not in on_disk and c < cutoff]
         await self._index.forget(ghosts)
+        if self._packed is not None:
+            await self._packed.reconcile(cutoff)
         await self._index.recount()
         await self._remove_evicted(await self._index.evict(self.capacity))
         if orphans or ghosts:

@@ -40,12 +40,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gateway.cache import disk_pins
+from gateway.cache import disk_pins, segment_sql
 from gateway.cache.block import BlockId
+from gateway.cache.segment_sql import Place, Removed
 
 T = TypeVar("T")
 
 THREAD_NAME = "hoard-disk-index"
+_WAL_PAGES = 64  # write-ahead log pages before a checkpoint (SQLite's default: 1,000)
 _EVICT_BATCH = 64  # least recently used rows fetched per eviction query
 
 _SCHEMA = """
@@ -70,6 +72,22 @@ CREATE TABLE IF NOT EXISTS totals (
     entries INTEGER NOT NULL
 );
 INSERT OR IGNORE INTO totals VALUES (1, 0, 0);
+CREATE TABLE IF NOT EXISTS segments (
+    name TEXT PRIMARY KEY,           -- file name under segments/
+    size INTEGER NOT NULL,           -- bytes appended so far: what counts against capacity
+    last_access REAL NOT NULL,       -- the latest hit on any of its blocks
+    created REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS segments_by_access ON segments (last_access);
+CREATE TRIGGER IF NOT EXISTS segments_insert AFTER INSERT ON segments BEGIN
+    UPDATE totals SET used = used + NEW.size;
+END;
+CREATE TRIGGER IF NOT EXISTS segments_delete AFTER DELETE ON segments BEGIN
+    UPDATE totals SET used = used - OLD.size;
+END;
+CREATE TRIGGER IF NOT EXISTS segments_resize AFTER UPDATE OF size ON segments BEGIN
+    UPDATE totals SET used = used - OLD.size + NEW.size;
+END;
 CREATE TRIGGER IF NOT EXISTS blocks_insert AFTER INSERT ON blocks BEGIN
     UPDATE totals SET used = used + NEW.file_size, entries = entries + 1;
 END;
@@ -159,7 +177,7 @@ class DiskIndex:
 
     # -- the async API, one transaction each ----------------------------------
 
-    async def publish(self, row: IndexRow, touches: dict[str, float], capacity: int) -> list[str]:
+    async def publish(self, row: IndexRow, touches: dict[str, float], capacity: int) -> Removed:
         """Record pending hits, add ``row``, evict LRU rows until used <= capacity.
 
         Returns the digests evicted (possibly ``row``'s own); the caller unlinks
@@ -171,16 +189,16 @@ class DiskIndex:
         """Record a batch of hits ({digest: time}) and refresh ``totals``."""
         await self.run(self._touch, touches)
 
-    async def evict(self, capacity: int) -> list[str]:
+    async def evict(self, capacity: int) -> Removed:
         return await self.run(self._in_write, _evict, capacity)
 
     async def remove(self, digest: str) -> None:
         await self.run(self._in_write, _delete_where, "digest = ?", (digest,))
 
-    async def drop_object(self, origin: str, bucket: str, key: str) -> list[str]:
+    async def drop_object(self, origin: str, bucket: str, key: str) -> Removed:
         return await self.run(self._in_write, _delete_where, _OBJECT, (origin, bucket, key))
 
-    async def drop_prefix(self, origin: str, bucket: str, prefix: str) -> list[str]:
+    async def drop_prefix(self, origin: str, bucket: str, prefix: str) -> Removed:
         args = (origin, bucket, like_prefix(prefix), len(prefix), prefix)
         return await self.run(self._in_write, _delete_where, _PREFIX, args)
 
@@ -191,8 +209,52 @@ class DiskIndex:
     async def unpin(self, job: str) -> int:
         return await self.run(self._in_write, self._unpin, job)
 
-    async def clear(self) -> list[str]:
-        return await self.run(self._in_write, _delete_where, "1", ())
+    async def clear(self) -> Removed:
+        return await self.run(self._in_write, _clear)
+
+    # -- packed blocks (segment_sql.py) ------------------------------------------
+
+    async def locate(self, digest: str) -> Place | bool | None:
+        """A packed block's place; True if the block has its own file; None if not indexed."""
+        return await self.run(self.read, segment_sql.locate, digest)
+
+    async def add_segment(self, name: str) -> None:
+        await self.run(self._in_write, segment_sql.add_segment, name)
+
+    async def publish_packed(
+        self,
+        rows: list[tuple[tuple[object, ...], Place]],
+        sizes: dict[str, int],
+        touches: dict[str, float],
+        capacity: int,
+    ) -> tuple[Removed, set[str]]:
+        """One transaction for a batch of packed blocks: record hits, index the rows,
+        grow their segments, evict to ``capacity``. Returns what was evicted and the
+        segments found gone (their rows were not indexed)."""
+        return await self.run(self._publish_packed, rows, sizes, touches, capacity)
+
+    async def drop_segment(self, name: str) -> Removed:
+        return await self.run(self._in_write, segment_sql.drop_segment, name)
+
+    async def segments(self) -> dict[str, float]:
+        return await self.run(self.read, segment_sql.segment_names)
+
+    def read(self, fn: Callable[..., T], *args: Any) -> T:
+        """In the index thread (via ``run``): ``fn(connection, *args)`` outside a transaction."""
+        assert self._conn is not None
+        return fn(self._conn, *args)
+
+    def _publish_packed(
+        self,
+        rows: list[tuple[tuple[object, ...], Place]],
+        sizes: dict[str, int],
+        touches: dict[str, float],
+        capacity: int,
+    ) -> tuple[Removed, set[str]]:
+        with self._transaction() as conn:
+            conn.executemany(_TOUCH, [(when, digest) for digest, when in touches.items()])
+            gone = segment_sql.add_packed(conn, rows, sizes)
+            return _evict(conn, capacity), gone
 
     async def created(self) -> dict[str, float]:
         """Every indexed digest with its creation time (for reconciliation)."""
@@ -220,11 +282,19 @@ class DiskIndex:
     def _connect(self) -> None:
         conn = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None)
         conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA temp_store = MEMORY")  # sorting for eviction needs no disk
+        # A small log, checkpointed often and cut back after: on a full disk the log is
+        # what must still find room for the eviction that frees it (disk_space.py).
+        conn.execute(f"PRAGMA wal_autocheckpoint = {_WAL_PAGES}")
+        conn.execute(f"PRAGMA journal_size_limit = {_WAL_PAGES * 4096}")
         # NORMAL in WAL mode never corrupts the database; a power cut may drop
         # the last transactions, which reconciliation at start-up absorbs.
         conn.execute(f"PRAGMA synchronous = {'FULL' if self._durable else 'NORMAL'}")
         conn.executescript(_SCHEMA)
         conn.executescript(f"BEGIN IMMEDIATE; {disk_pins.SCHEMA} COMMIT;")
+        conn.execute("BEGIN IMMEDIATE")
+        segment_sql.migrate(conn)
+        conn.execute("COMMIT")
         self._conn = conn
         self._read_totals()
         self.pinned = disk_pins.pinned_bytes(conn, time.time())
@@ -256,7 +326,7 @@ class DiskIndex:
         with self._transaction() as conn:
             return fn(conn, *args)
 
-    def _publish(self, row: IndexRow, touches: dict[str, float], capacity: int) -> list[str]:
+    def _publish(self, row: IndexRow, touches: dict[str, float], capacity: int) -> Removed:
         with self._transaction() as conn:
             conn.executemany(_TOUCH, [(when, digest) for digest, when in touches.items()])
             # stamped under the write lock: the new row is the most recent in
@@ -286,7 +356,7 @@ class DiskIndex:
 
     def _created(self) -> dict[str, float]:
         assert self._conn is not None
-        return dict(self._conn.execute("SELECT digest, created FROM blocks"))
+        return dict(self._conn.execute("SELECT digest, created FROM blocks WHERE segment IS NULL"))
 
     def _read_totals(self) -> None:
         assert self._conn is not None
@@ -301,35 +371,20 @@ def _totals(conn: sqlite3.Connection) -> Totals:
     return Totals(used, entries)
 
 
-def _used(conn: sqlite3.Connection) -> int:
-    return conn.execute("SELECT used FROM totals").fetchone()[0]
-
-
-def _evict(conn: sqlite3.Connection, capacity: int) -> list[str]:
+def _evict(conn: sqlite3.Connection, capacity: int) -> Removed:
     """Delete least recently used rows until the total fits ``capacity``; pinned ones stay."""
-    evicted: list[str] = []
-    used = _used(conn)
-    now = time.time()
-    while used > capacity:
-        rows = conn.execute(disk_pins.UNPINNED_LRU, (now, _EVICT_BATCH)).fetchall()
-        if not rows:
-            break
-        batch = []
-        for digest, file_size in rows:
-            if used <= capacity:
-                break
-            batch.append((digest,))
-            used -= file_size
-        conn.executemany("DELETE FROM blocks WHERE digest = ?", batch)
-        evicted.extend(digest for (digest,) in batch)
-        used = _used(conn)
-    return evicted
+    return segment_sql.evict(conn, capacity, _EVICT_BATCH)
 
 
-def _delete_where(conn: sqlite3.Connection, where: str, args: tuple[Any, ...]) -> list[str]:
-    digests = [d for (d,) in conn.execute(f"SELECT digest FROM blocks WHERE {where}", args)]
-    conn.execute(f"DELETE FROM blocks WHERE {where}", args)
-    return digests
+def _delete_where(conn: sqlite3.Connection, where: str, args: tuple[Any, ...]) -> Removed:
+    return segment_sql.delete_where(conn, where, args)
+
+
+def _clear(conn: sqlite3.Connection) -> Removed:
+    removed = segment_sql.delete_where(conn, "1", ())
+    for name in segment_sql.segment_names(conn):
+        removed.segments.extend(segment_sql.drop_segment(conn, name).segments)
+    return removed
 
 
 def _forget(conn: sqlite3.Connection, rows: list[tuple[str, float]]) -> None:
@@ -338,6 +393,7 @@ def _forget(conn: sqlite3.Connection, rows: list[tuple[str, float]]) -> None:
 
 def _recount(conn: sqlite3.Connection) -> None:
     conn.execute(
-        "UPDATE totals SET used = (SELECT coalesce(sum(file_size), 0) FROM blocks),"
+        "UPDATE totals SET used = (SELECT coalesce(sum(file_size), 0) FROM blocks)"
+        " + (SELECT coalesce(sum(size), 0) FROM segments),"
         " entries = (SELECT count(*) FROM blocks)"
     )

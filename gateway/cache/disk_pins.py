@@ -2,7 +2,8 @@
 
 A pin is a row (job, digest, bytes, expires) in the index database, beside the
 ``blocks`` table and in the same transactions, so every process of a node sees
-the same pins and eviction can skip them in its one query. A pin names a
+the same pins and eviction can skip them in its one query (``segment_sql._LRU``:
+a packed block's pin keeps its whole segment). A pin names a
 digest, not a row of ``blocks``: a warm job pins a block *before* filling it,
 so the block is protected from the moment it is committed, and the pin's
 ``bytes`` count against the quota from the moment it is taken (a reservation).
@@ -31,13 +32,6 @@ CREATE TABLE IF NOT EXISTS pins (
     PRIMARY KEY (digest, job)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS pins_by_job ON pins (job);
-"""
-
-# Eviction candidates: least recently used first, skipping blocks under a live pin.
-UNPINNED_LRU = """
-SELECT digest, file_size FROM blocks
-WHERE NOT EXISTS (SELECT 1 FROM pins WHERE pins.digest = blocks.digest AND pins.expires > ?)
-ORDER BY last_access LIMIT ?
 """
 
 _PINNED = """

@@ -48,6 +48,7 @@ from botocore.exceptions import BotoCoreError, ClientError, ParamValidationError
 
 from gateway import errors
 from gateway.config import S3OriginConfig
+from gateway.origins import s3_get
 from gateway.origins.base import BucketInfo, ListEntry, ListPage, ObjectInfo
 from gateway.origins.s3_forward import ForwardRequest, ForwardResponse, S3Forwarder
 
@@ -333,21 +334,24 @@ class S3Origin:
         byte_range: tuple[int, int] | None = None,
         if_match: str | None = None,
     ) -> S3ObjectStream:
-        client = await self._s3()
-        params: dict[str, Any] = {"Bucket": bucket, "Key": key}
-        if byte_range is not None:
-            params["Range"] = f"bytes={byte_range[0]}-{byte_range[1]}"
-        if if_match is not None:
-            params["IfMatch"] = if_match
+        # One signed aiohttp GET rather than botocore's client pipeline (s3_get.py).
+        if self._forwarder is None:
+            self._forwarder = S3Forwarder(self._config)
+        headers = s3_get.request_headers(byte_range, if_match)
         with _translated(bucket, key):
-            response = await client.get_object(**params)
-        body = response["Body"]
+            answer = await self._forwarder.send_once("GET", bucket, key, headers)
+            if answer.status not in (200, 206):
+                raise await s3_get.error_of(answer)
+        body = s3_get.ResponseBody(answer)
         try:
+            response = s3_get.response_fields(answer.headers)
             size, start, end = _delivered_range(response)
             info = _object_info(key, response, size)
-        except Exception:
+        except Exception as exc:
             await body.aclose()  # never handed out, so nobody else would close it
-            raise
+            if isinstance(exc, errors.HoardError):
+                raise
+            raise errors.OriginUnavailable(f"origin sent an unusable answer: {exc!r}") from exc
         return S3ObjectStream(info, start, end, body, bucket)
 
     async def list_objects(

@@ -192,6 +192,17 @@ class S3Forwarder:
         signed = await self._signed(request.method, url, headers, request.body is not None)
         return _forward_response(await self._send(request.method, url, signed, request.body))
 
+    async def send_once(
+        self, method: str, bucket: str, key: str, headers: dict[str, str]
+    ) -> aiohttp.ClientResponse:
+        """One try of a bodiless request made here (``s3_get.py``), its answer unread.
+
+        Raises ``OriginUnavailable`` when no answer came; retries are the caller's.
+        """
+        url, host = origin_url(self._config, bucket, key)
+        signed = await self._signed(method, url, {**headers, "Host": host}, has_body=False)
+        return await self._send(method, url, signed, None)
+
     async def _try(
         self, method: str, url: str, headers: dict[str, str]
     ) -> aiohttp.ClientResponse | None:

@@ -1,0 +1,431 @@
+"""Small blocks packed into segment files: one append, no file, no rename, a batched index row.
+
+A 4 KiB block stored as its own file costs a create, a rename, an index
+transaction and a page or two of slack (8 KiB of disk for 4 KiB of data). A
+packed block costs an append to a large *segment* file and a share of one
+index transaction. Layout::
+
+    segments/<pid>-<time>.seg   records: block.HEADER_SIZE bytes of header + data, back to back
+
+Each worker process appends only to its own *active* segment (named by its
+pid and start time), from its event loop thread, one record at a time, so two
+workers never interleave the bytes of two blocks and no lock is needed. A
+record is appended first and indexed second: the index row (segment, offset,
+length, checksum; ``segment_sql.py``) is written in a *group commit* with
+every other record appended meanwhile, one SQLite transaction per batch. This
+process serves its own records at once (``places``); sibling workers find them
+once the batch commits. Until then the fill's claim (its part file, as for any
+block, see ``disk.py``) stays held, so a sibling that asks meanwhile tails the
+part file: it gets the bytes as they arrive, or waits for them.
+
+A hit is ``sendfile(segment, offset, length)`` from one descriptor kept per
+segment and shared by every response. Before lending it, the hit ``fstat``s
+the segment (no disk I/O): a segment unlinked (evicted, or deleted by someone
+else) is forgotten; one shorter than the record (truncated) drops the block;
+and the record's checksum is checked again whenever the segment's (inode,
+mtime, ctime) differ from when it last passed, so bytes flipped in place are
+caught at the next hit and never served. Records of a segment that is no longer
+appended to are checked once per process.
+
+A crash leaves at worst a torn tail: records appended whose rows never
+committed. No row points at them, so they are dead bytes, counted in the
+segment's size; a row's record is complete (it was written before the row),
+and if it is not (power cut without ``fsync``), its checksum fails at the
+first read and the block is dropped and fetched again.
+
+Eviction reclaims whole segments by last use (``segment_sql.evict``). Live
+blocks of an evicted segment are dropped, not re-appended: the memory tier
+already holds the hottest ones, a re-append would write them again and keep
+the segment's neighbours' dead bytes company, and an LRU segment's blocks are,
+by construction, the least recently used on the node. Blocks dropped
+individually (invalidation, corruption) leave dead bytes until their segment
+goes.
+
+Not guaranteed: that a sibling sees this process's new blocks before its next
+batch commits (it tails the part file meanwhile); that a segment evicted while
+this process still appends to it keeps the blocks appended after the eviction
+(they are not indexed; the next append opens a new segment); that the disk
+holds no more than the capacity plus the active segments' unindexed tails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sqlite3
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import xxhash
+
+from gateway.cache import disk_files as files
+from gateway.cache import segment_sql
+from gateway.cache.block import HEADER_SIZE, BlockId, decode_header, encode_header
+from gateway.cache.disk_files import BlockFile
+from gateway.cache.disk_index import DiskIndex
+from gateway.cache.segment_sql import Place, Removed
+
+log = logging.getLogger(__name__)
+
+SUFFIX = ".seg"
+_PLACES = 262_144  # block places remembered per process (a miss asks the index)
+_SEGMENT_SHARE = 32  # a segment holds at most 1/32 of the limit: eviction stays fine-grained
+_SEGMENT_MIN = 1 << 20
+_VERIFY_ON_LOOP = 64 << 10  # records up to this size are checked without a thread hop
+
+
+class _Segment:
+    """One kept segment descriptor, shared by responses; closed by its last user once dropped."""
+
+    __slots__ = ("fd", "kept", "users", "verified")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.users = 0
+        self.kept = True
+        self.verified: dict[str, tuple[int, int, int]] = {}  # digest -> segment fingerprint
+
+    def release(self) -> None:
+        self.users -= 1
+        if not self.kept and self.users == 0:
+            os.close(self.fd)
+
+
+@dataclass(slots=True)
+class PackedFile(BlockFile):
+    """A packed block lent to one response: the segment's descriptor at the record's data."""
+
+    segment: _Segment | None = None
+
+    def close(self) -> None:
+        if self.segment is not None:
+            segment, self.segment = self.segment, None
+            segment.release()
+
+
+@dataclass(slots=True)
+class _Active:
+    name: str
+    fd: int
+    size: int
+
+
+@dataclass(slots=True)
+class _Pending:
+    identity: tuple[object, ...]
+    place: Place
+    part: Path
+    done: asyncio.Future[bool]
+
+
+class Bad(Exception):
+    """A packed block's record cannot be served (truncated, checksum, header)."""
+
+
+class PackedBlocks:
+    """This process's view of the packed blocks of one disk tier."""
+
+    def __init__(
+        self,
+        directory: Path,
+        index: DiskIndex,
+        segment_size: int,
+        take_touches: Callable[[], dict[str, float]],
+        limit: Callable[[], int],
+        on_removed: Callable[[Removed], Awaitable[None]],
+        on_corrupt: Callable[[int], None],
+        on_failed: Callable[[BaseException], Awaitable[None]],
+    ) -> None:
+        """``take_touches()`` hands over the hits to record with the next batch;
+        ``limit()`` is the capacity to evict to; ``on_removed`` gets what a batch
+        evicted (the tier unlinks files and counts); ``on_corrupt(n)`` counts
+        blocks dropped as damaged; ``on_failed(exc)`` hears of a batch the index
+        refused (logged there; a full disk makes room)."""
+        self.directory = directory
+        self.segment_size = segment_size
+        self._index = index
+        self._take_touches = take_touches
+        self._limit = limit
+        self._on_removed = on_removed
+        self._on_corrupt = on_corrupt
+        self._on_failed = on_failed
+        self._places: OrderedDict[str, Place | bool] = OrderedDict()  # True: own file
+        self._segments: dict[str, _Segment] = {}
+        self._active: _Active | None = None
+        self._pending: list[_Pending] = []
+        self._committing: asyncio.Task[None] | None = None
+        self._rolling = asyncio.Lock()
+
+    # -- finding a block ---------------------------------------------------------
+
+    async def locate(self, digest: str) -> Place | bool | None:
+        """Where a block is: a Place, True (its own file), None (not indexed)."""
+        place = self._places.get(digest)
+        if place is None:
+            place = await self._index.locate(digest)
+            if place is not None:
+                self._remember(digest, place)
+        return place
+
+    async def get(self, block: BlockId, place: Place) -> PackedFile | None:
+        """The block's checked record, lent from its segment; None if it is gone or
+        damaged (then dropped from the index and counted)."""
+        try:
+            found = await self.open(block, place)
+        except (Bad, OSError) as exc:
+            await self._discard(block, str(exc))
+            return None
+        if found is None:  # the segment is gone: evicted, or deleted by someone else
+            await self.lost_segment(place.segment)
+        return found
+
+    async def lost_segment(self, name: str) -> None:
+        """A segment file vanished: drop its rows; if it still had any, someone else
+        deleted it (an eviction removes the rows first), so its blocks count as corrupt."""
+        try:
+            removed = await self._index.drop_segment(name)
+        except sqlite3.Error as exc:
+            log.error("disk tier: cannot drop segment %s: %s", name, exc)
+            return
+        if removed.packed:
+            log.warning("disk tier: segment %s deleted under the cache; %d blocks dropped",
+                        name, len(removed.packed))  # fmt: skip
+            self._on_corrupt(len(removed.packed))
+        self.forget(removed)
+
+    async def reconcile(self, cutoff: float) -> None:
+        """At start: segment files without a row go; rows of segments without a file go.
+        Both only when older than ``cutoff``: younger ones may be another worker's, mid-commit."""
+        on_disk = await asyncio.to_thread(scan, self.directory)
+        indexed = await self._index.segments()
+        orphans = await asyncio.to_thread(
+            files.older_than, [self.directory / n for n in on_disk.difference(indexed)], cutoff
+        )
+        await asyncio.to_thread(files.unlink_many, orphans)
+        for name, created in indexed.items():
+            if name not in on_disk and created < cutoff:
+                await self.lost_segment(name)
+
+    async def _discard(self, block: BlockId, why: str) -> None:
+        log.warning("disk tier: dropping damaged packed block %s (%s): %s",
+                    block.digest, block, why)  # fmt: skip
+        self.drop_place(block.digest)
+        self._on_corrupt(1)
+        try:
+            await self._index.remove(block.digest)
+        except sqlite3.Error as exc:  # its record stays dead bytes; a refill replaces the row
+            log.error("disk tier: cannot remove index row %s: %s", block.digest, exc)
+
+    async def open(self, block: BlockId, place: Place) -> PackedFile | None:
+        """The block's record, checked, lent from its segment's kept descriptor.
+
+        None if the segment is gone; raises Bad if the record cannot be served.
+        """
+        segment = self._segments.get(place.segment)
+        if segment is None:
+            segment = await self._open_segment(place.segment)
+            if segment is None:
+                return None
+        try:
+            stat = os.fstat(segment.fd)
+        except OSError:
+            stat = None
+        if stat is None or stat.st_nlink == 0:
+            self._drop_segment(place.segment)
+            return None
+        if stat.st_size < place.offset + HEADER_SIZE + place.length:
+            raise Bad(f"segment {place.segment} ends before the record (truncated)")
+        fingerprint = (stat.st_ino, stat.st_mtime_ns, stat.st_ctime_ns)
+        if segment.verified.get(block.digest) != fingerprint:
+            if place.length <= _VERIFY_ON_LOOP:
+                _verify(segment.fd, block, place)
+            else:
+                await asyncio.to_thread(_verify, segment.fd, block, place)
+            segment.verified[block.digest] = fingerprint
+        segment.users += 1
+        return PackedFile(segment.fd, place.offset + HEADER_SIZE, place.length, (), segment)
+
+    def forget(self, removed: Removed) -> None:
+        """Blocks and segments taken out of the index: stop serving them."""
+        for digest in removed.packed:
+            self._places.pop(digest, None)
+        for digest in removed.files:
+            self._places.pop(digest, None)
+        for name in removed.segments:
+            self._drop_segment(name)
+            if self._active is not None and self._active.name == name:
+                self._retire()
+
+    def sweep(self) -> None:
+        """Close descriptors of segments unlinked by sibling workers."""
+        for name, segment in list(self._segments.items()):
+            try:
+                gone = os.fstat(segment.fd).st_nlink == 0
+            except OSError:
+                gone = True
+            if gone:
+                self._drop_segment(name)
+
+    # -- storing a block ---------------------------------------------------------
+
+    async def store(self, block: BlockId, chunks: list[bytes], checksum: int, part: Path) -> bool:
+        """Append the block's record to this process's segment and index it in the
+        next group commit; True once indexed. ``part`` (the fill's claim, still held
+        by the caller) is unlinked with its batch, one thread hop for all of them.
+        Raises OSError (ENOSPC...) from the append, after which nothing is indexed."""
+        length = sum(len(c) for c in chunks)
+        header = encode_header(block, length, checksum)
+        active = await self._room(HEADER_SIZE + length)
+        place = Place(active.name, active.size, length, checksum)
+        _pwritev_all(active.fd, [header, *chunks], active.size)
+        active.size += HEADER_SIZE + length
+        self._remember(block.digest, place)
+        b = block
+        identity = (b.digest, b.origin, b.bucket, b.key, b.etag, b.index, length)
+        pending = _Pending(identity, place, part, asyncio.get_running_loop().create_future())
+        self._pending.append(pending)
+        if self._committing is None or self._committing.done():
+            self._committing = asyncio.create_task(self._commit_batches())
+        return await pending.done
+
+    async def close(self) -> None:
+        if self._committing is not None:
+            await asyncio.gather(self._committing, return_exceptions=True)
+        self._retire()
+        for name in list(self._segments):
+            self._drop_segment(name)
+
+    async def _commit_batches(self) -> None:
+        """Group commit: one transaction for everything appended since the last one."""
+        while self._pending:
+            batch, self._pending = self._pending, []
+            sizes = {p.place.segment: 0 for p in batch}
+            for pending in batch:
+                end = pending.place.offset + HEADER_SIZE + pending.place.length
+                sizes[pending.place.segment] = max(sizes[pending.place.segment], end)
+            rows = [(p.identity, p.place) for p in batch]
+            try:
+                removed, gone = await self._index.publish_packed(
+                    rows, sizes, self._take_touches(), self._limit()
+                )
+            except (sqlite3.Error, OSError) as exc:  # a full disk...: these stay unindexed
+                await self._on_failed(exc)
+                removed, gone = Removed(), set(sizes)
+            # The claims end once the rows are in: a sibling asking now finds the block.
+            await asyncio.to_thread(files.unlink_many, [p.part for p in batch])
+            evicted = set(removed.packed)
+            for pending in batch:
+                stored = pending.place.segment not in gone and pending.identity[0] not in evicted
+                if not stored:
+                    self._places.pop(str(pending.identity[0]), None)
+                if not pending.done.done():
+                    pending.done.set_result(stored)
+            if self._active is not None and self._active.name in gone:
+                self._retire()
+            if removed.segments or removed.files or removed.packed:
+                await self._on_removed(removed)
+
+    async def _room(self, record: int) -> _Active:
+        """The active segment, rolled to a new one when this record would overflow it."""
+        active = self._active
+        # A segment is at most a share of the limit, which a full disk may have lowered.
+        ceiling = max(_SEGMENT_MIN, min(self.segment_size, self._limit() // _SEGMENT_SHARE))
+        if active is not None and active.size + record > ceiling and active.size:
+            self._retire()
+            active = None
+        if active is not None:
+            return active
+        async with self._rolling:  # one new segment for all the appends waiting on it
+            if self._active is None:
+                name = f"{os.getpid()}-{time.time_ns():x}{SUFFIX}"
+                fd = await asyncio.to_thread(_create, self.directory / name)
+                try:
+                    await self._index.add_segment(name)
+                except BaseException:
+                    os.close(fd)
+                    raise
+                self._active = _Active(name, fd, 0)
+            return self._active
+
+    def _retire(self) -> None:
+        if self._active is not None:
+            os.close(self._active.fd)
+            self._active = None
+
+    async def _open_segment(self, name: str) -> _Segment | None:
+        try:
+            fd = await asyncio.to_thread(os.open, self.directory / name, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        if name in self._segments:  # opened meanwhile by a concurrent hit
+            os.close(fd)
+            return self._segments[name]
+        segment = self._segments[name] = _Segment(fd)
+        return segment
+
+    def _drop_segment(self, name: str) -> None:
+        segment = self._segments.pop(name, None)
+        if segment is not None:
+            segment.kept = False
+            if segment.users == 0:
+                os.close(segment.fd)
+        for digest in [d for d, p in self._places.items() if isinstance(p, Place)
+                       and p.segment == name]:  # fmt: skip
+            del self._places[digest]
+
+    def _remember(self, digest: str, place: Place | bool) -> None:
+        self._places[digest] = place
+        self._places.move_to_end(digest)
+        if len(self._places) > _PLACES:
+            self._places.popitem(last=False)
+
+    def drop_place(self, digest: str) -> None:
+        self._places.pop(digest, None)
+
+
+def claim_unless_indexed(
+    conn: sqlite3.Connection, part: Path, final: Path, header: bytes, digest: str
+) -> int | None:
+    """``files.claim``, in the index thread, also giving way to a block indexed already
+    (a packed block has no final file for ``claim`` to find)."""
+    fd = files.claim(part, final, header)
+    if fd is not None and segment_sql.locate(conn, digest) is not None:
+        files.unlink(part)
+        os.close(fd)
+        return None
+    return fd
+
+
+def _create(path: Path) -> int:
+    path.parent.mkdir(exist_ok=True)
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+
+
+def _verify(fd: int, block: BlockId, place: Place) -> None:
+    raw = os.pread(fd, HEADER_SIZE + place.length, place.offset)
+    header = decode_header(raw, block)
+    if header is None or header.length != place.length or header.checksum != place.checksum:
+        raise Bad("record header does not match its index row")
+    if len(raw) != HEADER_SIZE + place.length:
+        raise Bad("record cut short")
+    if xxhash.xxh3_64_intdigest(memoryview(raw)[HEADER_SIZE:]) != place.checksum:
+        raise Bad("checksum mismatch")
+
+
+def _pwritev_all(fd: int, buffers: list[bytes], offset: int) -> None:
+    total = sum(len(b) for b in buffers)
+    written = os.pwritev(fd, buffers, offset)
+    if written < total:  # rare: finish byte by byte of what is left
+        rest = b"".join(buffers)[written:]
+        files.pwrite_all(fd, rest, offset + written)
+
+
+def scan(directory: Path) -> set[str]:
+    """The names of every segment file in ``directory``."""
+    if not directory.exists():
+        return set()
+    return {e.name for e in os.scandir(directory) if e.name.endswith(SUFFIX)}

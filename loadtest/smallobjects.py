@@ -1,0 +1,220 @@
+"""Small objects the way a DLIO / s3torchconnector reader asks for them, cold and warm.
+
+Each object is read once per epoch with a ranged GET of ``bytes=0-8388607`` (the
+first 8 MiB part s3torchconnector asks for, which for a small object is all of
+it) of a URL presigned beforehand for the target, in a shuffled order, by a lean asyncio client holding ``--concurrency``
+keep-alive connections. The same epochs run straight at the origin (``direct``),
+through Hoard and through nginx ``proxy_cache`` in one run, against one origin:
+moto behind the counting proxy (``origin.py``), on loopback with no added delay
+(``--origin loopback``) or behind the emulated WAN (``--origin wan``: the
+harness's default round trip and rates).
+
+Reported per target: objects/s for the cold and warm epoch, the ratio to
+``direct`` in the same run, origin GETs and HEADs per cold epoch; for Hoard the
+files in its cache directory and disk bytes / payload bytes (``du``-style: the
+blocks the files occupy). Hoard verifies each signature; nginx passes it on.
+
+Run: ``python -m loadtest.smallobjects --objects 100000 --size 4096 --origin loopback``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import aiohttp
+import yaml
+
+from loadtest.datasets import ORIGIN_KEY, ORIGIN_SECRET, origin_client
+from loadtest.origin import Origin, diff_counts
+from loadtest.procs import Pinning, free_port, stop_process, wait_http
+from loadtest.targets import HOARD_KEY, HOARD_SECRET, REPO, Context, Nginx
+
+BUCKET = "small"
+RANGE = {"Range": "bytes=0-8388607"}
+
+
+def seed(moto_url: str, count: int, size: int) -> list[str]:
+    """Put ``count`` objects of ``size`` random bytes straight into moto (not counted)."""
+    client = origin_client(moto_url, pool=32)
+    client.create_bucket(Bucket=BUCKET)
+    keys = [f"train/{i:07d}.jpg" for i in range(count)]
+    with ThreadPoolExecutor(32) as pool:
+        list(pool.map(lambda k: client.put_object(Bucket=BUCKET, Key=k, Body=os.urandom(size)),
+                      keys))  # fmt: skip
+    return keys
+
+
+def presign(endpoint: str, keys: list[str], key: str, secret: str) -> list[str]:
+    """A presigned GET URL per key for ``endpoint`` (made before the clock starts)."""
+    import boto3
+    from botocore.config import Config
+
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                          aws_access_key_id=key, aws_secret_access_key=secret,
+                          config=Config(s3={"addressing_style": "path"}))  # fmt: skip
+    return [client.generate_presigned_url("get_object", Params={"Bucket": BUCKET, "Key": k},
+                                          ExpiresIn=7200) for k in keys]  # fmt: skip
+
+
+async def epoch(urls: list[str], concurrency: int, seed: int) -> dict[str, Any]:
+    """One shuffled pass of ranged GETs; objects/s and failures."""
+    order = urls[:]
+    random.Random(seed).shuffle(order)
+    queue = iter(order)
+    failures = 0
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
+
+        async def reader() -> None:
+            nonlocal failures
+            for url in queue:
+                try:
+                    async with session.get(url, headers=RANGE) as r:
+                        await r.read()
+                        failures += r.status not in (200, 206)
+                except aiohttp.ClientError:
+                    failures += 1
+
+        start = time.perf_counter()
+        await asyncio.gather(*(reader() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - start
+    return {"objects_per_s": round(len(order) / elapsed, 1), "seconds": round(elapsed, 2),
+            "failures": failures}  # fmt: skip
+
+
+def disk_usage(directory: Path) -> tuple[int, int]:
+    """(files, bytes on disk) under ``directory``, as ``du`` counts them."""
+    files = used = 0
+    for path in directory.rglob("*"):
+        if path.is_file():
+            files += 1
+            used += path.stat().st_blocks * 512
+    return files, used
+
+
+def start_hoard(
+    workdir: Path, origin: str, cache_bytes: int, workers: int, disk_hits: bool = False
+) -> tuple[Any, str]:
+    """A cold Hoard; ``disk_hits``: its memory tier keeps no small block, so warm hits
+    come from the disk tier."""
+    port = free_port()
+    config = {
+        "listen": f"127.0.0.1:{port}", "workers": workers, "log_level": "warning",
+        "access_log": False, "shutdown_timeout": "5s",
+        "credentials": [{"access_key": HOARD_KEY, "secret_key": HOARD_SECRET}],
+        "cache": {"dir": str(workdir / "cache"), "size": cache_bytes,
+                  **({"memory_item_max": "1KiB"} if disk_hits else {})},
+        "origins": {"origin": {"type": "s3", "endpoint": origin, "region": "us-east-1",
+                               "access_key": ORIGIN_KEY, "secret_key": ORIGIN_SECRET,
+                               "addressing_style": "path", "max_connections": 128}},
+        "default_origin": "origin",
+        "mounts": [{"bucket": BUCKET, "origin": "origin", "metadata_ttl": "forever",
+                    "readonly": True}],
+    }  # fmt: skip
+    shutil.rmtree(workdir, ignore_errors=True)  # start cold
+    workdir.mkdir(parents=True)
+    (workdir / "hoard.yaml").write_text(yaml.safe_dump(config))
+    with open(workdir / "hoard.log", "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "serve", "--config", str(workdir / "hoard.yaml")],
+            stdout=log, stderr=subprocess.STDOUT, cwd=workdir,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+    endpoint = f"http://127.0.0.1:{port}"
+    wait_http(endpoint + "/_hoard/ready", 60, proc)
+    return proc, endpoint
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    workdir = Path(args.workdir).resolve()
+    wan = args.origin == "wan"
+    origin = Origin(workdir / "origin", mode="auto" if wan else "loopback",
+                    **({} if wan else {"rtt_ms": 0.0, "rate_mbit": 0.0, "stream_mbit": 0.0}))  # fmt: skip
+    results: dict[str, Any] = {"objects": args.objects, "size": args.size, "origin": args.origin,
+                               "concurrency": args.concurrency, "targets": {}}  # fmt: skip
+    with origin:
+        results["network"] = str(origin.network)
+        keys = seed(origin.moto_url, args.objects, args.size)
+        payload = args.objects * args.size
+        cache_bytes = max(4 * payload, 1 << 30)
+        for name in args.targets:
+            row: dict[str, Any] = {}
+            proc = None
+            nginx = None
+            if name == "direct":
+                endpoint = origin.endpoint
+            elif name == "hoard":
+                proc, endpoint = start_hoard(workdir / "hoard", origin.endpoint, cache_bytes,
+                                             args.workers, args.disk_hits)  # fmt: skip
+            else:
+                ctx = Context(origin.endpoint, SimpleNamespace(local_root=workdir),  # type: ignore[arg-type]
+                              workdir, Pinning(enabled=False), cache_bytes)  # fmt: skip
+                nginx = Nginx("nginx", ctx)
+                nginx.start()
+                endpoint = nginx.endpoints[0]
+            creds = (HOARD_KEY, HOARD_SECRET) if name == "hoard" else (ORIGIN_KEY, ORIGIN_SECRET)
+            urls = presign(endpoint, keys, *creds)
+            try:
+                for phase in ("cold", "warm"):
+                    before = origin.counts()
+                    row[phase] = asyncio.run(epoch(urls, args.concurrency, args.seed))
+                    counts = diff_counts(origin.counts(), before)
+                    row[phase]["origin"] = {k: v for k, v in counts.items() if v}
+                if name == "hoard":
+                    files, used = disk_usage(workdir / "hoard" / "cache")
+                    locks = sum(1 for _ in (workdir / "hoard" / "cache" / "locks").glob("*"))
+                    row["cache_files"] = files
+                    row["cache_files_without_metadata_lock_stripes"] = files - locks
+                    row["disk_bytes_over_payload"] = round(used / payload, 3)
+            finally:
+                if proc is not None:
+                    stop_process(proc, 15)
+                if nginx is not None:
+                    nginx.stop()
+            results["targets"][name] = row
+            print(name, json.dumps(row), flush=True)
+    direct = results["targets"].get("direct")
+    if direct:
+        for row in results["targets"].values():
+            for phase in ("cold", "warm"):
+                row[phase]["vs_direct"] = round(
+                    row[phase]["objects_per_s"] / direct[phase]["objects_per_s"], 2
+                )
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--objects", type=int, default=100_000)
+    parser.add_argument("--size", type=int, default=4096)
+    parser.add_argument("--origin", choices=("loopback", "wan"), default="loopback")
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--disk-hits", action="store_true",
+                        help="Hoard's memory tier keeps no small block: warm hits from disk")  # fmt: skip
+    parser.add_argument("--targets", nargs="+", default=["direct", "hoard", "nginx"])
+    parser.add_argument("--workdir", default="loadtest/results/smallobjects")
+    parser.add_argument("--out", default="")
+    args = parser.parse_args(argv)
+    results = run(args)
+    text = json.dumps(results, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

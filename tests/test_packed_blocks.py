@@ -1,0 +1,272 @@
+"""Small blocks packed into segment files: real files, real SQLite, real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from gateway.cache.block import HEADER_SIZE, BlockId
+from gateway.cache.disk import DiskTier
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL = 4096
+RECORD = HEADER_SIZE + SMALL
+
+
+def block_id(key: str, index: int = 0) -> BlockId:
+    return BlockId("origin", "b", key, "e1", index)
+
+
+def payload(seed: object, size: int = SMALL) -> bytes:
+    return random.Random(str(seed)).randbytes(size)
+
+
+def segments(directory: Path) -> list[Path]:
+    return sorted((directory / "segments").glob("*.seg"))
+
+
+def cache_files(directory: Path) -> list[Path]:
+    return [p for p in directory.rglob("*") if p.is_file()]
+
+
+async def read_back(tier: DiskTier, block: BlockId) -> bytes | None:
+    found = await tier.get(block)
+    if found is None:
+        return None
+    with found:
+        return os.pread(found.fd, found.length, found.data_offset)
+
+
+def packed_tier(directory: Path, capacity: int = 64 << 20, **kwargs: object) -> DiskTier:
+    return DiskTier(directory, capacity, packed_max=64 << 10, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def tier(tmp_path: Path) -> AsyncIterator[DiskTier]:
+    tier = packed_tier(tmp_path / "cache")
+    await tier.start()
+    yield tier
+    await tier.close()
+
+
+async def test_small_blocks_share_one_segment_and_read_back_exactly(
+    tier: DiskTier, tmp_path: Path
+) -> None:
+    blocks = [block_id(f"k{i}") for i in range(500)]
+    stored = await asyncio.gather(*(tier.put(b, payload(b)) for b in blocks))
+    assert all(stored)
+    directory = tmp_path / "cache"
+    assert len(segments(directory)) == 1
+    assert not list((directory / "blocks").rglob("*")) or all(
+        p.is_dir() for p in (directory / "blocks").rglob("*")
+    )
+    assert not list((directory / "tmp").iterdir())  # claims released once indexed
+    for block in blocks:
+        assert await read_back(tier, block) == payload(block)
+    # disk bytes: data plus one header per record
+    assert segments(directory)[0].stat().st_size == len(blocks) * RECORD
+    assert tier.stats().used_bytes == len(blocks) * RECORD
+    assert tier.stats().entries == len(blocks)
+
+
+async def test_large_blocks_keep_their_own_files(tier: DiskTier, tmp_path: Path) -> None:
+    large, small = block_id("large"), block_id("small")
+    assert await tier.put(large, payload(large, 128 << 10))
+    assert await tier.put(small, payload(small))
+    files = list((tmp_path / "cache" / "blocks").rglob(large.digest))
+    assert len(files) == 1
+    assert await read_back(tier, large) == payload(large, 128 << 10)
+    assert await read_back(tier, small) == payload(small)
+
+
+async def test_restart_keeps_packed_blocks_and_a_fresh_process_finds_them(tmp_path: Path) -> None:
+    directory = tmp_path / "cache"
+    first = packed_tier(directory)
+    await first.start()
+    blocks = [block_id(f"r{i}") for i in range(50)]
+    assert all(await asyncio.gather(*(first.put(b, payload(b)) for b in blocks)))
+    await first.close()
+    second = packed_tier(directory)
+    await second.start()
+    try:
+        for block in blocks:
+            assert await read_back(second, block) == payload(block)
+        assert second.stats().corrupt == 0
+    finally:
+        await second.close()
+
+
+async def test_eviction_reclaims_whole_segments_and_holds_the_bound(tmp_path: Path) -> None:
+    """A dataset 3x the bound: used bytes never exceed it; old segments are gone whole."""
+    directory = tmp_path / "cache"
+    capacity = 4 << 20  # 1 MiB segments (the smallest): a few segments in the bound
+    tier = packed_tier(directory, capacity)
+    await tier.start()
+    try:
+        count = 3 * capacity // RECORD
+        for start in range(0, count, 64):
+            batch = [block_id(f"e{i}") for i in range(start, min(count, start + 64))]
+            await asyncio.gather(*(tier.put(b, payload(b)) for b in batch))
+            on_disk = sum(p.stat().st_size for p in segments(directory))
+            # the active segment's tail may run one segment ahead of the index
+            assert on_disk <= capacity + (1 << 20)
+            assert tier.stats().used_bytes <= capacity
+        assert tier.stats().evictions > count // 2
+        assert await read_back(tier, block_id("e0")) is None  # the oldest went
+        last = block_id(f"e{count - 1}")
+        assert await read_back(tier, last) == payload(last)
+    finally:
+        await tier.close()
+
+
+async def test_flipped_bytes_are_dropped_counted_and_never_served(tier: DiskTier, tmp_path: Path):
+    victim, neighbour = block_id("victim"), block_id("neighbour")
+    assert await tier.put(victim, payload(victim))
+    assert await tier.put(neighbour, payload(neighbour))
+    assert await read_back(tier, victim) == payload(victim)  # verified once, kept open
+    segment = segments(tmp_path / "cache")[0]
+    with open(segment, "r+b") as f:  # the victim's record comes first
+        f.seek(HEADER_SIZE + 100)
+        f.write(bytes(b ^ 0xFF for b in payload(victim)[100:108]))
+    assert await read_back(tier, victim) is None
+    assert tier.stats().corrupt == 1
+    assert await read_back(tier, victim) is None  # dropped from the index
+    assert await read_back(tier, neighbour) == payload(neighbour)
+    assert await tier.put(victim, payload(victim))  # refetched: appended anew
+    assert await read_back(tier, victim) == payload(victim)
+
+
+async def test_truncated_segment_drops_the_cut_blocks_only(tier: DiskTier, tmp_path: Path):
+    blocks = [block_id(f"t{i}") for i in range(10)]
+    for block in blocks:  # in order: record i at offset i * RECORD
+        assert await tier.put(block, payload(block))
+    os.truncate(segments(tmp_path / "cache")[0], 5 * RECORD + 10)
+    found = [await read_back(tier, b) for b in blocks]
+    assert found[:5] == [payload(b) for b in blocks[:5]]
+    assert found[5:] == [None] * 5
+    assert tier.stats().corrupt == 5
+
+
+async def test_segment_deleted_while_open_drops_its_blocks(tier: DiskTier, tmp_path: Path):
+    blocks = [block_id(f"d{i}") for i in range(10)]
+    assert all(await asyncio.gather(*(tier.put(b, payload(b)) for b in blocks)))
+    assert await read_back(tier, blocks[0]) == payload(blocks[0])  # its descriptor is kept
+    segments(tmp_path / "cache")[0].unlink()
+    assert [await read_back(tier, b) for b in blocks] == [None] * 10
+    assert tier.stats().corrupt == 10
+    assert tier.stats().entries == 0
+
+
+async def test_a_torn_tail_after_a_crash_is_dead_bytes_not_blocks(tmp_path: Path) -> None:
+    """Bytes appended after the last indexed record (a crash mid-append) are never served."""
+    directory = tmp_path / "cache"
+    first = packed_tier(directory)
+    await first.start()
+    kept = block_id("kept")
+    assert await first.put(kept, payload(kept))
+    await first.close()
+    with open(segments(directory)[0], "ab") as f:
+        f.write(b"HOARDBLK" + os.urandom(1000))  # a torn record: header start, no row
+    second = packed_tier(directory)
+    await second.start()
+    try:
+        assert await read_back(second, kept) == payload(kept)
+        assert second.stats().entries == 1
+    finally:
+        await second.close()
+
+
+_APPENDER = """
+import asyncio, random, sys
+from pathlib import Path
+from gateway.cache.block import BlockId
+from gateway.cache.disk import DiskTier
+
+async def main(directory, worker, count):
+    tier = DiskTier(Path(directory), 64 << 20, packed_max=64 << 10)
+    await tier.start()
+    blocks = [BlockId("origin", "b", f"w{worker}-{i}", "e1", 0) for i in range(count)]
+    await asyncio.gather(*(
+        tier.put(b, random.Random(b.key).randbytes(1000 + i)) for i, b in enumerate(blocks)))
+    await tier.close()
+
+asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))
+"""
+
+
+def test_workers_appending_at_once_never_interleave(tmp_path: Path) -> None:
+    directory = tmp_path / "cache"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _APPENDER, str(directory), str(w), "300"], env=env)
+        for w in range(3)
+    ]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0, 0]
+    assert len(segments(directory)) == 3  # one per worker process
+
+    async def check() -> None:
+        tier = packed_tier(directory)
+        await tier.start()
+        try:
+            for w in range(3):
+                for i in range(300):
+                    block = block_id(f"w{w}-{i}")
+                    want = random.Random(block.key).randbytes(1000 + i)
+                    assert await read_back(tier, block) == want
+            assert tier.stats().corrupt == 0
+        finally:
+            await tier.close()
+
+    asyncio.run(check())
+
+
+@pytest.fixture
+def tiny_fs(tmp_path: Path):
+    """A 1 MiB tmpfs we can fill up (needs root and mount rights)."""
+    mountpoint = tmp_path / "tiny"
+    mountpoint.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mountpoint)],
+                            capture_output=True, text=True, check=False)  # fmt: skip
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs to fill up: {result.stderr.strip()}")
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", "-l", str(mountpoint)], check=False)
+
+
+async def test_a_full_disk_while_appending_stores_nothing_torn_and_keeps_the_rest(
+    tiny_fs: Path,
+) -> None:
+    tier = packed_tier(tiny_fs, 1 << 30)  # the file system runs out long before the bound
+    await tier.start()
+    try:
+        stored: list[BlockId] = []
+        for i in range(400):  # 400 x 16 KiB: six times the file system
+            block = block_id(f"full{i}")
+            if not await tier.put(block, payload(block, 16 << 10)):
+                failed = block
+                break
+            stored.append(block)
+        else:
+            pytest.fail("the 1 MiB file system never filled up")
+        assert stored, "not even one block fitted"
+        assert await read_back(tier, failed) is None  # not indexed
+        assert tier.limit < 1 << 20  # the full disk lowered the limit and evicted to it
+        for block in stored:  # whatever is still indexed reads back whole
+            found = await read_back(tier, block)
+            assert found is None or found == payload(block, 16 << 10)
+        assert tier.stats().corrupt == 0
+        # caching goes on: new blocks replace old segments
+        later = [block_id(f"later{i}") for i in range(8)]
+        kept = [b for b in later if await tier.put(b, payload(b, 16 << 10))]
+        assert kept and await read_back(tier, kept[-1]) == payload(kept[-1], 16 << 10)
+    finally:
+        await tier.close()

@@ -1,0 +1,169 @@
+"""Small objects through Hoard's packed disk tier: real Hoard processes, several workers,
+moto behind a counting proxy, segments damaged by the test."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import aiohttp
+
+from tests.harness import HoardProcess, metric
+from tests.origin_proxy import OriginProxy
+from tests.test_block_cache import hoard_config
+
+KiB = 1024
+DLIO_RANGE = {"Range": "bytes=0-8388607"}  # what s3torchconnector asks of each object
+
+
+def small_config(proxy: OriginProxy, workers: int = 2) -> dict:
+    # A memory tier that keeps nothing of 4 KiB: every hit below is a disk hit.
+    config = hoard_config(proxy, memory="1MiB", memory_item_max="1KiB", read_ahead=0)
+    return {**config, "workers": workers}
+
+
+def upload(origin_client, bucket: str, count: int, size: int = 4 * KiB) -> dict[str, bytes]:
+    objects = {f"img/{i:05d}.jpg": os.urandom(size) for i in range(count)}
+    for key, data in objects.items():
+        origin_client.put_object(Bucket=bucket, Key=key, Body=data)
+    return objects
+
+
+async def _fetch_all(urls: list[str], concurrency: int) -> list[bytes]:
+    limit = asyncio.Semaphore(concurrency)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+
+        async def one(url: str) -> bytes:
+            async with limit, session.get(url, headers=DLIO_RANGE) as answer:
+                assert answer.status in (200, 206), await answer.text()
+                return await answer.read()
+
+        return await asyncio.gather(*(one(url) for url in urls))
+
+
+def fetch_all(urls: list[str], concurrency: int = 16) -> list[bytes]:
+    return asyncio.run(_fetch_all(urls, concurrency))
+
+
+def cache_files(cache_dir: Path) -> list[Path]:
+    """Files the block cache made: not the metadata store's fixed set of lock stripes."""
+    locks = cache_dir / "locks"
+    return [p for p in cache_dir.rglob("*") if p.is_file() and locks not in p.parents]
+
+
+def segment_files(cache_dir: Path) -> list[Path]:
+    return sorted((cache_dir / "segments").glob("*.seg"))
+
+
+def test_small_objects_cost_one_get_each_few_files_and_survive_a_restart(
+    tmp_path, proxy, origin_client, bucket
+):
+    objects = upload(origin_client, bucket, 400)
+    node = HoardProcess(tmp_path, small_config(proxy)).start()
+    cache_dir = Path(node.config["cache"]["dir"])
+    urls = [f"{node.endpoint}/{bucket}/{key}" for key in objects]
+    try:
+        proxy.reset()
+        assert fetch_all(urls) == list(objects.values())
+        assert proxy.counts["GetObject"] == len(objects)  # one origin request per object
+        assert proxy.counts["HeadObject"] == 0  # and no HEAD
+        proxy.reset()
+        assert fetch_all(urls) == list(objects.values())
+        assert proxy.counts["GetObject"] == 0
+        # one segment per worker, the index: not one file per object
+        files = cache_files(cache_dir)
+        assert len(segment_files(cache_dir)) <= 2
+        assert len(files) <= 24, files  # a few dozen at most, whatever the object count
+        payload = sum(len(d) for d in objects.values())
+        assert sum(p.stat().st_size for p in segment_files(cache_dir)) <= 1.02 * payload
+    finally:
+        node.stop()
+    node = HoardProcess(tmp_path, small_config(proxy)).start()
+    urls = [f"{node.endpoint}/{bucket}/{key}" for key in objects]
+    try:
+        proxy.reset()
+        assert fetch_all(urls) == list(objects.values())
+        assert proxy.counts["GetObject"] == 0  # the restart kept the cache
+    finally:
+        node.stop()
+
+
+def test_concurrent_cold_gets_across_workers_fetch_each_object_once(
+    tmp_path, proxy, origin_client, bucket
+):
+    objects = upload(origin_client, bucket, 60, 20 * KiB)
+    node = HoardProcess(tmp_path, small_config(proxy, workers=3)).start()
+    try:
+        proxy.reset()
+        urls = [f"{node.endpoint}/{bucket}/{key}" for key in objects for _ in range(6)]
+        bodies = fetch_all(urls, concurrency=48)
+        assert bodies == [data for data in objects.values() for _ in range(6)]
+        # Workers coalesce through claims and tail each other's fills: at most one
+        # GET per object, or two when a metadata miss raced a sibling's (as for any block).
+        assert len(objects) <= proxy.counts["GetObject"] <= 2 * len(objects)
+        proxy.reset()
+        assert fetch_all(urls, concurrency=48) == bodies
+        assert proxy.counts["GetObject"] == 0
+    finally:
+        node.stop()
+
+
+def test_damaged_segments_are_dropped_counted_refetched_never_served(
+    tmp_path, proxy, origin_client, bucket
+):
+    objects = upload(origin_client, bucket, 40)
+    node = HoardProcess(tmp_path, small_config(proxy, workers=1)).start()
+    cache_dir = Path(node.config["cache"]["dir"])
+    urls = [f"{node.endpoint}/{bucket}/{key}" for key in objects]
+    try:
+        fetch_all(urls, concurrency=1)  # in order: record i at i * (64 + 4096)
+        assert fetch_all(urls) == list(objects.values())  # verified and kept open
+        (segment,) = segment_files(cache_dir)
+        with open(segment, "r+b") as f:  # flip bytes of the first object's data
+            f.seek(64 + 10)
+            first = f.read(8)
+            f.seek(64 + 10)
+            f.write(bytes(b ^ 0xFF for b in first))
+        os.truncate(segment, 30 * (64 + 4 * KiB) + 100)  # and cut the last ten
+        proxy.reset()
+        assert fetch_all(urls) == list(objects.values())  # never the damaged bytes
+        assert metric(node.endpoint, "hoard_cache_corrupt_blocks_total") == 11
+        assert proxy.counts["GetObject"] == 11  # the damaged blocks were refetched
+        proxy.reset()
+        assert fetch_all(urls) == list(objects.values())
+        assert proxy.counts["GetObject"] == 0  # ...and cached again
+
+        for path in segment_files(cache_dir):  # deleted while open
+            path.unlink()
+        proxy.reset()
+        assert fetch_all(urls) == list(objects.values())
+        assert proxy.counts["GetObject"] == len(objects)
+        assert metric(node.endpoint, "hoard_cache_corrupt_blocks_total") == 11 + len(objects)
+    finally:
+        node.stop()
+
+
+def test_a_dataset_three_times_the_bound_stays_within_it(tmp_path, proxy, origin_client, bucket):
+    bound = 4 << 20
+    objects = upload(origin_client, bucket, 3 * bound // (16 * KiB), 16 * KiB)
+    config = small_config(proxy, workers=2)
+    config["cache"] = {**config["cache"], "size": bound}  # 1 MiB segments: the smallest
+    node = HoardProcess(tmp_path, config).start()
+    cache_dir = Path(node.config["cache"]["dir"])
+    urls = [f"{node.endpoint}/{bucket}/{key}" for key in objects]
+    try:
+        for start in range(0, len(urls), 500):
+            assert (
+                fetch_all(urls[start : start + 500]) == list(objects.values())[start : start + 500]
+            )
+            on_disk = sum(p.stat().st_size for p in segment_files(cache_dir))
+            # each worker's active segment may run up to one segment past its last commit
+            assert on_disk <= bound + 2 * (1 << 20)
+        assert metric(node.endpoint, 'hoard_cache_evictions_total{tier="disk"}') > 0
+        proxy.reset()
+        recent = urls[-64:]  # the last read are still cached
+        assert fetch_all(recent) == list(objects.values())[-64:]
+        assert proxy.counts["GetObject"] == 0
+    finally:
+        node.stop()
