@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import boto3
 import pytest
@@ -65,3 +67,18 @@ def bucket(origin_client) -> str:
     name = f"t-{uuid.uuid4().hex[:12]}"
     origin_client.create_bucket(Bucket=name)
     return name
+
+
+@pytest.fixture
+def tiny_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs a test can fill up (needs root and mount rights; skipped otherwise)."""
+    mountpoint = tmp_path / "tiny"
+    mountpoint.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mountpoint)],
+                            capture_output=True, text=True, check=False)  # fmt: skip
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs to fill up: {result.stderr.strip()}")
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", "-l", str(mountpoint)], check=False)

@@ -513,25 +513,6 @@ async def test_processes_filling_together_respect_the_capacity(tmp_path: Path) -
 # -- a full disk -----------------------------------------------------------------------
 
 
-@pytest.fixture
-def tiny_fs(tmp_path: Path):
-    """A 1 MiB tmpfs we can fill up (needs root and mount rights)."""
-    mountpoint = tmp_path / "tiny"
-    mountpoint.mkdir()
-    result = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mountpoint)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs to fill up: {result.stderr.strip()}")
-    try:
-        yield mountpoint
-    finally:
-        subprocess.run(["umount", "-l", str(mountpoint)], check=False)
-
-
 async def test_full_disk_fails_cleanly_then_evicts_and_keeps_caching(
     tiny_fs: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

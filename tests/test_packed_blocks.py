@@ -227,21 +227,6 @@ def test_workers_appending_at_once_never_interleave(tmp_path: Path) -> None:
     asyncio.run(check())
 
 
-@pytest.fixture
-def tiny_fs(tmp_path: Path):
-    """A 1 MiB tmpfs we can fill up (needs root and mount rights)."""
-    mountpoint = tmp_path / "tiny"
-    mountpoint.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mountpoint)],
-                            capture_output=True, text=True, check=False)  # fmt: skip
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs to fill up: {result.stderr.strip()}")
-    try:
-        yield mountpoint
-    finally:
-        subprocess.run(["umount", "-l", str(mountpoint)], check=False)
-
-
 async def test_a_full_disk_while_appending_stores_nothing_torn_and_keeps_the_rest(
     tiny_fs: Path,
 ) -> None:

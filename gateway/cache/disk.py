@@ -408,7 +408,10 @@ class DiskTier:
             # first, or the eviction's own commit finds no room to write.
             with contextlib.suppress(sqlite3.Error):
                 await self._index.checkpoint()
-            evicted = await self._index.evict(self.limit)
+            # The files go before the rows' commit, which may need the room they free.
+            evicted = await self._index.evict_freeing(
+                self.limit, lambda removed: files.unlink_many(self._paths(removed))
+            )
             await self._remove_evicted(evicted)
             await self._index.checkpoint()
             if self._on_full is not None:
@@ -474,10 +477,13 @@ class DiskTier:
         self._open.forget(removed.files)
         if self._packed is not None:
             self._packed.forget(removed)
-        segments = self.directory / "segments"
-        paths = [self._final(d) for d in removed.files] + [segments / n for n in removed.segments]
-        await asyncio.to_thread(files.unlink_many, paths)
+        await asyncio.to_thread(files.unlink_many, self._paths(removed))
         return len(removed)
+
+    def _paths(self, removed: Removed) -> list[Path]:
+        """The files of ``removed``: block files and whole segments."""
+        segments = self.directory / "segments"
+        return [self._final(d) for d in removed.files] + [segments / n for n in removed.segments]
 
     async def _flush_loop(self) -> None:
         while True:

@@ -192,6 +192,12 @@ class DiskIndex:
     async def evict(self, capacity: int) -> Removed:
         return await self.run(self._in_write, _evict, capacity)
 
+    async def evict_freeing(self, capacity: int, free: Callable[[Removed], None]) -> Removed:
+        """``evict``, with ``free(removed)`` run in the index thread before the commit: on
+        a full disk the commit itself needs room, which only the evicted files give back.
+        If the commit still fails, the rows stay and name files that are gone: a miss."""
+        return await self.run(self._evict_freeing, capacity, free)
+
     async def remove(self, digest: str) -> None:
         await self.run(self._in_write, _delete_where, "digest = ?", (digest,))
 
@@ -321,6 +327,12 @@ class DiskIndex:
                 conn.execute("ROLLBACK")
             raise
         self.totals = totals
+
+    def _evict_freeing(self, capacity: int, free: Callable[[Removed], None]) -> Removed:
+        with self._transaction() as conn:
+            removed = _evict(conn, capacity)
+            free(removed)
+            return removed
 
     def _in_write(self, fn: Callable[..., T], *args: Any) -> T:
         with self._transaction() as conn:
