@@ -101,6 +101,10 @@ class ShareRun:
     async def save(self) -> None:
         # One write at a time: a slower older snapshot must not land over a newer one.
         async with self._saving:
+            if self._reader.store is not None:
+                # What the checkpoint calls done must be known after a kill -9 too: a
+                # metadata row still pending would cost a GET per object after a restart.
+                await self._reader.store.flush()
             self._saved = time.monotonic()
             self._saved_counts = (self.progress.objects_done, self.progress.bytes_done)
             body = {"spec": self.spec.to_json(), "progress": self.progress.to_json()}
