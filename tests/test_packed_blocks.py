@@ -14,6 +14,7 @@ import pytest
 
 from gateway.cache.block import HEADER_SIZE, BlockId
 from gateway.cache.disk import DiskTier
+from tests.test_disk_tier import read_back
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = 4096
@@ -34,14 +35,6 @@ def segments(directory: Path) -> list[Path]:
 
 def cache_files(directory: Path) -> list[Path]:
     return [p for p in directory.rglob("*") if p.is_file()]
-
-
-async def read_back(tier: DiskTier, block: BlockId) -> bytes | None:
-    found = await tier.get(block)
-    if found is None:
-        return None
-    with found:
-        return os.pread(found.fd, found.length, found.data_offset)
 
 
 def packed_tier(directory: Path, capacity: int = 64 << 20, **kwargs: object) -> DiskTier:
