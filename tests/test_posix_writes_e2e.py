@@ -678,8 +678,13 @@ def test_aws_cli_cp_sync_rm(hoard, root, bucket, tmp_path):
     tree = tmp_path / "tree"
     (tree / "sub").mkdir(parents=True)
     content = {"a.txt": b"a", "sub/b.bin": os.urandom(9 * MiB), "sub/c.json": b"{}"}
+    # S3 states LastModified in whole seconds, and `aws s3 sync` uploads a file whose local mtime is
+    # later than the object's: written in the same second as their upload, the files would look
+    # newer than their copies and be uploaded again. Their mtimes go a minute back.
+    a_minute_ago = time.time() - 60
     for name, data in content.items():
         (tree / name).write_bytes(data)
+        os.utime(tree / name, (a_minute_ago, a_minute_ago))
     env = {**os.environ, "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
            "AWS_DEFAULT_REGION": "us-east-1", "HOME": str(tmp_path)}  # fmt: skip
 
