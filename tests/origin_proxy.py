@@ -103,6 +103,7 @@ class OriginProxy:
         self.port = free_port()
         self.counts: Counter[str] = Counter()
         self.ranges: list[tuple[str, str]] = []  # (path, Range header) of each GetObject
+        self.seen: list[tuple[str, str, dict[str, str]]] = []  # (method, path?query, headers)
         self.bytes = 0
         self.get_bytes = 0  # body bytes of GetObject answers only (not listings, not errors)
         self.mode = "ok"
@@ -143,6 +144,7 @@ class OriginProxy:
         with self._lock:
             self.counts.clear()
             self.ranges.clear()
+            self.seen.clear()
             self.bytes = 0
             self._tries.clear()
             self.slow_downs = 0
@@ -220,6 +222,7 @@ class OriginProxy:
         fault = None
         with self._lock:
             self.counts[op] += 1
+            self.seen.append((request.method, request.path_qs, dict(request.headers)))
             if op == "GetObject":
                 byte_range = request.headers.get("Range", "")
                 self.ranges.append((request.path, byte_range))

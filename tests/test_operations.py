@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from gateway.s3.routing import route
-from tests.conftest import ORIGIN_KEY, ORIGIN_SECRET
+from tests.conftest import ORIGIN_KEY, ORIGIN_SECRET, moto_origin
 from tests.harness import HoardProcess, metric
 from tests.rawhttp import send, signed_send
 
@@ -169,5 +169,36 @@ def test_list_buckets_pages_by_prefix_and_token(tmp_path) -> None:
         for bad in ("0", "10001", "x"):
             answer = signed_send(node.port, "GET", f"/?max-buckets={bad}")
             assert answer.status == 400 and b"<Code>InvalidArgument</Code>" in answer.body
+    finally:
+        node.stop()
+
+
+def test_a_preflight_takes_only_its_cors_headers_to_the_origin(
+    tmp_path, proxy, origin_client, bucket
+) -> None:
+    """A preflight is unsigned, and its forward goes out under Hoard's credentials: what S3
+    would refuse is refused here, and nothing but the preflight itself (no query, no other
+    client header) reaches the origin."""
+    config = {"origins": {"moto": moto_origin(proxy)}, "default_origin": "moto"}
+    node = HoardProcess(tmp_path, config).start()
+    try:
+        no_origin = send(node.port, "OPTIONS", f"/{bucket}/k",
+                         headers={"Host": "127.0.0.1", "Access-Control-Request-Method": "GET"})  # fmt: skip
+        no_method = send(node.port, "OPTIONS", f"/{bucket}/k",
+                         headers={"Host": "127.0.0.1", "Origin": "https://app.example"})  # fmt: skip
+        for refused in (no_origin, no_method):
+            assert refused.status == 400, refused.body
+            assert b"<Code>BadRequest</Code>" in refused.body
+            assert refused.headers["x-amz-request-id"].encode() in refused.body
+        assert "OPTIONS" not in {method for method, _, _ in proxy.seen}, "refused at Hoard"
+        preflight = {"Host": "127.0.0.1", "Origin": "https://app.example",
+                     "Access-Control-Request-Method": "GET", "X-Amz-Acl": "public-read"}  # fmt: skip
+        answer = send(node.port, "OPTIONS", f"/{bucket}/k?acl", headers=preflight)
+        direct = send(_port(origin_client), "OPTIONS", f"/{bucket}/k", headers=preflight)
+        assert (answer.status, answer.body) == (direct.status, direct.body)
+        forwarded = [(path, headers) for method, path, headers in proxy.seen if method == "OPTIONS"]
+        assert [path for path, _ in forwarded] == [f"/{bucket}/k"]
+        assert forwarded[0][1]["Origin"] == "https://app.example"
+        assert "X-Amz-Acl" not in forwarded[0][1]
     finally:
         node.stop()

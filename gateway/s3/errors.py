@@ -22,6 +22,7 @@ class Code(Enum):
     AccessDenied = (403, "Access Denied")
     AuthorizationHeaderMalformed = (400, "The authorization header is malformed.")
     AuthorizationQueryParametersError = (400, "Error parsing the X-Amz-Credential parameter.")
+    BadRequest = (400, "Bad Request")
     BadDigest = (400, "The Content-MD5 you specified did not match what we received.")
     BucketAlreadyExists = (409, "The requested bucket name is not available.")
     BucketNotEmpty = (409, "The bucket you tried to delete is not empty")

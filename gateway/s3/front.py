@@ -18,7 +18,7 @@ from aiohttp import web
 
 from gateway import errors
 from gateway.reader import Reader
-from gateway.s3 import buckets, listing, objects, xml
+from gateway.s3 import buckets, cors, listing, objects, xml
 from gateway.s3.auth import ANONYMOUS, Authenticator
 from gateway.s3.body import BodySender
 from gateway.s3.call import Call
@@ -97,6 +97,7 @@ class S3Front:
         if request.method == "OPTIONS":
             # A CORS preflight is never signed (browsers send none): the bucket's CORS
             # rules at the origin answer it, as S3 does.
+            cors.checked_preflight(request.headers)
             principal = ANONYMOUS
         else:
             principal = self._auth.authenticate(view)

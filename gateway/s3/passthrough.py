@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from gateway.s3 import writes, xml_writes
+from gateway.s3 import cors, writes, xml_writes
 from gateway.s3.call import Call
 from gateway.s3.checksums import of_the_body
 from gateway.s3.chunked import RequestBody, read_whole
@@ -52,8 +52,11 @@ async def passthrough(call: Call) -> web.StreamResponse:
     request = call.request
     if "partNumber" in call.query:
         writes.part_number(call.query)  # S3's own check: an origin may not make it
-    headers = {k: v for k, v in request.headers.items() if k.lower() not in _NOT_FORWARDED}
-    query = [(k, v) for k, v in call.query.items()]
+    if request.method == "OPTIONS":
+        headers, query = cors.preflight_headers(request.headers), []
+    else:
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _NOT_FORWARDED}
+        query = [(k, v) for k, v in call.query.items()]
     body, length, touched = None, None, None
     if _has_body(request):
         declared = of_the_body(request.headers, call.route.operation)
