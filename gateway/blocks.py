@@ -46,6 +46,7 @@ the origin.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator
@@ -448,6 +449,32 @@ class BlockSource:
             return False
         finally:
             follower.close()
+
+    async def drop_object(self, origin: str, bucket: str, key: str) -> None:
+        """Forget every cached block of ``key`` (every version), in memory and on disk."""
+        self.memory.discard_where(
+            lambda b: b.key == key and b.bucket == bucket and b.origin == origin
+        )
+        if self.disk is not None:
+            await self.disk.drop_object(origin, bucket, key)
+
+    async def drop_prefix(self, origin: str, bucket: str, prefix: str) -> dict[str, int]:
+        """Forget every cached block under ``prefix``; the blocks dropped, by tier."""
+        memory = self.memory.discard_where(
+            lambda b: b.origin == origin and b.bucket == bucket and b.key.startswith(prefix)
+        )
+        disk = await self.disk.drop_prefix(origin, bucket, prefix) if self.disk else 0
+        return {"memory_blocks": memory, "disk_blocks": disk}
+
+    def stats(self) -> dict[str, object]:
+        """The tiers' fill and size figures, for ``/_hoard/stats``."""
+        disk = self.disk.stats() if self.disk else None
+        return {
+            "memory": {"used_bytes": self.memory.used, "capacity": self.memory.capacity,
+                       "blocks": len(self.memory), "evictions": self.memory.evictions},
+            "disk": dataclasses.asdict(disk) if disk is not None else None,
+            "fills": {"started": self.fills.started, "coalesced": self.fills.joined},
+        }  # fmt: skip
 
     async def close(self) -> None:
         await self.fills.close()

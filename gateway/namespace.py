@@ -14,12 +14,13 @@ above knows an origin prefix.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from gateway import errors
 from gateway.config import PosixOriginConfig, Settings
-from gateway.origins.base import BucketInfo, Origin
+from gateway.origins.base import BucketInfo, ListPage, Origin
 
 # The metric label shared by buckets that no mount names (passed through or unknown).
 PASSTHROUGH_LABEL = "default"
@@ -50,6 +51,15 @@ class Mount:
 
     def client_key(self, origin_key: str) -> str:
         return origin_key[len(self.prefix) :]
+
+    def client_page(self, page: ListPage) -> ListPage:
+        """An origin listing page in the mount's client keys."""
+        return ListPage(
+            entries=[dataclasses.replace(e, key=self.client_key(e.key)) for e in page.entries],
+            common_prefixes=[self.client_key(p) for p in page.common_prefixes],
+            is_truncated=page.is_truncated,
+            next_marker=self.client_key(page.next_marker) if page.next_marker else None,
+        )
 
 
 class Namespace:

@@ -22,7 +22,8 @@ streams (the reader keeps a bounded number of them).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 
@@ -67,3 +68,31 @@ class ReadAheadPolicy:
             window.blocks = min(self.maximum, max(1, window.blocks * 2))
         window.last = self._clock()
         return window.blocks
+
+
+class Streams:
+    """Per object a reader streams: where its last read ended, and its window.
+
+    Bounded to the ``remembered`` most recently read objects: a stream
+    forgotten starts again from the initial window, which costs only a
+    ramp-up.
+    """
+
+    def __init__(self, policy: ReadAheadPolicy, remembered: int = 4096) -> None:
+        self.policy = policy
+        self._remembered = remembered
+        self._ends: OrderedDict[Hashable, tuple[int, Window]] = OrderedDict()
+
+    def follow(
+        self, stream: Hashable, start: int, end: int, block_size: int
+    ) -> tuple[Window, bool, int]:
+        """A read of bytes ``start``..``end`` begins: the stream's window, whether this
+        read continues the previous one (then read-ahead runs past ``end``), and the
+        window's size now."""
+        previous = self._ends.pop(stream, None)
+        window = previous[1] if previous is not None else self.policy.new()
+        self._ends[stream] = (end, window)
+        if len(self._ends) > self._remembered:
+            self._ends.popitem(last=False)
+        sequential = previous is not None and previous[0] < start <= previous[0] + block_size
+        return window, sequential, self.policy.resume(window, sequential)

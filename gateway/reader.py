@@ -4,7 +4,9 @@ This is the one module that combines the leaves, the way groupcache.go
 combines singleflight, hashing and peers. The S3 front calls it with gateway
 bucket names and client keys and gets back values (``ObjectInfo``,
 ``ListPage``) or an ``ObjectRead`` to stream; how the bytes are obtained stays
-behind this seam.
+behind this seam. Metadata comes from ``metadata/source.py`` (its tiers),
+bytes from ``blocks.py`` (its tiers), acknowledged writes are cached by
+``write_through.py``; what is left here is the order of things.
 
 A cold GET costs one origin round trip before bytes flow: the metadata miss is
 answered by a ranged GET of the first block the client needs, whose response
@@ -16,152 +18,28 @@ mixing versions. Blocks are named by ETag, so new metadata means new blocks.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import math
-import os
-from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterable
 
 from gateway import errors
 from gateway.blocks import BlockSource
 from gateway.cache.block import BlockId, block_bounds, block_plan
-from gateway.cache.journal import EVERYTHING, Journal, SoloJournal
-from gateway.cache.metadata import Aged, FetchHead, FetchPage, MetadataCache, Policy
-from gateway.cache.metadata_store import MetadataStore, Stored
-from gateway.cluster.directory import MetadataRouter, encode
+from gateway.cache.journal import Journal, SoloJournal
+from gateway.cache.metadata import MetadataCache
+from gateway.cache.metadata_store import MetadataStore
+from gateway.cluster.directory import MetadataRouter
 from gateway.cluster.peers import MetadataQuery
 from gateway.invalidation import Invalidation
-from gateway.metadata.revalidate import Revalidator
+from gateway.metadata.source import MetadataSource, origin_named, scope_of
 from gateway.metrics import Metrics
 from gateway.namespace import Mount, Namespace
-from gateway.origins.base import BucketInfo, ListPage, ObjectInfo, Origin
-from gateway.pieces import BlockRef, FileSegment, Piece
-from gateway.readahead import ReadAheadPolicy, Window
-
-__all__ = ["FileSegment", "ObjectRead", "Piece", "RangeSpec", "Reader", "Watch"]
-
-Precondition = Callable[[ObjectInfo], None]
-_SEQUENTIAL_MEMORY = 4096  # objects whose last read position is remembered for read-ahead
-
-
-@dataclass(frozen=True, slots=True)
-class RangeSpec:
-    """One HTTP byte range before the object size is known (RFC 9110 §14.1.2).
-
-    ``bytes=a-b`` → first=a, last=b; ``bytes=a-`` → first=a; ``bytes=-n`` → suffix=n.
-    """
-
-    first: int | None = None
-    last: int | None = None
-    suffix: int | None = None
-
-    def applies(self, size: int) -> bool:
-        """Whether a byte range can answer this; if not, the whole object is the answer.
-
-        RFC 9110 §14.1.1: on an empty representation a suffix range with a
-        non-zero length is satisfiable, yet no byte range can express it, so
-        it is answered as if no Range was sent (as S3 answers: 200, no body).
-        """
-        return not (size == 0 and self.suffix)
-
-    def resolve(self, size: int) -> tuple[int, int]:
-        """The inclusive (start, end) this range selects, or ``RangeNotSatisfiable``."""
-        if self.suffix is not None:
-            if self.suffix == 0 or size == 0:
-                raise errors.RangeNotSatisfiable(size)
-            return max(0, size - self.suffix), size - 1
-        first = self.first or 0
-        if first >= size:
-            raise errors.RangeNotSatisfiable(size)
-        last = size - 1 if self.last is None else min(self.last, size - 1)
-        return first, last
-
-
-class ObjectRead:
-    """An object (or a range of it) being read: metadata first, then pieces of bytes.
-
-    ``prime()`` pulls the first piece so a failure to get any byte can still be
-    answered as an S3 error before the response headers go out. The caller
-    must ``aclose()`` it, also when it stops early.
-    """
-
-    def __init__(self, info: ObjectInfo, start: int, end: int, partial: bool,
-                 pieces: AsyncIterator[Piece] | None, sources: Counter[str] | None = None,
-                 reopen: Callable[[], Awaitable[ObjectRead]] | None = None) -> None:  # fmt: skip
-        """``reopen``: the same read afresh, tried once if the object changed before
-        the first byte (its metadata is dropped by then)."""
-        self._reopen = reopen
-        self.info = info
-        self.start = start
-        self.end = end
-        self.partial = partial
-        self._pieces = pieces
-        self._first: Piece | None = None
-        # Bytes by the tier they came from (memory, disk, peer, origin), tallied as read.
-        self.sources = sources if sources is not None else Counter()
-
-    @property
-    def length(self) -> int:
-        return self.end - self.start + 1
-
-    async def prime(self) -> None:
-        if self._pieces is None or self._first is not None:
-            return
-        try:
-            self._first = await anext(self._pieces, None)
-        except errors.OriginChanged:
-            if self._reopen is None:
-                raise
-            fresh = await self._reopen()
-            await self.aclose()
-            self.info, self.start, self.end, self.partial = (
-                fresh.info, fresh.start, fresh.end, fresh.partial
-            )  # fmt: skip
-            self._pieces, self.sources, self._reopen = fresh._pieces, fresh.sources, None
-            await self.prime()
-
-    async def chunks(self) -> AsyncIterator[Piece]:
-        if self._pieces is None:
-            return
-        if self._first is not None:
-            first, self._first = self._first, None
-            yield first
-        async for piece in self._pieces:
-            yield piece
-
-    async def aclose(self) -> None:
-        if isinstance(self._first, FileSegment):
-            self._first.release()
-        self._first = None
-        if self._pieces is not None:
-            pieces, self._pieces = self._pieces, None
-            await pieces.aclose()  # type: ignore[attr-defined]
-
-
-class Watch:
-    """Whether a key was invalidated since watching began (``changed``); ``close()`` when done.
-
-    What a per-key generation counter would tell ("bumped since I looked?"),
-    kept only for keys someone watches: bounded by the write-throughs in
-    flight, not by every key ever written.
-    """
-
-    __slots__ = ("_registry", "changed", "key")
-
-    def __init__(self, key: tuple[str, str, str], registry: dict[tuple[str, str, str], set[Watch]]):
-        self.key = key  # (origin, origin bucket, origin key)
-        self.changed = False
-        self._registry = registry
-        registry.setdefault(key, set()).add(self)
-
-    def close(self) -> None:
-        watching = self._registry.get(self.key)
-        if watching is not None:
-            watching.discard(self)
-            if not watching:
-                del self._registry[self.key]
+from gateway.object_read import ObjectRead, Precondition
+from gateway.origins.base import BucketInfo, ListPage, ObjectInfo
+from gateway.pieces import BlockRef, Piece
+from gateway.readahead import ReadAheadPolicy, Streams, Window
+from gateway.s3.ranges import RangeSpec
+from gateway.write_through import Watch, WriteThrough
 
 
 class Reader:
@@ -177,18 +55,19 @@ class Reader:
         ``journal``: the node's invalidations, shared with sibling workers."""
         self.namespace = namespace
         self.journal = journal or SoloJournal()
-        self.router = router  # a cluster: metadata misses go to their owner node
+        self.router = router
         self.store = store
         self.blocks = blocks
         self.metadata = metadata
         self.metrics = metrics
         self.block_size = block_size
-        self.read_ahead = read_ahead or ReadAheadPolicy(4, 4, 10.0)
+        self.source = MetadataSource(metadata, store, router, self.journal,
+                                     metrics.origin_call, metrics.revalidated)  # fmt: skip
+        self.streams = Streams(read_ahead or ReadAheadPolicy(4, 4, 10.0))
+        self.read_ahead = self.streams.policy
         self._observe = observe
-        # Per object a reader streams: where its last read ended, and its read-ahead window.
-        self._read_ends: OrderedDict[BlockId, tuple[int, Window]] = OrderedDict()
-        self._watches: dict[tuple[str, str, str], set[Watch]] = {}
-        self._revalidator = Revalidator(metadata, store, self._believable, metrics.revalidated)
+        self._writes = WriteThrough(self.source, blocks, block_size, self.catch_up,
+                                    metrics.write_through_bytes.inc)  # fmt: skip
 
     async def list_buckets(self) -> list[BucketInfo]:
         return await self.namespace.list_buckets()
@@ -205,12 +84,8 @@ class Reader:
     async def head_object(self, bucket: str, key: str) -> ObjectInfo:
         self.catch_up()
         mount = self.namespace.resolve(bucket)
-        okey = mount.origin_key(key)
-        fetch = lambda: self._owner_head(mount, okey)  # noqa: E731
-        lookup = await self.metadata.head(
-            _scope(mount), okey, _policy(mount), lambda: self._stored_or(mount, okey, fetch)
-        )
-        return dataclasses.replace(lookup.value, key=key)
+        info = await self.source.head(mount, mount.origin_key(key))
+        return dataclasses.replace(info, key=key)
 
     async def open_object(
         self,
@@ -259,7 +134,7 @@ class Reader:
         try:
             if read.length > limit:
                 raise ValueError(f"{key} is {read.length} bytes, more than {limit}")
-            return b"".join([await _as_bytes(piece) async for piece in read.chunks()])
+            return await read.read_all()
         finally:
             await read.aclose()
 
@@ -273,45 +148,56 @@ class Reader:
     ) -> ListPage:
         self.catch_up()
         mount = self.namespace.resolve(bucket)
-        fetch_page = self._page_fetcher(mount)
-        lookup = await self.metadata.listing(
-            _scope(mount),
-            mount.origin_key(prefix),
-            delimiter,
-            mount.origin_key(start_after) if start_after else "",
-            max_keys,
-            _policy(mount),
-            fetch_page,
+        after = mount.origin_key(start_after) if start_after else ""
+        page = await self.source.listing(
+            mount, mount.origin_key(prefix), delimiter, after, max_keys
         )
-        return _strip_prefix(lookup.value, mount) if mount.prefix else lookup.value
+        return mount.client_page(page) if mount.prefix else page
+
+    async def block_refs(self, bucket: str, key: str, admit: bool | None = None) -> list[BlockRef]:
+        """Every block of ``key`` (its metadata looked up as a read would; none if empty).
+
+        A cold lookup starts the fill of block 0 with the same origin request,
+        admitted to disk as ``admit`` says (see ``BlockSource.fill``).
+        """
+        self.catch_up()
+        mount = self.namespace.resolve(bucket)
+        okey = mount.origin_key(key)
+        info = await self._metadata_for_read(mount, okey, None, admit)
+        count = (info.size + self.block_size - 1) // self.block_size
+        return [self._ref(mount, okey, info, index) for index in range(count)]
+
+    async def answer_peer(self, query: MetadataQuery) -> dict[str, object]:
+        """Another node's metadata miss, answered as the owner (``MetadataSource``)."""
+        self.catch_up()
+        origin = origin_named(self.namespace.origins(), query.origin)
+        return await self.source.answer_peer(query, origin)
+
+    def mount_label(self, bucket: str) -> str:
+        return self.namespace.label(bucket)
+
+    def stats(self) -> dict[str, object]:
+        return {**self.blocks.stats(), "metadata": self.metadata.stats()}
+
+    # -- changes -------------------------------------------------------------------------
 
     async def drop(self, bucket: str, prefix: str) -> dict[str, int]:
         """Forget cached blocks and metadata of ``bucket`` under ``prefix``."""
         mount = self.namespace.resolve(bucket)
-        origin, origin_bucket = _scope(mount)
+        origin, origin_bucket = scope_of(mount)
         okey_prefix = mount.origin_key(prefix)
         await self._invalidate(Invalidation(origin, origin_bucket, prefix=okey_prefix))
-        memory = self.blocks.memory.discard_where(
-            lambda b: (
-                b.origin == origin and b.bucket == origin_bucket and b.key.startswith(okey_prefix)
-            )
-        )
-        disk = (
-            await self.blocks.disk.drop_prefix(origin, origin_bucket, okey_prefix)
-            if self.blocks.disk
-            else 0
-        )
-        return {"memory_blocks": memory, "disk_blocks": disk}
+        return await self.blocks.drop_prefix(origin, origin_bucket, okey_prefix)
 
     async def invalidate(self, bucket: str, key: str) -> None:
         """A write changed ``key``: forget its metadata, its listings and its blocks."""
         mount = self.namespace.resolve(bucket)
-        await self._invalidate(Invalidation(*_scope(mount), key=mount.origin_key(key)))
+        await self._invalidate(Invalidation(*scope_of(mount), key=mount.origin_key(key)))
 
     async def invalidate_prefix(self, bucket: str, prefix: str) -> None:
         """A bucket-level change: forget metadata under ``prefix`` (blocks stay valid by ETag)."""
         mount = self.namespace.resolve(bucket)
-        await self._invalidate(Invalidation(*_scope(mount), prefix=mount.origin_key(prefix)))
+        await self._invalidate(Invalidation(*scope_of(mount), prefix=mount.origin_key(prefix)))
 
     async def invalidate_origin(self, items: list[Invalidation]) -> None:
         """Another node's write: the same drops, named by origin, origin bucket and key."""
@@ -322,15 +208,13 @@ class Reader:
         """Drop every metadata entry, in memory and on disk, in every worker (this node
         missed more invalidations than another node could remember for it). Blocks
         stay: they are named by ETag, and fresh metadata names the right ones."""
-        self._forget_all_locally()
-        self.journal.publish([EVERYTHING])
-        if self.store is not None:
-            await self.store.clear()
+        self._writes.all_changed()
+        await self.source.forget_all()
 
     def invalidation(self, bucket: str, key: str | None) -> Invalidation:
         """What to tell other nodes about a change of ``key`` (None: the whole bucket)."""
         mount = self.namespace.resolve(bucket)
-        origin, origin_bucket = _scope(mount)
+        origin, origin_bucket = scope_of(mount)
         if key is None:
             return Invalidation(origin, origin_bucket, prefix=mount.origin_key(""))
         return Invalidation(origin, origin_bucket, key=mount.origin_key(key))
@@ -343,262 +227,55 @@ class Reader:
         """
         news = self.journal.news()
         if news is None:
-            self._forget_all_locally()
+            self._writes.all_changed()
+            self.metadata.clear()
             return
         for item in news:
             self._forget_locally(item)
 
     async def _invalidate(self, item: Invalidation) -> None:
         """Every place a change of ``item`` reaches on this node, before the write is
-        acknowledged: this worker's memory, the siblings' (through the journal),
-        the metadata store, and the key's blocks in memory and on disk."""
+        acknowledged: this worker's memory and write-throughs, the siblings' (through
+        the journal), the metadata store, and the key's blocks in memory and on disk."""
         self._forget_locally(item)  # first: a write-through under way must not land after this
         self.journal.publish([item])
-        origin, origin_bucket = item.scope
+        await self.source.drop_stored(item)
         if item.key is None:
-            if self.store is not None:
-                await self.store.drop(item.scope, item.prefix or "")
-            return
-        okey = item.key
-        if self.store is not None:
-            await self.store.drop(item.scope, okey, exact=True)
-        self.blocks.memory.discard_where(
-            lambda b: b.key == okey and b.bucket == origin_bucket and b.origin == origin
-        )
-        if self.blocks.disk is not None:
-            await self.blocks.disk.drop_object(origin, origin_bucket, okey)
+            return  # blocks are named by ETag: new metadata names new blocks
+        await self.blocks.drop_object(*item.scope, item.key)
 
     def _forget_locally(self, item: Invalidation) -> None:
-        """Drop from this process's memory the metadata ``item`` makes stale (blocks are
-        named by ETag: new metadata names new blocks, so old ones may stay)."""
-        if item.key is not None:
-            self._changed(item.scope, item.key)
-            self.metadata.invalidate_key(item.scope, item.key)
-        else:
-            self._changed(item.scope, item.prefix or "", prefix=True)
-            self.metadata.invalidate_prefix(item.scope, item.prefix or "")
-        if self.router is not None:
-            self.router.invalidated(item.scope)
-
-    def _forget_all_locally(self) -> None:
-        for watches in self._watches.values():
-            for watch in watches:
-                watch.changed = True
-        self.metadata.clear()
+        self._writes.changed(item.scope, item.key or item.prefix or "", prefix=item.key is None)
+        self.source.forget_locally(item)
 
     # -- write-through -------------------------------------------------------------------
 
     def watch(self, bucket: str, key: str) -> Watch:
         """Start noticing invalidations of ``key`` (see ``write_through``)."""
         mount = self.namespace.resolve(bucket)
-        return Watch((*_scope(mount), mount.origin_key(key)), self._watches)
+        return self._writes.watch(mount, mount.origin_key(key))
 
     async def write_through(
         self, bucket: str, key: str, etag: str, data: Iterable[bytes], size: int, watch: Watch
     ) -> int:
-        """Cache the bytes a write just stored at the origin; returns the bytes cached.
-
-        ``data`` is the object as it was sent, in pieces, ``etag`` what the
-        origin answered the write with. An S3 PUT answer carries no
-        Last-Modified or Content-Type, so one origin HEAD learns the metadata.
-        Nothing is cached when the HEAD shows another version (a write landed
-        in between) or ``watch`` saw the key invalidated meanwhile (a later
-        write through Hoard). Blocks go first and metadata last, so a reader
-        that finds the metadata finds the blocks; a reader that comes earlier
-        fills from the origin as usual.
-
-        A write through a sibling worker reaches ``watch`` through the
-        node's journal, which is read before each check.
-        """
+        """Cache the bytes a write just stored at the origin (``write_through.py``)."""
         mount = self.namespace.resolve(bucket)
-        okey = mount.origin_key(key)
-        learned = self.journal.seq()
-        info = await self._origin_head(mount, okey)
-        if self._changed_since(watch) or _bare(info.etag) != _bare(etag) or info.size != size:
-            return 0
-        cached = 0
-        for index, block in enumerate(_blocks(data, self.block_size)):
-            if self._changed_since(watch):  # checked right before each store: no await between
-                return cached
-            ref = self._ref(mount, okey, info, index)
-            stored = self.blocks.memory.put(ref.block, block)
-            if self.blocks.disk is not None:
-                stored = await self.blocks.disk.put(ref.block, block) or stored
-            if stored:
-                cached += len(block)
-                self.metrics.write_through_bytes.inc(len(block))
-        if self._changed_since(watch):
-            return cached  # the blocks stay: named by this ETag, they are right for it
-        scope = _scope(mount)
-        self.metadata.put_head(scope, okey, info, _policy(mount))
-        if self.store is not None:
-            self.store.save(scope, okey, info, learned)
-        return cached
+        return await self._writes.store(mount, mount.origin_key(key), etag, data, size, watch)
 
-    def _changed_since(self, watch: Watch) -> bool:
-        """Whether ``watch``'s key was invalidated by any worker of the node since it began."""
-        self.catch_up()
-        return watch.changed
-
-    def _changed(self, scope: tuple[str, str], okey: str, *, prefix: bool = False) -> None:
-        """Tell every watch on ``okey`` (or, with ``prefix``, under it) that it changed."""
-        if prefix:
-            found = [w for k, ws in self._watches.items() if k[:2] == scope and
-                     k[2].startswith(okey) for w in ws]  # fmt: skip
-        else:
-            found = list(self._watches.get((*scope, okey), ()))
-        for watch in found:
-            watch.changed = True
-
-    def mount_label(self, bucket: str) -> str:
-        return self.namespace.label(bucket)
-
-    def stats(self) -> dict[str, object]:
-        memory = self.blocks.memory
-        disk = self.blocks.disk.stats() if self.blocks.disk else None
-        return {
-            "memory": {
-                "used_bytes": memory.used,
-                "capacity": memory.capacity,
-                "blocks": len(memory),
-                "evictions": memory.evictions,
-            },
-            "disk": dataclasses.asdict(disk) if disk is not None else None,
-            "metadata": self.metadata.stats(),
-            "fills": {"started": self.blocks.fills.started, "coalesced": self.blocks.fills.joined},
-        }
-
-    # -- metadata ----------------------------------------------------------------------
-
-    async def answer_peer(self, query: MetadataQuery) -> dict[str, object]:
-        """Another node's metadata miss, answered as the owner: this node's metadata
-        cache, else one coalesced origin call (never another node). JSON-ready.
-
-        A stale entry is revalidated before it is answered (no stale-while-revalidate
-        here): the asking node would otherwise store it as fresh for a whole TTL.
-        """
-        self.catch_up()
-        origin = next((o for o in self.namespace.origins() if o.name == query.origin), None)
-        if origin is None:
-            raise errors.OriginUnavailable(f"no origin named {query.origin!r} here")
-        scope = (query.origin, query.bucket)
-        policy = Policy(ttl=query.ttl, negative_ttl=query.negative_ttl, stale_while_revalidate=0)
-        if query.kind == "head":
-
-            async def head() -> ObjectInfo:
-                with self.metrics.origin_call(origin.name, "HeadObject"):
-                    return await origin.head_object(query.bucket, query.key)
-
-            return encode((await self.metadata.head(scope, query.key, policy, head)).value)
-        lookup = await self.metadata.listing(
-            scope, query.key, query.delimiter, query.start_after, query.max_keys, policy,
-            self._origin_pages(origin, query.bucket),
-        )  # fmt: skip
-        return encode(lookup.value)
-
-    def _page_fetcher(self, mount: Mount) -> FetchPage:
-        """Origin pages of ``mount``'s bucket; in a cluster, asked of the prefix's owner."""
-        from_origin = self._origin_pages(mount.origin, mount.origin_bucket)
-        if self.router is None:
-            return from_origin
-        router = self.router
-
-        async def fetch_page(prefix: str, delimiter: str, after: str, limit: int) -> ListPage:
-            query = MetadataQuery("list", mount.origin.name, mount.origin_bucket, prefix,
-                                  mount.metadata_ttl, mount.negative_ttl, delimiter, after, limit)  # fmt: skip
-            return await router.page(query, lambda: from_origin(prefix, delimiter, after, limit))
-
-        return fetch_page
-
-    def _origin_pages(self, origin: Origin, origin_bucket: str) -> FetchPage:
-        async def fetch_page(prefix: str, delimiter: str, after: str, limit: int) -> ListPage:
-            with self.metrics.origin_call(origin.name, "ListObjectsV2"):
-                return await origin.list_objects(origin_bucket, prefix, delimiter, after, limit)
-
-        return fetch_page
-
-    async def _origin_head(self, mount: Mount, okey: str) -> ObjectInfo:
-        with self.metrics.origin_call(mount.origin.name, "HeadObject"):
-            return await mount.origin.head_object(mount.origin_bucket, okey)
-
-    async def _owner_head(self, mount: Mount, okey: str) -> ObjectInfo:
-        """A HEAD miss: in a cluster, the key's metadata owner answers (one origin
-        HEAD per cluster, see ``cluster/directory.py``); else the origin."""
-        if self.router is None:
-            return await self._origin_head(mount, okey)
-        query = MetadataQuery("head", mount.origin.name, mount.origin_bucket, okey,
-                              mount.metadata_ttl, mount.negative_ttl)  # fmt: skip
-        return await self.router.head(query, lambda: self._origin_head(mount, okey))
+    # -- metadata and bytes --------------------------------------------------------------
 
     async def _metadata_for_read(
         self, mount: Mount, okey: str, byte_range: RangeSpec | None, admit: bool | None = None
     ) -> ObjectInfo:
-        scope = _scope(mount)
-        if byte_range is not None and byte_range.suffix is not None:
-            fetch = lambda: self._owner_head(mount, okey)  # noqa: E731 - the size is unknown
-        elif self.metadata.has_entry(scope, okey) or self.blocks.clustered:
-            # A refresh needs no bytes (and is bulk, see _known_or); in a cluster the
-            # first block may be owned elsewhere.
-            fetch = lambda: self._owner_head(mount, okey)  # noqa: E731
-        else:
-            index = (byte_range.first or 0) // self.block_size if byte_range else 0
-            fetch = lambda: self._first_block(mount, okey, index, admit)  # noqa: E731
-        lookup = await self.metadata.head(
-            scope, okey, _policy(mount), lambda: self._stored_or(mount, okey, fetch)
+        """The miss strategy of a read: the block the client needs answers the metadata
+        too, unless the size must be known first (a suffix range) or, in a cluster, the
+        block may be owned elsewhere: then a HEAD."""
+        if (byte_range is not None and byte_range.suffix is not None) or self.blocks.clustered:
+            return await self.source.for_read(mount, okey, None)
+        index = (byte_range.first or 0) // self.block_size if byte_range else 0
+        return await self.source.for_read(
+            mount, okey, lambda: self._first_block(mount, okey, index, admit)
         )
-        return lookup.value
-
-    async def _stored_or(self, mount: Mount, okey: str, fetch: FetchHead) -> ObjectInfo | Aged:
-        """A memory miss or expiry: the node's store, else what is known revalidated,
-        else ``fetch`` from the origin.
-
-        A stored answer within the TTL is used as it is, as old as it is (so a
-        restart costs no origin request, and no tier restarts the TTL). An
-        object known here or in the store, past its TTL, is revalidated in bulk
-        (``metadata/revalidate.py``). A stored answer some write made stale
-        since it was learned is not believed (``_believable``).
-        """
-        if self.store is None:
-            return await self._known_or(mount, okey, None, fetch)
-        scope = _scope(mount)
-        stored = await self._believable(scope, okey)
-        if stored is not None and stored.age < mount.metadata_ttl:
-            return Aged(stored.info, stored.age)
-        async with self.store.fetch_lock(scope, okey):
-            if self.store.shared:  # a sibling worker may have fetched it meanwhile
-                stored = await self._believable(scope, okey)
-                if stored is not None and stored.age < mount.metadata_ttl:
-                    return Aged(stored.info, stored.age)
-            learned = self.journal.seq()  # before asking: a write after it makes this suspect
-            answer = await self._known_or(mount, okey, stored, fetch)
-            if not isinstance(answer, Aged):  # a confirmed row was refreshed in the store
-                self.store.save(scope, okey, answer, learned)
-                if self.store.shared:
-                    await self.store.flush()  # visible to siblings before the lock opens
-        return answer
-
-    async def _known_or(
-        self, mount: Mount, okey: str, stored: Stored | None, fetch: FetchHead
-    ) -> ObjectInfo | Aged:
-        """What is known of ``okey`` (in memory, else ``stored``) revalidated, else ``fetch``."""
-        scope = _scope(mount)
-        known = self.metadata.known(scope, okey)
-        if known is None and stored is not None:
-            known = (stored.info, self.metadata.now() - stored.age)
-        if known is None:
-            return await fetch()
-        return await self._revalidator.known(
-            scope, okey, *known, _policy(mount), self._page_fetcher(mount),
-            lambda: self._owner_head(mount, okey),
-        )  # fmt: skip
-
-    async def _believable(self, scope: tuple[str, str], okey: str) -> Stored | None:
-        """The store's answer for ``okey``, unless a write since it was learned made it stale."""
-        assert self.store is not None
-        stored = await self.store.load(scope, okey)
-        if stored is None or not self.journal.current(*scope, okey, stored.learned):
-            return None
-        return stored
 
     async def _first_block(
         self, mount: Mount, okey: str, index: int, admit: bool | None = None
@@ -611,15 +288,13 @@ class Reader:
                     mount.origin_bucket, okey, (first, first + self.block_size - 1)
                 )
         except errors.RangeNotSatisfiable:
-            return await self._origin_head(mount, okey)  # empty, or a range past the end
+            return await self.source.origin_head(mount, okey)  # empty, or a range past the end
         ref = self._ref(mount, okey, stream.info, index)
         if (stream.start, stream.end) != (ref.first, ref.last):
             await stream.aclose()  # the origin ignored the range; fetch blocks normally
         else:
             await self.blocks.adopt(ref, stream, admit)
         return stream.info
-
-    # -- bytes -------------------------------------------------------------------------
 
     def _ref(self, mount: Mount, okey: str, info: ObjectInfo, index: int) -> BlockRef:
         block = BlockId(mount.origin.name, mount.origin_bucket, okey, info.etag, index)
@@ -655,7 +330,7 @@ class Reader:
                     self.metrics.read_ahead_window.observe(self.read_ahead.caught_up(window))
         except errors.OriginChanged:
             # Every tier at once: the next read (or this one's retry) sees the new version.
-            await self._invalidate(Invalidation(*_scope(mount), key=okey))
+            await self._invalidate(Invalidation(*scope_of(mount), key=okey))
             raise
 
     def _stream_window(
@@ -663,76 +338,6 @@ class Reader:
     ) -> tuple[Window, bool]:
         """The read-ahead window of this object's stream, and whether this range continues it."""
         marker = BlockId(mount.origin.name, mount.origin_bucket, okey, info.etag, -1)
-        previous = self._read_ends.pop(marker, None)
-        window = previous[1] if previous is not None else self.read_ahead.new()
-        self._read_ends[marker] = (end, window)
-        if len(self._read_ends) > _SEQUENTIAL_MEMORY:
-            self._read_ends.popitem(last=False)
-        sequential = previous is not None and previous[0] < start <= previous[0] + self.block_size
-        self.metrics.read_ahead_window.observe(self.read_ahead.resume(window, sequential))
+        window, sequential, size = self.streams.follow(marker, start, end, self.block_size)
+        self.metrics.read_ahead_window.observe(size)
         return window, sequential
-
-    async def block_refs(self, bucket: str, key: str, admit: bool | None = None) -> list[BlockRef]:
-        """Every block of ``key`` (its metadata looked up as a read would; none if empty).
-
-        A cold lookup starts the fill of block 0 with the same origin request,
-        admitted to disk as ``admit`` says (see ``BlockSource.fill``).
-        """
-        self.catch_up()
-        mount = self.namespace.resolve(bucket)
-        okey = mount.origin_key(key)
-        info = await self._metadata_for_read(mount, okey, None, admit)
-        count = (info.size + self.block_size - 1) // self.block_size
-        return [self._ref(mount, okey, info, index) for index in range(count)]
-
-
-async def _as_bytes(piece: Piece) -> bytes:
-    """A piece's bytes; a file segment is read in a thread (and released)."""
-    if not isinstance(piece, FileSegment):
-        return bytes(piece)
-    try:
-        return await asyncio.to_thread(os.pread, piece.fd, piece.count, piece.offset)
-    finally:
-        piece.release()
-
-
-def _scope(mount: Mount) -> tuple[str, str]:
-    return (mount.origin.name, mount.origin_bucket)
-
-
-def _policy(mount: Mount) -> Policy:
-    # A TTL of 0 asks the origin every time (a local directory): never a stale answer.
-    stale = math.inf if mount.metadata_ttl > 0 else 0.0
-    return Policy(ttl=mount.metadata_ttl, negative_ttl=mount.negative_ttl,
-                  stale_while_revalidate=stale, label=mount.label)  # fmt: skip
-
-
-def _bare(etag: str) -> str:
-    return etag.strip().strip('"').lower()
-
-
-def _blocks(pieces: Iterable[bytes], block_size: int) -> Iterator[bytes]:
-    """The bytes of ``pieces`` cut into blocks of ``block_size`` (the last may be shorter)."""
-    held: list[memoryview] = []
-    have = 0
-    for piece in pieces:
-        view = memoryview(piece)
-        while view:
-            part = view[: block_size - have]
-            held.append(part)
-            have += len(part)
-            view = view[len(part) :]
-            if have == block_size:
-                yield b"".join(held)
-                held, have = [], 0
-    if held:
-        yield b"".join(held)
-
-
-def _strip_prefix(page: ListPage, mount: Mount) -> ListPage:
-    return ListPage(
-        entries=[dataclasses.replace(e, key=mount.client_key(e.key)) for e in page.entries],
-        common_prefixes=[mount.client_key(p) for p in page.common_prefixes],
-        is_truncated=page.is_truncated,
-        next_marker=mount.client_key(page.next_marker) if page.next_marker else None,
-    )

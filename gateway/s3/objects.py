@@ -13,8 +13,9 @@ import logging
 from aiohttp import web
 
 from gateway import errors
+from gateway.object_read import ObjectRead
 from gateway.origins.base import ObjectInfo
-from gateway.reader import FileSegment, ObjectRead
+from gateway.pieces import FileSegment
 from gateway.s3 import xml
 from gateway.s3.call import Call
 from gateway.s3.conditionals import Conditions

@@ -1,0 +1,252 @@
+"""Where the reader gets metadata: this worker's memory, the node's store, the owner node, the origin.
+
+The reader asks for one thing (a HEAD answer, a listing page) and this
+module walks the tiers, fastest first:
+
+  1. this worker's memory (``cache/metadata.py``: TTLs, stale-while-revalidate,
+     one flight per key);
+  2. the node's store (``cache/metadata_store.py``), believed only if no write
+     since the row was learned made it stale (``_believable``, the node's
+     journal decides), and used as old as it is;
+  3. a known object past its TTL is revalidated in bulk by a listing of its
+     directory (``revalidate.py``), not by its own HEAD;
+  4. in a cluster, the key's (or prefix's) owner node (``cluster/directory.py``);
+  5. the origin.
+
+What a miss costs is chosen by the caller, at the call site: ``head`` asks
+with a HEAD; ``for_read`` takes the read's own ``first_block`` fetch (one
+ranged GET answers the metadata and fills the block the client needs), used
+only when nothing about the key is known — a refresh needs no bytes.
+
+Invalidation reaches this module's tiers through ``forget_locally`` (this
+worker's memory), ``drop_stored`` (the node's store) and the journal
+(``publish``/``news``: sibling workers); ``Reader._invalidate`` is the one
+place that names every tier a change reaches, blocks included.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
+from gateway import errors
+from gateway.cache.journal import EVERYTHING, Journal, SoloJournal
+from gateway.cache.metadata import Aged, FetchHead, FetchPage, MetadataCache, Policy
+from gateway.cache.metadata_store import MetadataStore, Stored
+from gateway.cluster.directory import MetadataRouter, encode
+from gateway.cluster.peers import MetadataQuery
+from gateway.invalidation import Invalidation
+from gateway.metadata.revalidate import Revalidator
+from gateway.namespace import Mount
+from gateway.origins.base import ListPage, ObjectInfo, Origin
+
+Scope = tuple[str, str]  # (origin name, origin bucket)
+
+
+def scope_of(mount: Mount) -> Scope:
+    return (mount.origin.name, mount.origin_bucket)
+
+
+def policy_of(mount: Mount) -> Policy:
+    # A TTL of 0 asks the origin every time (a local directory): never a stale answer.
+    stale = math.inf if mount.metadata_ttl > 0 else 0.0
+    return Policy(ttl=mount.metadata_ttl, negative_ttl=mount.negative_ttl,
+                  stale_while_revalidate=stale, label=mount.label)  # fmt: skip
+
+
+class MetadataSource:
+    """Object heads and listing pages of mounts, through the metadata tiers."""
+
+    def __init__(self, memory: MetadataCache, store: MetadataStore | None,
+                 router: MetadataRouter | None, journal: Journal | SoloJournal,
+                 origin_call: Callable[[str, str], AbstractContextManager[None]],
+                 on_revalidated: Callable[[str, str], None]) -> None:  # fmt: skip
+        """``origin_call(origin, operation)``: the context manager that observes an
+        origin request; ``on_revalidated(outcome, mount)``: a bulk revalidation's end."""
+        self.memory = memory
+        self.store = store
+        self.router = router
+        self.journal = journal
+        self._origin_call = origin_call
+        self._revalidator = Revalidator(memory, store, self._believable, on_revalidated)
+
+    # -- asking --------------------------------------------------------------------------
+
+    async def head(self, mount: Mount, okey: str) -> ObjectInfo:
+        """``okey``'s HEAD answer; a miss costs a HEAD (of the owner node, or the origin)."""
+        return await self.for_read(mount, okey, None)
+
+    async def for_read(self, mount: Mount, okey: str, first_block: FetchHead | None) -> ObjectInfo:
+        """``okey``'s metadata for a read; a miss of a key nothing is known of costs
+        ``first_block`` (None: a HEAD)."""
+        scope = scope_of(mount)
+        fetch: FetchHead = lambda: self.owner_head(mount, okey)  # noqa: E731
+        if first_block is not None and not self.memory.has_entry(scope, okey):
+            fetch = first_block
+        lookup = await self.memory.head(
+            scope, okey, policy_of(mount), lambda: self._stored_or(mount, okey, fetch)
+        )
+        return lookup.value
+
+    async def listing(self, mount: Mount, prefix: str, delimiter: str, after: str,
+                      max_keys: int) -> ListPage:  # fmt: skip
+        """A page of ``mount``'s origin bucket, in origin keys."""
+        lookup = await self.memory.listing(scope_of(mount), prefix, delimiter, after, max_keys,
+                                           policy_of(mount), self._page_fetcher(mount))  # fmt: skip
+        return lookup.value
+
+    async def answer_peer(self, query: MetadataQuery, origin: Origin) -> dict[str, object]:
+        """Another node's metadata miss, answered as the owner: this node's memory,
+        else one coalesced origin call (never another node). JSON-ready.
+
+        A stale entry is revalidated before it is answered (no stale-while-revalidate
+        here): the asking node would otherwise store it as fresh for a whole TTL.
+        """
+        scope = (query.origin, query.bucket)
+        policy = Policy(ttl=query.ttl, negative_ttl=query.negative_ttl, stale_while_revalidate=0)
+        if query.kind == "head":
+
+            async def head() -> ObjectInfo:
+                with self._origin_call(origin.name, "HeadObject"):
+                    return await origin.head_object(query.bucket, query.key)
+
+            return encode((await self.memory.head(scope, query.key, policy, head)).value)
+        lookup = await self.memory.listing(
+            scope, query.key, query.delimiter, query.start_after, query.max_keys, policy,
+            self._origin_pages(origin, query.bucket),
+        )  # fmt: skip
+        return encode(lookup.value)
+
+    async def origin_head(self, mount: Mount, okey: str) -> ObjectInfo:
+        """The origin's own HEAD answer, past every tier (a write's metadata)."""
+        with self._origin_call(mount.origin.name, "HeadObject"):
+            return await mount.origin.head_object(mount.origin_bucket, okey)
+
+    async def owner_head(self, mount: Mount, okey: str) -> ObjectInfo:
+        """A HEAD miss: in a cluster, the key's metadata owner answers (one origin
+        HEAD per cluster, see ``cluster/directory.py``); else the origin."""
+        if self.router is None:
+            return await self.origin_head(mount, okey)
+        query = MetadataQuery("head", mount.origin.name, mount.origin_bucket, okey,
+                              mount.metadata_ttl, mount.negative_ttl)  # fmt: skip
+        return await self.router.head(query, lambda: self.origin_head(mount, okey))
+
+    # -- learning ------------------------------------------------------------------------
+
+    def remember(self, mount: Mount, okey: str, info: ObjectInfo, learned: int) -> None:
+        """What a write told about ``okey``, learned at journal position ``learned``."""
+        scope = scope_of(mount)
+        self.memory.put_head(scope, okey, info, policy_of(mount))
+        if self.store is not None:
+            self.store.save(scope, okey, info, learned)
+
+    # -- forgetting ----------------------------------------------------------------------
+
+    def forget_locally(self, item: Invalidation) -> None:
+        """Drop from this worker's memory the metadata ``item`` makes stale."""
+        if item.key is not None:
+            self.memory.invalidate_key(item.scope, item.key)
+        else:
+            self.memory.invalidate_prefix(item.scope, item.prefix or "")
+        if self.router is not None:
+            self.router.invalidated(item.scope)
+
+    async def drop_stored(self, item: Invalidation) -> None:
+        """Drop from the node's store the rows ``item`` makes stale."""
+        if self.store is None:
+            return
+        if item.key is None:
+            await self.store.drop(item.scope, item.prefix or "")
+        else:
+            await self.store.drop(item.scope, item.key, exact=True)
+
+    async def forget_all(self) -> None:
+        """Every metadata entry of the node, in every worker's memory and in the store."""
+        self.memory.clear()
+        self.journal.publish([EVERYTHING])
+        if self.store is not None:
+            await self.store.clear()
+
+    # -- the tiers -----------------------------------------------------------------------
+
+    async def _stored_or(self, mount: Mount, okey: str, fetch: FetchHead) -> ObjectInfo | Aged:
+        """A memory miss or expiry: the node's store, else what is known revalidated,
+        else ``fetch`` from the origin.
+
+        A stored answer within the TTL is used as it is, as old as it is (so a
+        restart costs no origin request, and no tier restarts the TTL). An
+        object known here or in the store, past its TTL, is revalidated in bulk
+        (``revalidate.py``). A stored answer some write made stale since it was
+        learned is not believed (``_believable``).
+        """
+        if self.store is None:
+            return await self._known_or(mount, okey, None, fetch)
+        scope = scope_of(mount)
+        stored = await self._believable(scope, okey)
+        if stored is not None and stored.age < mount.metadata_ttl:
+            return Aged(stored.info, stored.age)
+        async with self.store.fetch_lock(scope, okey):
+            if self.store.shared:  # a sibling worker may have fetched it meanwhile
+                stored = await self._believable(scope, okey)
+                if stored is not None and stored.age < mount.metadata_ttl:
+                    return Aged(stored.info, stored.age)
+            learned = self.journal.seq()  # before asking: a write after it makes this suspect
+            answer = await self._known_or(mount, okey, stored, fetch)
+            if not isinstance(answer, Aged):  # a confirmed row was refreshed in the store
+                self.store.save(scope, okey, answer, learned)
+                if self.store.shared:
+                    await self.store.flush()  # visible to siblings before the lock opens
+        return answer
+
+    async def _known_or(
+        self, mount: Mount, okey: str, stored: Stored | None, fetch: FetchHead
+    ) -> ObjectInfo | Aged:
+        """What is known of ``okey`` (in memory, else ``stored``) revalidated, else ``fetch``."""
+        scope = scope_of(mount)
+        known = self.memory.known(scope, okey)
+        if known is None and stored is not None:
+            known = (stored.info, self.memory.now() - stored.age)
+        if known is None:
+            return await fetch()
+        return await self._revalidator.known(
+            scope, okey, *known, policy_of(mount), self._page_fetcher(mount),
+            lambda: self.owner_head(mount, okey),
+        )  # fmt: skip
+
+    async def _believable(self, scope: Scope, okey: str) -> Stored | None:
+        """The store's answer for ``okey``, unless a write since it was learned made it stale."""
+        assert self.store is not None
+        stored = await self.store.load(scope, okey)
+        if stored is None or not self.journal.current(*scope, okey, stored.learned):
+            return None
+        return stored
+
+    def _page_fetcher(self, mount: Mount) -> FetchPage:
+        """Origin pages of ``mount``'s bucket; in a cluster, asked of the prefix's owner."""
+        from_origin = self._origin_pages(mount.origin, mount.origin_bucket)
+        if self.router is None:
+            return from_origin
+        router = self.router
+
+        async def fetch_page(prefix: str, delimiter: str, after: str, limit: int) -> ListPage:
+            query = MetadataQuery("list", mount.origin.name, mount.origin_bucket, prefix,
+                                  mount.metadata_ttl, mount.negative_ttl, delimiter, after, limit)  # fmt: skip
+            return await router.page(query, lambda: from_origin(prefix, delimiter, after, limit))
+
+        return fetch_page
+
+    def _origin_pages(self, origin: Origin, origin_bucket: str) -> FetchPage:
+        async def fetch_page(prefix: str, delimiter: str, after: str, limit: int) -> ListPage:
+            with self._origin_call(origin.name, "ListObjectsV2"):
+                return await origin.list_objects(origin_bucket, prefix, delimiter, after, limit)
+
+        return fetch_page
+
+
+def origin_named(origins: list[Origin], name: str) -> Origin:
+    """The origin called ``name`` on this node (a peer's query names it)."""
+    found = next((o for o in origins if o.name == name), None)
+    if found is None:
+        raise errors.OriginUnavailable(f"no origin named {name!r} here")
+    return found
