@@ -359,10 +359,9 @@ class BlockSource:
     async def _open(self, ref: BlockRef, start: int | None = None) -> ObjectStream:
         block = ref.block
         first = ref.first if start is None else start
-        with self.metrics.origin_call(block.origin, "GetObject"):
-            return await ref.origin.get_object(
-                block.bucket, block.key, (first, ref.last), if_match=block.etag
-            )
+        return await ref.origin.get_object(
+            block.bucket, block.key, (first, ref.last), if_match=block.etag
+        )
 
     async def _copy(
         self,

@@ -168,7 +168,8 @@ class Metrics:
         )
         self.origin_requests = Counter(
             "hoard_origin_requests_total",
-            "Requests Hoard sent to an origin, by origin name and S3 operation.",
+            "Requests Hoard sent to an origin, by origin name and S3 operation (a hedge and "
+            "a resume each count; tries after a failure count as retries).",
             ["origin", "operation"],
             registry=self.registry,
         )
@@ -549,6 +550,9 @@ class OriginGuardMetrics:
 
     def hedged(self, won: bool) -> None:
         self._m.origin_hedges.labels(self._origin, "true" if won else "false").inc()
+
+    def call(self, operation: str) -> contextlib.AbstractContextManager[None]:
+        return self._m.origin_call(self._origin, operation)
 
     def breaker(self, state: str) -> None:
         self._m.origin_breaker_open.labels(self._origin).set(0 if state == "closed" else 1)

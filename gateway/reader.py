@@ -61,8 +61,7 @@ class Reader:
         self.metadata = metadata
         self.metrics = metrics
         self.block_size = block_size
-        self.source = MetadataSource(metadata, store, router, self.journal,
-                                     metrics.origin_call, metrics.revalidated)  # fmt: skip
+        self.source = MetadataSource(metadata, store, router, self.journal, metrics.revalidated)
         self.streams = Streams(read_ahead or ReadAheadPolicy(4, 4, 10.0))
         self.read_ahead = self.streams.policy
         self._observe = observe
@@ -283,10 +282,9 @@ class Reader:
         """A metadata miss answered by the block the client needs: one round trip, not two."""
         first = index * self.block_size
         try:
-            with self.metrics.origin_call(mount.origin.name, "GetObject"):
-                stream = await mount.origin.get_object(
-                    mount.origin_bucket, okey, (first, first + self.block_size - 1)
-                )
+            stream = await mount.origin.get_object(
+                mount.origin_bucket, okey, (first, first + self.block_size - 1)
+            )
         except errors.RangeNotSatisfiable:
             return await self.source.origin_head(mount, okey)  # empty, or a range past the end
         ref = self._ref(mount, okey, stream.info, index)

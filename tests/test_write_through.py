@@ -24,9 +24,11 @@ from gateway.cache.disk import DiskTier
 from gateway.cache.memory import MemoryTier
 from gateway.cache.metadata import MetadataCache
 from gateway.capture import Budget, Capture
+from gateway.config import PosixOriginConfig
 from gateway.metrics import Metrics
 from gateway.namespace import Mount, Namespace
 from gateway.origins.base import ObjectInfo
+from gateway.origins.guard import OriginGuard
 from gateway.origins.posix import PosixOrigin
 from gateway.pieces import FileSegment
 from gateway.reader import Reader
@@ -127,9 +129,12 @@ async def _wired(tmp_path: Path, block_size: int = 64 * 1024, buffer: int = 8 * 
     root = tmp_path / "root"
     (root / "data").mkdir(parents=True)
     origin = GatedPosix("disk", root)
-    mount = Mount(bucket="b", origin=origin, origin_bucket="data", write_through_max=4 * MiB)
+    metrics = Metrics()  # origin requests are counted by the guard, as in a running Hoard
+    guarded = OriginGuard(
+        origin, PosixOriginConfig(type="posix", path=root), metrics.origin_guard("disk")
+    )
+    mount = Mount(bucket="b", origin=guarded, origin_bucket="data", write_through_max=4 * MiB)
     namespace = Namespace([mount], write_through_buffer=buffer)
-    metrics = Metrics()
     disk = DiskTier(tmp_path / "cache", 64 * MiB)
     await disk.start()
     blocks = BlockSource(MemoryTier(8 * MiB, 16 * 1024), disk, metrics)

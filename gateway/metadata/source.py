@@ -27,8 +27,7 @@ place that names every tier a change reaches, blocks included.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Awaitable, Callable
 
 from gateway import errors
 from gateway.cache.journal import EVERYTHING, Journal, SoloJournal
@@ -60,15 +59,13 @@ class MetadataSource:
 
     def __init__(self, memory: MetadataCache, store: MetadataStore | None,
                  router: MetadataRouter | None, journal: Journal | SoloJournal,
-                 origin_call: Callable[[str, str], AbstractContextManager[None]],
                  on_revalidated: Callable[[str, str], None]) -> None:  # fmt: skip
-        """``origin_call(origin, operation)``: the context manager that observes an
-        origin request; ``on_revalidated(outcome, mount)``: a bulk revalidation's end."""
+        """``on_revalidated(outcome, mount)``: a bulk revalidation's end (origin requests
+        are observed by each origin's guard, ``origins/guard.py``)."""
         self.memory = memory
         self.store = store
         self.router = router
         self.journal = journal
-        self._origin_call = origin_call
         self._revalidator = Revalidator(memory, store, self._believable, on_revalidated)
 
     # -- asking --------------------------------------------------------------------------
@@ -107,9 +104,8 @@ class MetadataSource:
         policy = Policy(ttl=query.ttl, negative_ttl=query.negative_ttl, stale_while_revalidate=0)
         if query.kind == "head":
 
-            async def head() -> ObjectInfo:
-                with self._origin_call(origin.name, "HeadObject"):
-                    return await origin.head_object(query.bucket, query.key)
+            def head() -> Awaitable[ObjectInfo]:
+                return origin.head_object(query.bucket, query.key)
 
             return encode((await self.memory.head(scope, query.key, policy, head)).value)
         lookup = await self.memory.listing(
@@ -120,8 +116,7 @@ class MetadataSource:
 
     async def origin_head(self, mount: Mount, okey: str) -> ObjectInfo:
         """The origin's own HEAD answer, past every tier (a write's metadata)."""
-        with self._origin_call(mount.origin.name, "HeadObject"):
-            return await mount.origin.head_object(mount.origin_bucket, okey)
+        return await mount.origin.head_object(mount.origin_bucket, okey)
 
     async def owner_head(self, mount: Mount, okey: str) -> ObjectInfo:
         """A HEAD miss: in a cluster, the key's metadata owner answers (one origin
@@ -238,8 +233,7 @@ class MetadataSource:
 
     def _origin_pages(self, origin: Origin, origin_bucket: str) -> FetchPage:
         async def fetch_page(prefix: str, delimiter: str, after: str, limit: int) -> ListPage:
-            with self._origin_call(origin.name, "ListObjectsV2"):
-                return await origin.list_objects(origin_bucket, prefix, delimiter, after, limit)
+            return await origin.list_objects(origin_bucket, prefix, delimiter, after, limit)
 
         return fetch_page
 

@@ -23,6 +23,11 @@ retried like any failed request; a body that breaks after it is resumed from
 the next byte, and a GET that stalls is hedged (``resume.py``), each resume a
 retry by the rules above.
 
+Every request is observed here (``GuardEvents.call``: count, latency to the
+answer, failure), so the origin metrics count what really went to the origin —
+a hedge and a resume each count as a request, tries after a failure as retries
+— whichever part of Hoard asked.
+
 Writes are not guarded: everything but the read protocol (``forward``,
 ``put_object`` and the other posix writes) passes through to the wrapped
 origin untouched, so the writer's protocol checks still see what the origin
@@ -43,6 +48,7 @@ import math
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from gateway import errors, priority
@@ -66,6 +72,7 @@ class GuardEvents(Protocol):
     def breaker(self, state: str) -> None: ...
     def resumed(self) -> None: ...
     def hedged(self, won: bool) -> None: ...
+    def call(self, operation: str) -> AbstractContextManager[None]: ...
 
 
 class OriginGuard:
@@ -172,6 +179,13 @@ class OriginGuard:
 
     async def _call(
         self, operation: str, request: Callable[[], Awaitable[Any]], holds_slot: bool = False
+    ) -> Any:
+        """One origin request, observed here (count, latency, failure) whoever asked for it."""
+        with self._events.call(operation):
+            return await self._guarded(operation, request, holds_slot)
+
+    async def _guarded(
+        self, operation: str, request: Callable[[], Awaitable[Any]], holds_slot: bool
     ) -> Any:
         ticket = self.breaker.admit()
         if ticket is None:
