@@ -17,10 +17,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import calendar
-import datetime
 import hashlib
 import hmac
-import ipaddress
 import random
 import ssl
 import zlib
@@ -34,10 +32,6 @@ import boto3
 import pytest
 from aiohttp import web
 from botocore.config import Config
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from multidict import CIMultiDict
 
 from gateway.s3 import chunked
@@ -51,6 +45,7 @@ from gateway.s3.sigv4 import (
     derive_signing_key,
     is_signed,
 )
+from tests.certs import make_ca
 
 KEY = "AKIDCHUNKEDTEST"
 SECRET = "chunked/secret+KEY"
@@ -197,41 +192,18 @@ class Recorder:
 
 
 @pytest.fixture(scope="session")
-def tls_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1, so botocore takes its HTTPS code paths."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """A CA file, and a certificate and key it issued for 127.0.0.1, so botocore takes
+    its HTTPS code paths."""
     directory = tmp_path_factory.mktemp("tls")
+    ca = make_ca(directory)
     cert_path, key_path = directory / "cert.pem", directory / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert_path, key_path
+    ca.issue(cert_path, key_path)
+    return ca.path, cert_path, key_path
 
 
 @pytest.fixture
-async def recorder(tls_files: tuple[Path, Path]) -> AsyncIterator[Recorder]:
+async def recorder(tls_files: tuple[Path, Path, Path]) -> AsyncIterator[Recorder]:
     rec = Recorder()
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_route("PUT", "/{tail:.*}", rec.handle)
@@ -239,7 +211,7 @@ async def recorder(tls_files: tuple[Path, Path]) -> AsyncIterator[Recorder]:
     runner = web.AppRunner(app, auto_decompress=False)
     await runner.setup()
     tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    tls.load_cert_chain(*tls_files)
+    tls.load_cert_chain(*tls_files[1:])
     for scheme, context in (("http", None), ("https", tls)):
         site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
         await site.start()
@@ -259,7 +231,7 @@ async def put(rec: Recorder, cert: Path, scheme: str, setting: str, data: bytes,
 @pytest.mark.parametrize("setting", list(SETTINGS))
 @pytest.mark.parametrize("scheme", ["http", "https"])
 async def test_boto3_put_object_bodies_decode_byte_for_byte(
-    recorder: Recorder, tls_files: tuple[Path, Path], scheme: str, setting: str
+    recorder: Recorder, tls_files: tuple[Path, Path, Path], scheme: str, setting: str
 ) -> None:
     for size in SIZES:
         data = payload(size)
@@ -279,7 +251,7 @@ async def test_boto3_put_object_bodies_decode_byte_for_byte(
 
 
 async def test_boto3_default_over_https_is_an_unsigned_trailer_body(
-    recorder: Recorder, tls_files: tuple[Path, Path]
+    recorder: Recorder, tls_files: tuple[Path, Path, Path]
 ) -> None:
     """The case behind the issue: boto3 >= 1.36, put_object, default settings, TLS."""
     rec = await put(recorder, tls_files[0], "https", "default", b"hello world")
@@ -292,7 +264,7 @@ async def test_boto3_default_over_https_is_an_unsigned_trailer_body(
 @pytest.mark.parametrize("param", ["ChecksumMD5", "ContentMD5"])
 @pytest.mark.parametrize("scheme", ["http", "https"])
 async def test_boto3_with_an_md5_given(
-    recorder: Recorder, tls_files: tuple[Path, Path], scheme: str, param: str
+    recorder: Recorder, tls_files: tuple[Path, Path, Path], scheme: str, param: str
 ) -> None:
     """x-amz-checksum-md5 (botocore sends it, never computes it), and Content-MD5."""
     data = payload(70_000)
@@ -305,7 +277,7 @@ async def test_boto3_with_an_md5_given(
 
 @pytest.mark.parametrize("scheme", ["http", "https"])
 async def test_boto3_other_content_encoding_survives(
-    recorder: Recorder, tls_files: tuple[Path, Path], scheme: str
+    recorder: Recorder, tls_files: tuple[Path, Path, Path], scheme: str
 ) -> None:
     data = zlib.compress(payload(1000))
     rec = await put(recorder, tls_files[0], scheme, "default", data, ContentEncoding="gzip")
@@ -316,7 +288,7 @@ async def test_boto3_other_content_encoding_survives(
 
 @pytest.mark.parametrize("scheme", ["http", "https"])
 async def test_live_decoding_from_the_request_stream(
-    recorder: Recorder, tls_files: tuple[Path, Path], scheme: str
+    recorder: Recorder, tls_files: tuple[Path, Path, Path], scheme: str
 ) -> None:
     recorder.live = True
     for size in SIZES:
