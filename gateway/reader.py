@@ -27,13 +27,13 @@ from dataclasses import dataclass
 from gateway import errors
 from gateway.blocks import BlockSource
 from gateway.cache.block import BlockId, block_bounds, block_plan
-from gateway.cache.journal import EVERYTHING, Journal, SoloJournal
-from gateway.cache.metadata import Aged, FetchHead, FetchPage, MetadataCache, Policy
-from gateway.cache.metadata_store import MetadataStore, Stored
 from gateway.cluster.directory import MetadataRouter, encode
 from gateway.cluster.peers import MetadataQuery
 from gateway.invalidation import Invalidation
+from gateway.metadata.journal import EVERYTHING, Journal, SoloJournal
+from gateway.metadata.memory import Aged, FetchHead, FetchPage, MetadataCache, Policy
 from gateway.metadata.revalidate import Revalidator
+from gateway.metadata.store import MetadataStore, Stored
 from gateway.metrics import Metrics
 from gateway.namespace import Mount, Namespace
 from gateway.origins.base import BucketInfo, ListPage, ObjectInfo, Origin

@@ -5,8 +5,8 @@ from __future__ import annotations
 import multiprocessing
 from pathlib import Path
 
-from gateway.cache.journal import EVERYTHING, RING, Journal
 from gateway.invalidation import Invalidation
+from gateway.metadata.journal import EVERYTHING, RING, Journal
 
 
 def _publish_from_sibling(path: Path, items: list[Invalidation]) -> None:
