@@ -1,4 +1,4 @@
-"""The node's invalidation journal (gateway/cache/journal.py), with real sibling processes."""
+"""The node's invalidation journal (gateway/metadata/journal.py), with real sibling processes."""
 
 from __future__ import annotations
 
