@@ -14,10 +14,10 @@ leads out is answered as a missing key, exactly as the listing (which skips
 it) shows it. Keys are not percent-decoded here: the S3 front already did, so
 ``%2e%2e`` is a literal file name. Sockets, FIFOs and devices are not objects.
 
-Writes (``posix_write.py``) go to a temp file beside the destination and are
-renamed into place; the same key rules apply, and a key leading out of the
-root, into the multipart staging area (``.hoard-uploads`` at the root) or onto
-a reserved temp name is refused. Content-Type, user metadata, representation
+Writes (``posix_write.py``, ``posix_multipart.py``) go to a temp file beside
+the destination and are renamed into place; the same key rules apply, and a
+key leading out of the root, into the multipart staging area (``.hoard-uploads``
+at the root) or onto a reserved temp name is refused. Content-Type, user metadata, representation
 headers and the ETag a write returned are stored in an xattr; reads return
 them, the ETag only while the file's (size, mtime_ns, inode) are still the
 ones it was stored for. The staging area and temp files never show up as
@@ -70,18 +70,10 @@ from gateway.origins import posix_buckets as buckets
 from gateway.origins.base import BucketInfo, ListEntry, ListPage, ObjectInfo
 from gateway.origins.listing import common_prefix, paginate, prefix_end
 from gateway.origins.posix_buckets import valid_bucket_name
-from gateway.origins.posix_write import (
-    STAGING_DIR,
-    TEMP_PREFIX,
-    Attrs,
-    PartInfo,
-    PosixWriter,
-    PutResult,
-    Record,
-    Records,
-    Target,
-    UploadInfo,
-)
+from gateway.origins.posix_files import TEMP_PREFIX, PutResult, Target
+from gateway.origins.posix_multipart import STAGING_DIR, PartInfo, PosixUploads, UploadInfo
+from gateway.origins.posix_records import Attrs, Record, Records
+from gateway.origins.posix_write import PosixWriter
 
 CHUNK_SIZE = 1 << 20
 _EPOCH = datetime.fromtimestamp(0, tz=UTC)
@@ -244,6 +236,7 @@ class PosixOrigin:
         self._staging = os.path.join(self._root, STAGING_DIR)
         self._records = Records()
         self._writer = PosixWriter(self._root, self._records, fsync=fsync)
+        self._uploads = PosixUploads(self._root, self._records, fsync=fsync)
 
     async def list_buckets(self) -> list[BucketInfo]:
         return await asyncio.to_thread(self._buckets)
@@ -390,7 +383,7 @@ class PosixOrigin:
                 entries = walk.collect(walk.nodes(base, base_key, partial, (base,)), max_keys)
         return paginate(entries, prefix, delimiter, start_after, max_keys)
 
-    # -- writes: posix_write.py does the work, here keys become checked paths -------
+    # -- writes: posix_write/posix_multipart do the work, here keys become checked paths
 
     def _target(self, bucket: str, key: str) -> Target:
         """Where a write of ``key`` lands; refused if it cannot stay in the served tree."""
@@ -478,7 +471,7 @@ class PosixOrigin:
         def create() -> str:
             if self._target(bucket, key).folder:
                 raise errors.InvalidObjectName(f"A folder key cannot be uploaded: {key!r}")
-            return self._writer.create_upload(bucket, key, attrs)
+            return self._uploads.create_upload(bucket, key, attrs)
 
         return await asyncio.to_thread(create)
 
@@ -486,7 +479,7 @@ class PosixOrigin:
         self, bucket: str, key: str, upload_id: str, part_number: int, body: AsyncIterator[bytes]
     ) -> PartInfo:
         """Stage a part; its ETag is the quoted MD5 of its bytes, as in S3."""
-        return await self._writer.upload_part(bucket, key, upload_id, part_number, body)
+        return await self._uploads.upload_part(bucket, key, upload_id, part_number, body)
 
     async def upload_part_copy(
         self,
@@ -500,7 +493,7 @@ class PosixOrigin:
     ) -> PartInfo:
         """Stage a part from (an inclusive ``byte_range`` of) another object."""
         async with await self.get_object(src_bucket, src_key, byte_range) as source:
-            return await self._writer.upload_part(
+            return await self._uploads.upload_part(
                 bucket, key, upload_id, part_number, source.chunks()
             )
 
@@ -509,27 +502,27 @@ class PosixOrigin:
     ) -> PutResult:
         """Join the listed ``(part number, ETag)`` parts into the object.
 
-        Raises InvalidPartOrder, InvalidPart, EntityTooSmall, NoSuchUpload (posix_write).
+        Raises InvalidPartOrder, InvalidPart, EntityTooSmall, NoSuchUpload (posix_multipart).
         """
         target = await asyncio.to_thread(self._target, bucket, key)
-        return await self._writer.complete(bucket, key, upload_id, parts, target)
+        return await self._uploads.complete(bucket, key, upload_id, parts, target)
 
     async def abort_multipart_upload(self, bucket: str, key: str, upload_id: str) -> None:
-        await asyncio.to_thread(self._writer.abort, bucket, key, upload_id)
+        await asyncio.to_thread(self._uploads.abort, bucket, key, upload_id)
 
     async def list_parts(self, bucket: str, key: str, upload_id: str) -> list[PartInfo]:
-        return await asyncio.to_thread(self._writer.list_parts, bucket, key, upload_id)
+        return await asyncio.to_thread(self._uploads.list_parts, bucket, key, upload_id)
 
     async def list_multipart_uploads(self, bucket: str, prefix: str = "") -> list[UploadInfo]:
         def uploads() -> list[UploadInfo]:
             self._bucket_dir(bucket)
-            return self._writer.list_uploads(bucket, prefix)
+            return self._uploads.list_uploads(bucket, prefix)
 
         return await asyncio.to_thread(uploads)
 
     async def cleanup_stale_uploads(self, older_than: float) -> int:
         """Remove staged uploads idle for ``older_than`` seconds; how many were removed."""
-        return await asyncio.to_thread(self._writer.cleanup_stale_uploads, older_than)
+        return await asyncio.to_thread(self._uploads.cleanup_stale_uploads, older_than)
 
 
 class _Walk:
