@@ -49,7 +49,7 @@ import threading
 import weakref
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 from gateway import errors
 from gateway.origins.posix_records import Attrs, Records
@@ -190,11 +190,6 @@ def _fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def last_modified(st: os.stat_result) -> datetime:
-    """Whole seconds, the rule ``posix.py`` uses for HEAD (tests hold the two together)."""
-    return datetime.fromtimestamp(st.st_mtime_ns // 1_000_000_000, tz=UTC)
 
 
 def quoted_md5(digest: bytes) -> str:

@@ -62,12 +62,11 @@ from gateway.origins.posix_files import (
     commit_to,
     domain_errors,
     drain,
-    last_modified,
     open_beside,
     quoted_md5,
     undo,
 )
-from gateway.origins.posix_records import Attrs, Records
+from gateway.origins.posix_records import Attrs, Records, last_modified
 
 STAGING_DIR = ".hoard-uploads"  # at the root; never a bucket, a key or a prefix
 

@@ -27,12 +27,16 @@ NOT guaranteed:
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
+import mimetypes
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from gateway.errors import MetadataTooLarge
+from gateway.origins.base import ObjectInfo
 
 META_XATTR = "user.hoard.meta"
 
@@ -144,3 +148,37 @@ class Records:
                 raise MetadataTooLarge("The metadata does not fit in the origin's xattrs") from err
             else:
                 raise
+
+
+def last_modified(st: os.stat_result) -> datetime:
+    """Whole seconds, for HEAD and listings alike: HTTP dates carry no more."""
+    return datetime.fromtimestamp(st.st_mtime_ns // 1_000_000_000, tz=UTC)
+
+
+def etag_of(st: os.stat_result) -> str:
+    """A quoted, MD5-shaped fingerprint of (size, mtime_ns, inode); some clients parse ETags."""
+    material = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}".encode()
+    return '"' + hashlib.blake2b(material, digest_size=16).hexdigest() + '"'
+
+
+def guessed_content_type(key: str) -> str:
+    kind, encoding = mimetypes.guess_type(key.rsplit("/", 1)[-1], strict=False)
+    # "x.csv.gz" guesses text/csv + gzip. The bytes are gzip, and sending
+    # Content-Encoding would make HTTP clients inflate them: treat as opaque.
+    return kind if kind and not encoding else "binary/octet-stream"
+
+
+def object_info(key: str, st: os.stat_result, record: Record | None) -> ObjectInfo:
+    if record is None:
+        return ObjectInfo(
+            key, st.st_size, etag_of(st), last_modified(st), guessed_content_type(key)
+        )
+    return ObjectInfo(
+        key,
+        st.st_size,
+        record.etag_for(st) or etag_of(st),
+        last_modified(st),
+        record.attrs.content_type or guessed_content_type(key),
+        metadata=dict(record.attrs.metadata),
+        headers=dict(record.attrs.headers),
+    )

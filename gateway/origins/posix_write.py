@@ -42,13 +42,12 @@ from gateway.origins.posix_files import (
     commit_to,
     domain_errors,
     drain,
-    last_modified,
     make_dirs,
     open_beside,
     quoted_md5,
     undo,
 )
-from gateway.origins.posix_records import Attrs, Records
+from gateway.origins.posix_records import Attrs, Records, last_modified
 
 
 class PosixWriter:
