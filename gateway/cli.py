@@ -41,10 +41,7 @@ from gateway.blocks import BlockSource
 from gateway.cache.admission import Doorkeeper
 from gateway.cache.disk import DiskTier
 from gateway.cache.disk_open import raise_fd_limit
-from gateway.cache.journal import Journal
 from gateway.cache.memory import MemoryTier
-from gateway.cache.metadata import MetadataCache
-from gateway.cache.metadata_store import MetadataStore
 from gateway.client import commands as commands_
 from gateway.client.admin import AdminClient, AdminError
 from gateway.cluster.node import ClusterNode
@@ -60,6 +57,9 @@ from gateway.config import (
 )
 from gateway.invalidation import Invalidation
 from gateway.listener import bind
+from gateway.metadata.journal import Journal
+from gateway.metadata.memory import MetadataCache
+from gateway.metadata.store import MetadataStore
 from gateway.metrics import Metrics, enable_multiprocess, forget_process
 from gateway.namespace import Namespace
 from gateway.origins.base import Origin

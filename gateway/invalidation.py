@@ -1,7 +1,7 @@
 """What a write makes stale: one key, or every key under a prefix, of one origin bucket.
 
 A value type with no imports above it, shared by the write path, the node's
-invalidation journal (``cache/journal.py``: sibling workers) and the cluster
+invalidation journal (``metadata/journal.py``: sibling workers) and the cluster
 (``cluster/peers.py``: other nodes), so none of them imports another for it.
 """
 

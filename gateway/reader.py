@@ -25,13 +25,13 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from gateway import errors
 from gateway.blocks import BlockSource
 from gateway.cache.block import BlockId, block_bounds, block_plan
-from gateway.cache.journal import Journal, SoloJournal
-from gateway.cache.metadata import MetadataCache
-from gateway.cache.metadata_store import MetadataStore
 from gateway.cluster.directory import MetadataRouter
 from gateway.cluster.peers import MetadataQuery
 from gateway.invalidation import Invalidation
+from gateway.metadata.journal import Journal, SoloJournal
+from gateway.metadata.memory import MetadataCache
 from gateway.metadata.source import MetadataSource, origin_named, scope_of
+from gateway.metadata.store import MetadataStore
 from gateway.metrics import Metrics
 from gateway.namespace import Mount, Namespace
 from gateway.object_read import ObjectRead, Precondition
@@ -222,7 +222,7 @@ class Reader:
         """Apply what sibling workers invalidated since this worker last looked.
 
         Called as every read starts: a write any worker acknowledged before is
-        then forgotten here too (see ``cache/journal.py``).
+        then forgotten here too (see ``metadata/journal.py``).
         """
         news = self.journal.news()
         if news is None:

@@ -31,8 +31,8 @@ from aiohttp.http import HttpVersion11
 
 from gateway.accesslog import AccessLog
 from gateway.admin import Admin
+from gateway.cluster.peer_server import PeerServer
 from gateway.cluster.peers import PREFIX as PEER_PREFIX
-from gateway.cluster.peers import PeerServer
 from gateway.metrics import Metrics
 from gateway.s3 import xml
 from gateway.s3.front import S3Front

@@ -49,7 +49,8 @@ from gateway.capture import Budget, Capture
 from gateway.invalidation import Invalidation
 from gateway.namespace import Mount, Namespace
 from gateway.origins.base import ObjectInfo
-from gateway.origins.posix_write import PartInfo, PutResult, UploadInfo
+from gateway.origins.posix_files import PutResult
+from gateway.origins.posix_multipart import PartInfo, UploadInfo
 from gateway.origins.s3_forward import ForwardRequest, ForwardResponse
 from gateway.reader import Reader
 

@@ -18,7 +18,7 @@ import json
 import tracemalloc
 from datetime import UTC, datetime, timedelta
 
-from gateway.cache.metadata import MetadataCache, Policy
+from gateway.metadata.memory import MetadataCache, Policy
 from gateway.origins.base import ListEntry, ListPage, ObjectInfo
 from gateway.origins.listing import paginate
 

@@ -12,7 +12,8 @@ import pytest
 
 from gateway.cluster.directory import MetadataRouter, decode_info, decode_page, encode
 from gateway.cluster.membership import Membership
-from gateway.cluster.peers import MetadataQuery, PeerClient
+from gateway.cluster.peer_client import PeerClient
+from gateway.cluster.peers import MetadataQuery
 from gateway.cluster.placement import Placement
 from gateway.metrics import Metrics
 from gateway.origins.base import ListEntry, ListPage, ObjectInfo

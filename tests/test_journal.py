@@ -1,12 +1,12 @@
-"""The node's invalidation journal (gateway/cache/journal.py), with real sibling processes."""
+"""The node's invalidation journal (gateway/metadata/journal.py), with real sibling processes."""
 
 from __future__ import annotations
 
 import multiprocessing
 from pathlib import Path
 
-from gateway.cache.journal import EVERYTHING, RING, Journal
 from gateway.invalidation import Invalidation
+from gateway.metadata.journal import EVERYTHING, RING, Journal
 
 
 def _publish_from_sibling(path: Path, items: list[Invalidation]) -> None:

@@ -16,9 +16,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from gateway.cache.metadata import Aged, Lookup, MetadataCache, Policy
 from gateway.config import S3OriginConfig
 from gateway.errors import NoSuchKey, OriginThrottled, OriginUnavailable
+from gateway.metadata.memory import Aged, Lookup, MetadataCache, Policy
 from gateway.metadata.snapshot import snapshot
 from gateway.origins.base import ListEntry, ListPage, ObjectInfo
 from gateway.origins.listing import paginate
@@ -266,7 +266,7 @@ async def test_failed_refresh_keeps_the_stale_entry_and_logs(
     clock.advance(61)
     fetch.answer = OriginUnavailable("down")
 
-    with caplog.at_level(logging.WARNING, logger="gateway.cache.metadata"):
+    with caplog.at_level(logging.WARNING, logger="gateway.metadata.memory"):
         first = await cache.head(SCOPE, "k", POLICY, fetch)
         await settle()
     second = await cache.head(SCOPE, "k", POLICY, fetch)

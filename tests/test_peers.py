@@ -22,14 +22,14 @@ from aiohttp import web
 from yarl import URL
 
 from gateway import errors
+from gateway.cluster.peer_client import PeerClient
+from gateway.cluster.peer_server import PeerServer
 from gateway.cluster.peers import (
     BlockRequest,
     MetadataQuery,
     PeerChanged,
-    PeerClient,
     PeerNotCached,
     PeerNotFound,
-    PeerServer,
     PeerUnavailable,
     sign,
 )

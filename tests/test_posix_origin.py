@@ -18,7 +18,8 @@ from gateway.errors import (
     RangeNotSatisfiable,
 )
 from gateway.origins.base import Origin
-from gateway.origins.posix import CHUNK_SIZE, PosixOrigin, valid_bucket_name
+from gateway.origins.posix import PosixOrigin, valid_bucket_name
+from gateway.origins.posix_stream import CHUNK_SIZE
 
 
 def write(path: Path, data: bytes = b"x") -> Path:

@@ -12,19 +12,21 @@ from pathlib import Path
 
 import pytest
 
-from gateway.errors import InvalidObjectName, NoSuchBucket, NoSuchKey
-from gateway.origins.posix import PosixOrigin
-from gateway.origins.posix_write import (
-    META_XATTR,
-    STAGING_DIR,
-    TEMP_PREFIX,
+from gateway.errors import (
     EntityTooSmall,
     InvalidArgument,
+    InvalidObjectName,
     InvalidPart,
     InvalidPartOrder,
     MetadataTooLarge,
+    NoSuchBucket,
+    NoSuchKey,
     NoSuchUpload,
 )
+from gateway.origins.posix import PosixOrigin
+from gateway.origins.posix_files import TEMP_PREFIX
+from gateway.origins.posix_multipart import STAGING_DIR
+from gateway.origins.posix_records import META_XATTR
 
 MIB = 1 << 20
 

@@ -11,8 +11,8 @@ import logging
 
 import pytest
 
-from gateway.cache.metadata import Aged, MetadataCache
 from gateway.errors import OriginUnavailable
+from gateway.metadata.memory import Aged, MetadataCache
 from gateway.metadata.revalidate import Revalidator
 from gateway.origins.base import ListEntry
 from tests.test_metadata_cache import POLICY, SCOPE, T0, Clock, Fetch, Lister, info

@@ -22,9 +22,9 @@ from prometheus_client import generate_latest
 from gateway.blocks import BlockSource
 from gateway.cache.disk import DiskTier
 from gateway.cache.memory import MemoryTier
-from gateway.cache.metadata import MetadataCache
 from gateway.capture import Budget, Capture
 from gateway.config import PosixOriginConfig
+from gateway.metadata.memory import MetadataCache
 from gateway.metrics import Metrics
 from gateway.namespace import Mount, Namespace
 from gateway.origins.base import ObjectInfo

@@ -66,7 +66,7 @@ directory belongs to Hoard alone.
 
 fsync: off by default. A block lost in a crash is fetched again, a torn one
 fails its checksum and is dropped, and the index tolerates rows without files
-and (after ``start``) files without rows. ``fsync=True`` syncs each block
+and (after ``start``, ``disk_recovery.py``) files without rows. ``fsync=True`` syncs each block
 before it is indexed, its directory after the rename, and runs SQLite with
 ``synchronous=FULL``, for caches that are expensive to refill.
 
@@ -85,7 +85,6 @@ import asyncio
 import contextlib
 import errno
 import logging
-import os
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable
@@ -94,11 +93,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gateway.cache import disk_files as files
-from gateway.cache import disk_packed, disk_space
+from gateway.cache import disk_packed, disk_recovery, disk_space
 from gateway.cache.block import HEADER_SIZE, BlockId, encode_header
 from gateway.cache.disk_files import BlockFile, Corrupt, FillAbandoned, PartFollower
 from gateway.cache.disk_index import DiskIndex, IndexRow
-from gateway.cache.disk_open import OpenBlocks, within_fd_limit
+from gateway.cache.disk_open import OpenBlocks, opening, within_fd_limit
 from gateway.cache.disk_packed import PackedBlocks
 from gateway.cache.disk_writer import BlockWriter
 from gateway.cache.segment_sql import Place, Removed
@@ -109,7 +108,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _KEEP_OPEN_MAX = 1 << 20  # blocks up to this size keep their descriptors open when hot
-_RECONCILE_GRACE = 60.0  # seconds: younger files and rows may belong to a commit in flight
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,10 +190,8 @@ class DiskTier:
         for path in (self._blocks, self._tmp, self.directory / "segments"):
             await asyncio.to_thread(path.mkdir, parents=True, exist_ok=True)
         await self._index.open()
-        stale = await asyncio.to_thread(files.remove_stale_parts, self._tmp)
-        if stale:
-            log.info("disk tier: removed %d abandoned part files", stale)
-        await self._reconcile()
+        await disk_recovery.recover(self._index, self._blocks, self._tmp, self._final, self._packed)
+        await self._remove_evicted(await self._index.evict(self.capacity))
         self._flusher = asyncio.create_task(self._flush_loop())
 
     async def close(self) -> None:
@@ -230,7 +226,7 @@ class DiskTier:
                 if packed is not None:
                     self._touched[block.digest] = time.time()
                 return packed
-        found = await _opening(
+        found = await opening(
             asyncio.to_thread(files.open_block, self._final(block), block, self._verified)
         )
         if isinstance(found, Corrupt):
@@ -247,7 +243,7 @@ class DiskTier:
         After None, or FillAbandoned from the follower, retry ``get`` and then
         ``begin``. Raises FillAbandoned if the filler died before its header.
         """
-        follower = await _opening(asyncio.to_thread(files.open_part, self._part(block)))
+        follower = await opening(asyncio.to_thread(files.open_part, self._part(block)))
         if follower is None:
             return None
         try:
@@ -275,7 +271,7 @@ class DiskTier:
         else:
             claim = asyncio.to_thread(files.claim, part, final, header)
         try:
-            fd = await _opening(claim)
+            fd = await opening(claim)
         except OSError as exc:
             await self._failed("start", exc, block)
             raise
@@ -489,44 +485,3 @@ class DiskTier:
         while True:
             await asyncio.sleep(self._touch_interval)
             await self.flush()
-
-    async def _reconcile(self) -> None:
-        """Make blocks/ and the index agree after crashes, recount, evict to capacity."""
-        on_disk = await asyncio.to_thread(files.scan_blocks, self._blocks)
-        indexed = await self._index.created()
-        # Either side may be mid-commit in another process (renamed, not yet
-        # indexed; indexed after our scan): only what is old enough is debris.
-        cutoff = time.time() - _RECONCILE_GRACE
-        orphans = await asyncio.to_thread(
-            files.older_than, [self._final(d) for d in on_disk.difference(indexed)], cutoff
-        )
-        await asyncio.to_thread(files.unlink_many, orphans)
-        ghosts = [(d, c) for d, c in indexed.items() if d not in on_disk and c < cutoff]
-        await self._index.forget(ghosts)
-        if self._packed is not None:
-            await self._packed.reconcile(cutoff)
-        await self._index.recount()
-        await self._remove_evicted(await self._index.evict(self.capacity))
-        if orphans or ghosts:
-            log.info("disk tier: removed %d unindexed files, %d rows without files",
-                     len(orphans), len(ghosts))  # fmt: skip
-
-
-async def _opening(job: Awaitable[T]) -> T:
-    """Await a thread job that opens descriptors; if cancelled, close what it opened."""
-    future = asyncio.ensure_future(job)
-    try:
-        return await asyncio.shield(future)
-    except asyncio.CancelledError:
-        future.add_done_callback(_close_result)
-        raise
-
-
-def _close_result(future: asyncio.Future[Any]) -> None:
-    if future.cancelled() or future.exception() is not None:
-        return
-    result = future.result()
-    if isinstance(result, int):
-        os.close(result)
-    elif isinstance(result, BlockFile | PartFollower):
-        result.close()

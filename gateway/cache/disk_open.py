@@ -24,18 +24,26 @@ workers are found by the next hit or by ``sweep``, which the disk tier runs
 every touch interval. Until then the disk holds at most
 ``entries * max_block`` bytes beyond the tier's capacity. A descriptor still
 sending when it is forgotten is closed by its last user.
+
+Every open runs in a worker thread; ``opening`` awaits one so that a caller
+cancelled meanwhile does not leak what the thread opened after all: the
+result is closed when the thread finishes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import resource
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
-from gateway.cache.disk_files import BlockFile, fingerprint_of
+from gateway.cache.disk_files import BlockFile, PartFollower, fingerprint_of
+
+T = TypeVar("T")
 
 
 class _Kept:
@@ -155,3 +163,23 @@ def _unchanged(file: BlockFile) -> bool:
     except OSError:
         return False
     return stat.st_nlink > 0 and fingerprint_of(stat) == file.fingerprint
+
+
+async def opening(job: Awaitable[T]) -> T:
+    """Await a thread job that opens descriptors; if cancelled, close what it opened."""
+    future = asyncio.ensure_future(job)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        future.add_done_callback(_close_result)
+        raise
+
+
+def _close_result(future: asyncio.Future[Any]) -> None:
+    if future.cancelled() or future.exception() is not None:
+        return
+    result = future.result()
+    if isinstance(result, int):
+        os.close(result)
+    elif isinstance(result, BlockFile | PartFollower):
+        result.close()

@@ -43,7 +43,8 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from gateway import errors
-from gateway.cluster.peers import MetadataQuery, PeerClient, PeerNotFound, PeerUnavailable
+from gateway.cluster.peer_client import PeerClient
+from gateway.cluster.peers import MetadataQuery, PeerNotFound, PeerUnavailable
 from gateway.cluster.placement import Placement
 from gateway.metrics import Metrics
 from gateway.origins.base import ListEntry, ListPage, ObjectInfo

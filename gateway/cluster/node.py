@@ -34,15 +34,12 @@ from gateway import tls
 from gateway.cluster.backlog import Backlog
 from gateway.cluster.directory import MetadataRouter
 from gateway.cluster.membership import Membership
-from gateway.cluster.peers import (
-    Invalidation,
-    MetadataQuery,
-    PeerClient,
-    PeerServer,
-    PieceSender,
-)
+from gateway.cluster.peer_client import PeerClient
+from gateway.cluster.peer_server import PeerServer, PieceSender
+from gateway.cluster.peers import MetadataQuery
 from gateway.cluster.placement import Placement
 from gateway.config import ClusterConfig
+from gateway.invalidation import Invalidation
 from gateway.metrics import Metrics
 
 log = logging.getLogger(__name__)

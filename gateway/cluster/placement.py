@@ -35,10 +35,10 @@ from contextlib import aclosing
 from gateway import errors
 from gateway.cache.singleflight import Flight
 from gateway.cluster.membership import Membership
+from gateway.cluster.peer_client import PeerClient
 from gateway.cluster.peers import (
     BlockRequest,
     PeerChanged,
-    PeerClient,
     PeerError,
     PeerNotFound,
     PeerUnavailable,

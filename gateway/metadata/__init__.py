@@ -6,14 +6,20 @@ per key) is the thundering herd Hoard exists to prevent, so metadata that
 expires is revalidated in bulk: one listing of the object's directory answers
 for up to 1,000 keys per origin page (``revalidate.py``).
 
-The tiers today, fastest first (to be gathered into this package):
-  * ``cache/metadata.py``: each worker's memory (heads and whole listings,
-    TTLs, stale-while-revalidate, coalesced misses);
-  * ``cache/metadata_store.py``: the node's SQLite store, shared by workers
-    and kept across restarts;
+The tiers, fastest first:
+  * ``memory.py``: each worker's memory (heads and whole listings, TTLs,
+    stale-while-revalidate, coalesced misses);
+  * ``store.py``: the node's SQLite store, shared by workers and kept across
+    restarts;
   * ``cluster/directory.py``: in a cluster, the key's (or prefix's) owner node;
   * the origin.
-``cache/journal.py`` carries every invalidation to every worker of the node.
+``journal.py`` carries every invalidation to every worker of the node: a
+shared memory-mapped ring each worker reads before trusting a stored row.
+
+What this package may import: the leaves (``gateway.errors``,
+``gateway.invalidation``, ``gateway.origins.base`` and ``origins.listing``)
+and itself. Nothing here imports the reader, the blocks or the cluster; the
+reader composes the tiers (today with closures in ``reader.py``).
 
 Memory is bounded in bytes and sized for millions of objects: a HEAD answer is
 one packed record (``heads.py``, ~214 bytes an object), a prefix's whole

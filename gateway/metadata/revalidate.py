@@ -42,9 +42,9 @@ import time
 from collections.abc import Awaitable, Callable
 
 from gateway import errors
-from gateway.cache.metadata import Aged, FetchPage, MetadataCache, Policy
-from gateway.cache.metadata_store import MetadataStore, Stored
+from gateway.metadata.memory import Aged, FetchPage, MetadataCache, Policy
 from gateway.metadata.snapshot import Snapshot
+from gateway.metadata.store import MetadataStore, Stored
 from gateway.origins.base import ObjectInfo
 
 log = logging.getLogger(__name__)

@@ -3,9 +3,9 @@
 The reader asks for one thing (a HEAD answer, a listing page) and this
 module walks the tiers, fastest first:
 
-  1. this worker's memory (``cache/metadata.py``: TTLs, stale-while-revalidate,
+  1. this worker's memory (``memory.py``: TTLs, stale-while-revalidate,
      one flight per key);
-  2. the node's store (``cache/metadata_store.py``), believed only if no write
+  2. the node's store (``store.py``), believed only if no write
      since the row was learned made it stale (``_believable``, the node's
      journal decides), and used as old as it is;
   3. a known object past its TTL is revalidated in bulk by a listing of its
@@ -30,13 +30,13 @@ import math
 from collections.abc import Awaitable, Callable
 
 from gateway import errors
-from gateway.cache.journal import EVERYTHING, Journal, SoloJournal
-from gateway.cache.metadata import Aged, FetchHead, FetchPage, MetadataCache, Policy
-from gateway.cache.metadata_store import MetadataStore, Stored
 from gateway.cluster.directory import MetadataRouter, encode
 from gateway.cluster.peers import MetadataQuery
 from gateway.invalidation import Invalidation
+from gateway.metadata.journal import EVERYTHING, Journal, SoloJournal
+from gateway.metadata.memory import Aged, FetchHead, FetchPage, MetadataCache, Policy
 from gateway.metadata.revalidate import Revalidator
+from gateway.metadata.store import MetadataStore, Stored
 from gateway.namespace import Mount
 from gateway.origins.base import ListPage, ObjectInfo, Origin
 

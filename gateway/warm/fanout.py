@@ -12,7 +12,8 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
-from gateway.cluster.peers import PREFIX, PeerClient, PeerUnavailable
+from gateway.cluster.peer_client import PeerClient
+from gateway.cluster.peers import PREFIX, PeerUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ origin: within the mount's TTL the stored answer is as good as a fresh one;
 past it, the object is known, so a cheap HEAD revalidates it.
 
 Each row also keeps ``learned``: the node journal's sequence number read
-before the origin request that taught it (``cache/journal.py``). A write
+before the origin request that taught it (``journal.py``). A write
 through any worker marks the journal after that, so the reader trusts a row
 only while the journal says nothing touched its key since: a sibling's fetch
 that raced a write may store its old answer, and it is never believed.

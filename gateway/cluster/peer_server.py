@@ -1,0 +1,272 @@
+"""The peer server: answers other nodes' signed requests from this node's tiers.
+
+It serves the routes of the peer wire (``peers.py``): a block from the node's
+tiers or its own coalesced origin fill (``read_block``), a metadata answer as
+the key's owner (``metadata``), invalidations (``invalidate``, ``drop_all``),
+named messages (``on_message``, e.g. prefetch registrations), and routes other
+features mount under ``/_hoard/peer/<name>/`` (warm jobs). It holds only
+callables injected by the wiring, so it imports no tier and no reader.
+
+Every request is checked before anything is read: the signature over method,
+target and date within ``MAX_SKEW``, and a body against the signed ``sha256``.
+A block's first piece is awaited before the headers go out, so a block that
+cannot be had is still a status (404, 412, 503 with ``X-Hoard-Error``) the
+asking node acts on; after the first byte a failure can only cut the
+connection, which the client reads as ``PeerUnavailable`` at that byte.
+
+Not guaranteed: a peer that stops reading holds a stream until the write
+times out; a message body is held whole (up to 64 MiB) before it is checked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+from typing import Any, Protocol
+
+from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
+
+from gateway import errors
+from gateway.cluster.peers import (
+    DATE_HEADER,
+    ERROR_HEADER,
+    MAX_SKEW,
+    PREFIX,
+    READ_BUFFER,
+    SIGNATURE_HEADER,
+    BlockRequest,
+    MetadataQuery,
+    PeerNotCached,
+    parse_date,
+    same_digest,
+    sign,
+)
+from gateway.invalidation import Invalidation
+from gateway.pieces import Piece
+
+Pieces = AsyncIterator[Piece]
+
+log = logging.getLogger(__name__)
+
+_MAX_MESSAGE = 64 * 1024**2  # a message body (a prefetch order of many keys) held at once
+_FIELDS = ("origin", "bucket", "key", "prefix")  # of an Invalidation; others are ignored
+
+MountedHandler = Callable[[web.Request, str, bytes], Awaitable[web.StreamResponse]]
+
+
+class PieceSender(Protocol):  # gateway.s3.body.BodySender is one
+    async def send(self, request: web.Request, writer: AbstractStreamWriter, piece: Piece) -> None:
+        """Send ``piece``; release a FileSegment whether or not it was sent."""
+
+
+def _error(
+    status: int, code: str, message: str, headers: dict[str, str] | None = None
+) -> web.Response:
+    body: dict[str, Any] = {"error": code, "message": message}
+    if headers:
+        body["headers"] = headers  # a delete marker's 404 names itself
+    return web.json_response(body, status=status, headers={ERROR_HEADER: code})
+
+
+def _status_of(exc: Exception) -> web.Response:
+    """A failure before the first byte, as the status the requesting node acts on."""
+    if isinstance(exc, PeerNotCached):
+        return _error(404, "NotCached", str(exc))
+    if isinstance(exc, errors.NoSuchBucket):  # not "no such key": the asker asks the origin
+        return _error(404, "NoSuchBucket", str(exc))
+    if isinstance(exc, errors.NoSuchKey):
+        return _error(404, "NoSuchKey", str(exc), exc.headers)
+    if isinstance(exc, errors.NotFound):
+        return _error(404, "NoSuchKey", str(exc))
+    if isinstance(exc, errors.OriginChanged | errors.PreconditionFailed):
+        return _error(412, "OriginChanged", str(exc))
+    if not isinstance(exc, errors.HoardError | OSError):
+        log.error("peer block read failed", exc_info=exc)
+    # AccessDenied lands here too: a 403 would read as a bad signature, and the
+    # requesting node learns the real answer when it falls back to the origin.
+    return _error(503, "Unavailable", str(exc) or type(exc).__name__)
+
+
+class PeerServer:
+    """Answers this node's peer endpoints from injected callables."""
+
+    def __init__(
+        self,
+        secret: str,
+        read_block: Callable[[BlockRequest], AsyncIterator[Piece]],
+        invalidate: Callable[[list[Invalidation]], Awaitable[None]],
+        body_sender: PieceSender | None = None,
+        clock: Callable[[], float] = time.time,
+        *,
+        metadata: Callable[[MetadataQuery], Awaitable[Any]] | None = None,
+        drop_all: Callable[[], Awaitable[None]] | None = None,
+        on_message: Callable[[str, bytes], Awaitable[None]] | None = None,
+    ) -> None:
+        self._secret = secret
+        self._on_message = on_message
+        self._read_block = read_block
+        self._invalidate = invalidate
+        self._metadata = metadata  # the owner's answer, JSON-ready
+        self._drop_all = drop_all
+        self._sender = body_sender  # None: FileSegments are read in a thread and written
+        self._clock = clock
+        self._mounted: dict[str, MountedHandler] = {}
+
+    def mount(self, name: str, handler: MountedHandler) -> None:
+        """Serve ``/_hoard/peer/<name>/...`` with ``handler(request, rest of path, body)``."""
+        self._mounted[name] = handler
+
+    async def handle(self, request: web.Request, path: str) -> web.StreamResponse:
+        """Answer one request whose path is under ``/_hoard/peer/``."""
+        if not self._authentic(request):
+            return _error(403, "AccessDenied", "missing, wrong or expired cluster signature")
+        if path.startswith(f"{PREFIX}block/") and request.method == "GET":
+            return await self._serve_block(request, path.removeprefix(f"{PREFIX}block/"))
+        if path == f"{PREFIX}invalidate" and request.method == "POST":
+            return await self._serve_invalidate(request)
+        if path == f"{PREFIX}meta" and request.method == "GET" and self._metadata is not None:
+            return await self._serve_metadata(request)
+        if path.startswith(f"{PREFIX}message/") and request.method == "POST":
+            return await self._serve_message(request, path.removeprefix(f"{PREFIX}message/"))
+        name, _, rest = path.removeprefix(PREFIX).partition("/")
+        if name in self._mounted:
+            body = await request.read()
+            if body and not same_digest(
+                hashlib.sha256(body).hexdigest(), request.query.get("sha256", "")
+            ):
+                return _error(403, "AccessDenied", "the body does not match the signed digest")
+            return await self._mounted[name](request, rest, body)
+        return _error(404, "NoSuchEndpoint", f"no peer endpoint {request.method} {path}")
+
+    def _authentic(self, request: web.Request) -> bool:
+        date = request.headers.get(DATE_HEADER, "")
+        moment = parse_date(date)
+        if not self._secret or moment is None or abs(self._clock() - moment) > MAX_SKEW:
+            return False
+        expected = sign(self._secret, request.method, request.raw_path, date)
+        return same_digest(expected, request.headers.get(SIGNATURE_HEADER, ""))
+
+    async def _serve_block(self, request: web.Request, digest: str) -> web.StreamResponse:
+        try:
+            block = BlockRequest.from_query(request.raw_path.partition("?")[2])
+        except (ValueError, KeyError) as exc:
+            return _error(400, "InvalidRequest", f"bad block request: {exc!r}")
+        if block.block_id.digest != digest:
+            return _error(400, "InvalidRequest", "the digest does not name the queried block")
+        async with aclosing(aiter(self._read_block(block))) as pieces:
+            # The first piece is awaited before the headers go out, so a block that
+            # cannot be had is still a status the requesting node can act on.
+            try:
+                first = await anext(pieces)
+            except StopAsyncIteration:
+                return _error(503, "Unavailable", "the owner produced no bytes")
+            except Exception as exc:
+                return _status_of(exc)
+            response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+            response.content_length = block.length
+            await self._stream(request, response, first, pieces)
+        return response
+
+    async def _stream(
+        self, request: web.Request, response: web.StreamResponse, first: Piece, pieces: Pieces
+    ) -> None:
+        try:
+            try:
+                writer = await response.prepare(request)
+            except BaseException:
+                if not isinstance(first, bytes | memoryview):
+                    first.release()  # it never reached a sender, which releases segments
+                raise
+            sent = await self._send(request, writer, first)
+            async for piece in pieces:
+                sent += await self._send(request, writer, piece)
+            if sent != response.content_length:
+                raise errors.OriginUnavailable(f"the block read gave {sent} bytes")
+            await response.write_eof()
+        except (ConnectionResetError, TimeoutError):
+            log.debug("peer went away mid-block")
+            _drop(request)
+        except Exception:
+            # The headers are out: a cut connection is the only honest signal left.
+            log.exception("peer block read failed mid-body")
+            _drop(request)
+
+    async def _send(self, request: web.Request, writer: AbstractStreamWriter, piece: Piece) -> int:
+        if isinstance(piece, bytes | memoryview):
+            await writer.write(piece)
+            return piece.nbytes if isinstance(piece, memoryview) else len(piece)
+        if self._sender is not None:
+            await self._sender.send(request, writer, piece)
+            return piece.count
+        try:  # no sendfile: one read of at most a block, in a thread
+            data = await asyncio.to_thread(os.pread, piece.fd, piece.count, piece.offset)
+        finally:
+            piece.release()
+        await writer.write(data)
+        return len(data)
+
+    async def _signed_body(self, request: web.Request) -> bytes | None:
+        """The body (up to ``_MAX_MESSAGE`` bytes), if it is the one the signed ``sha256`` names."""
+        parts, size = [], 0
+        async for chunk in request.content.iter_chunked(READ_BUFFER):
+            size += len(chunk)
+            if size > _MAX_MESSAGE:
+                return None
+            parts.append(chunk)
+        body = b"".join(parts)
+        signed = request.query.get("sha256", "")
+        return body if same_digest(hashlib.sha256(body).hexdigest(), signed) else None
+
+    async def _serve_message(self, request: web.Request, name: str) -> web.StreamResponse:
+        body = await self._signed_body(request)
+        if body is None:
+            return _error(403, "AccessDenied", "the body is too large or not the signed one")
+        if self._on_message is None:
+            return _error(404, "NoSuchEndpoint", "this node takes no peer messages")
+        try:
+            await self._on_message(name, body)
+        except (ValueError, KeyError, TypeError) as exc:
+            return _error(400, "InvalidRequest", f"bad {name} message: {exc!r}")
+        return web.Response(status=204)
+
+    async def _serve_invalidate(self, request: web.Request) -> web.StreamResponse:
+        body = await self._signed_body(request)
+        if body is None:
+            return _error(403, "AccessDenied", "the body does not match the signed digest")
+        try:
+            # Unknown fields are ignored: a newer node may send more in a rolling upgrade.
+            items = [Invalidation(**{n: i[n] for n in _FIELDS if n in i}) for i in json.loads(body)]
+        except (ValueError, TypeError) as exc:
+            return _error(400, "InvalidRequest", f"bad invalidation: {exc!r}")
+        try:
+            if request.query.get("all") == "1" and self._drop_all is not None:
+                await self._drop_all()
+            await self._invalidate(items)
+        except Exception as exc:
+            log.exception("peer invalidation failed")
+            return _error(503, "Unavailable", str(exc) or type(exc).__name__)
+        return web.Response(status=204)
+
+    async def _serve_metadata(self, request: web.Request) -> web.StreamResponse:
+        assert self._metadata is not None
+        try:
+            query = MetadataQuery.from_query(request.raw_path.partition("?")[2])
+        except (ValueError, KeyError) as exc:
+            return _error(400, "InvalidRequest", f"bad metadata query: {exc!r}")
+        try:
+            answer = await self._metadata(query)
+        except Exception as exc:
+            return _status_of(exc)
+        return web.json_response(answer)
+
+
+def _drop(request: web.Request) -> None:
+    if request.transport is not None:
+        request.transport.abort()
