@@ -10,11 +10,12 @@ from datetime import UTC, datetime
 
 import pytest
 
-from gateway.cluster.directory import MetadataRouter, decode_info, decode_page, encode
+from gateway.cluster.directory import MetadataRouter
 from gateway.cluster.membership import Membership
 from gateway.cluster.peer_client import PeerClient
 from gateway.cluster.peers import MetadataQuery
 from gateway.cluster.placement import Placement
+from gateway.metadata.codec import info_from, jsonable, page_from
 from gateway.metrics import Metrics
 from gateway.origins.base import ListEntry, ListPage, ObjectInfo
 from tests.harness import free_port
@@ -66,9 +67,9 @@ async def setup():
 
 
 def test_answers_roundtrip_through_json():
-    assert decode_info(encode(INFO)) == INFO
+    assert info_from(jsonable(INFO)) == INFO
     page = ListPage([ListEntry("a", 1, '"x"', INFO.last_modified)], ["p/"], True, "p/")
-    assert decode_page(encode(page)) == page
+    assert page_from(jsonable(page)) == page
 
 
 async def test_an_unreachable_owner_means_the_origin_and_a_reported_failure(setup):

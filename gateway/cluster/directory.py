@@ -35,56 +35,22 @@ asker's copy expires; writes through Hoard invalidate both copies).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from datetime import datetime
 from typing import Any, TypeVar
 
 from gateway import errors
 from gateway.cluster.peer_client import PeerClient
 from gateway.cluster.peers import MetadataQuery, PeerNotFound, PeerUnavailable
 from gateway.cluster.placement import Placement
+from gateway.metadata import codec
 from gateway.metrics import Metrics
-from gateway.origins.base import ListEntry, ListPage, ObjectInfo
+from gateway.origins.base import ListPage, ObjectInfo
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-def encode(value: ObjectInfo | ListPage) -> dict[str, Any]:
-    """An owner's answer, JSON-ready (datetimes as ISO 8601)."""
-    fields = dataclasses.asdict(value)
-    if isinstance(value, ObjectInfo):
-        fields["last_modified"] = value.last_modified.isoformat()
-    else:
-        for entry, original in zip(fields["entries"], value.entries, strict=True):
-            entry["last_modified"] = original.last_modified.isoformat()
-    return fields
-
-
-def decode_info(fields: dict[str, Any]) -> ObjectInfo:
-    return ObjectInfo(
-        **{**fields, "last_modified": datetime.fromisoformat(fields["last_modified"])}
-    )
-
-
-def decode_page(fields: dict[str, Any]) -> ListPage:
-    entries = [_decode_entry(e) for e in fields["entries"]]
-    return ListPage(**{**fields, "entries": entries})
-
-
-def _decode_entry(fields: dict[str, Any]) -> ListEntry:
-    # JSON turned the tuples into lists; the entries are compared and hashed as tuples.
-    owner = fields.get("owner")
-    return ListEntry(**{
-        **fields,
-        "last_modified": datetime.fromisoformat(fields["last_modified"]),
-        "checksum_algorithms": tuple(fields.get("checksum_algorithms", ())),
-        "owner": tuple(owner) if owner else None,
-    })  # fmt: skip
 
 
 class MetadataRouter:
@@ -118,13 +84,13 @@ class MetadataRouter:
         self, query: MetadataQuery, origin: Callable[[], Awaitable[ObjectInfo]]
     ) -> ObjectInfo:
         """``query``'s object info from the owner of its key, else ``origin()``."""
-        return await self._ask(query, decode_info, origin)
+        return await self._ask(query, codec.info_from, origin)
 
     async def page(
         self, query: MetadataQuery, origin: Callable[[], Awaitable[ListPage]]
     ) -> ListPage:
         """``query``'s listing page from the owner of its prefix, else ``origin()``."""
-        return await self._ask(query, decode_page, origin)
+        return await self._ask(query, codec.page_from, origin)
 
     def owner(self, query: MetadataQuery) -> str:
         # "\0" cannot occur in a URL-safe origin name, so the fields cannot run together.

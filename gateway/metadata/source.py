@@ -30,9 +30,10 @@ import math
 from collections.abc import Awaitable, Callable
 
 from gateway import errors
-from gateway.cluster.directory import MetadataRouter, encode
+from gateway.cluster.directory import MetadataRouter
 from gateway.cluster.peers import MetadataQuery
 from gateway.invalidation import Invalidation
+from gateway.metadata import codec
 from gateway.metadata.journal import EVERYTHING, Journal, SoloJournal
 from gateway.metadata.memory import Aged, FetchHead, FetchPage, MetadataCache, Policy
 from gateway.metadata.revalidate import Revalidator
@@ -107,12 +108,12 @@ class MetadataSource:
             def head() -> Awaitable[ObjectInfo]:
                 return origin.head_object(query.bucket, query.key)
 
-            return encode((await self.memory.head(scope, query.key, policy, head)).value)
+            return codec.jsonable((await self.memory.head(scope, query.key, policy, head)).value)
         lookup = await self.memory.listing(
             scope, query.key, query.delimiter, query.start_after, query.max_keys, policy,
             self._origin_pages(origin, query.bucket),
         )  # fmt: skip
-        return encode(lookup.value)
+        return codec.jsonable(lookup.value)
 
     async def origin_head(self, mount: Mount, okey: str) -> ObjectInfo:
         """The origin's own HEAD answer, past every tier (a write's metadata)."""

@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import dataclasses
 import fcntl
-import json
 import logging
 import os
 import sqlite3
@@ -35,10 +34,10 @@ import time
 import zlib
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from gateway.metadata import codec
 from gateway.origins.base import ListEntry, ObjectInfo
 
 Scope = tuple[str, str]
@@ -65,18 +64,6 @@ class Stored:
     info: ObjectInfo
     age: float
     learned: int
-
-
-def _encode(info: ObjectInfo) -> str:
-    fields = dataclasses.asdict(info)
-    fields["last_modified"] = info.last_modified.isoformat()
-    return json.dumps(fields)
-
-
-def _decode(text: str) -> ObjectInfo:
-    fields: dict[str, Any] = json.loads(text)
-    fields["last_modified"] = datetime.fromisoformat(fields["last_modified"])
-    return ObjectInfo(**fields)
 
 
 class MetadataStore:
@@ -128,7 +115,7 @@ class MetadataStore:
         row = self._pending.get((*scope, key)) or await self._call(self._select, scope, key)
         if row is None:
             return None
-        return Stored(_decode(row[0]), time.time() - row[1], row[2])
+        return Stored(codec.info_from_json(row[0]), time.time() - row[1], row[2])
 
     def _select(self, scope: Scope, key: str) -> tuple[str, float, int, str, int] | None:
         assert self._db is not None
@@ -182,7 +169,13 @@ class MetadataStore:
     def save(self, scope: Scope, key: str, info: ObjectInfo, learned: int) -> None:
         """Remember ``info``, asked of the origin at journal sequence ``learned``;
         written with the next flush."""
-        self._pending[(*scope, key)] = (_encode(info), time.time(), learned, info.etag, info.size)
+        self._pending[(*scope, key)] = (
+            codec.info_to_json(info),
+            time.time(),
+            learned,
+            info.etag,
+            info.size,
+        )
 
     def confirm(self, scope: Scope, entries: Sequence[ListEntry], listed_at: float) -> None:
         """A listing asked at wall time ``listed_at`` showed ``entries``: every stored
