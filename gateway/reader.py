@@ -30,7 +30,7 @@ from gateway.cluster.peers import MetadataQuery
 from gateway.invalidation import Invalidation
 from gateway.metadata.journal import Journal, SoloJournal
 from gateway.metadata.memory import MetadataCache
-from gateway.metadata.source import MetadataSource, origin_named, scope_of
+from gateway.metadata.source import MetadataSource, NoOwner, origin_named, scope_of
 from gateway.metadata.store import MetadataStore
 from gateway.metrics import Metrics
 from gateway.namespace import Mount, Namespace
@@ -55,13 +55,13 @@ class Reader:
         ``journal``: the node's invalidations, shared with sibling workers."""
         self.namespace = namespace
         self.journal = journal or SoloJournal()
-        self.router = router
         self.store = store
         self.blocks = blocks
         self.metadata = metadata
         self.metrics = metrics
         self.block_size = block_size
-        self.source = MetadataSource(metadata, store, router, self.journal, metrics.revalidated)
+        owner = router if router is not None else NoOwner()
+        self.source = MetadataSource(metadata, store, owner, self.journal, metrics.revalidated)
         self.streams = Streams(read_ahead or ReadAheadPolicy(4, 4, 10.0))
         self.read_ahead = self.streams.policy
         self._observe = observe

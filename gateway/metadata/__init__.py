@@ -16,10 +16,18 @@ The tiers, fastest first:
 ``journal.py`` carries every invalidation to every worker of the node: a
 shared memory-mapped ring each worker reads before trusting a stored row.
 
+``source.py`` walks these tiers for the reader (``MetadataSource``): the
+reader says what a miss may cost at the call site (a HEAD, or the read's own
+first-block GET), and gets one answer. ``codec.py`` is the one JSON codec of
+metadata that leaves a process (store rows, peer answers).
+
 What this package may import: the leaves (``gateway.errors``,
-``gateway.invalidation``, ``gateway.origins.base`` and ``origins.listing``)
-and itself. Nothing here imports the reader, the blocks or the cluster; the
-reader composes the tiers (today with closures in ``reader.py``).
+``gateway.invalidation``, ``gateway.origins.base`` and ``origins.listing``,
+``gateway.namespace``'s ``Mount``), the cluster's wire value type
+``MetadataQuery`` (``cluster/peers.py``) and itself. Nothing here imports the
+reader, the blocks or the cluster's machinery: the owner node is a protocol
+(``source.OwnerNode``) that ``cluster/directory.py`` implements, with a
+single-node null object (``source.NoOwner``).
 
 Memory is bounded in bytes and sized for millions of objects: a HEAD answer is
 one packed record (``heads.py``, ~214 bytes an object), a prefix's whole

@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from gateway import errors
-from gateway.cluster.directory import MetadataRouter
 from gateway.cluster.peers import MetadataQuery
 from gateway.invalidation import Invalidation
 from gateway.metadata import codec
@@ -55,17 +55,49 @@ def policy_of(mount: Mount) -> Policy:
                   stale_while_revalidate=stale, label=mount.label)  # fmt: skip
 
 
+class OwnerNode(Protocol):
+    """Who answers a metadata miss before the origin: in a cluster, the node that owns
+    the key or prefix (``cluster/directory.py``); alone, nobody (``NoOwner``)."""
+
+    async def head(
+        self, query: MetadataQuery, origin: Callable[[], Awaitable[ObjectInfo]]
+    ) -> ObjectInfo: ...
+
+    async def page(
+        self, query: MetadataQuery, origin: Callable[[], Awaitable[ListPage]]
+    ) -> ListPage: ...
+
+    def invalidated(self, scope: Scope) -> None: ...
+
+
+class NoOwner:
+    """A node alone: every miss goes to the origin."""
+
+    async def head(
+        self, query: MetadataQuery, origin: Callable[[], Awaitable[ObjectInfo]]
+    ) -> ObjectInfo:
+        return await origin()
+
+    async def page(
+        self, query: MetadataQuery, origin: Callable[[], Awaitable[ListPage]]
+    ) -> ListPage:
+        return await origin()
+
+    def invalidated(self, scope: Scope) -> None:
+        pass
+
+
 class MetadataSource:
     """Object heads and listing pages of mounts, through the metadata tiers."""
 
     def __init__(self, memory: MetadataCache, store: MetadataStore | None,
-                 router: MetadataRouter | None, journal: Journal | SoloJournal,
+                 owner: OwnerNode, journal: Journal | SoloJournal,
                  on_revalidated: Callable[[str, str], None]) -> None:  # fmt: skip
         """``on_revalidated(outcome, mount)``: a bulk revalidation's end (origin requests
         are observed by each origin's guard, ``origins/guard.py``)."""
         self.memory = memory
         self.store = store
-        self.router = router
+        self.owner = owner
         self.journal = journal
         self._revalidator = Revalidator(memory, store, self._believable, on_revalidated)
 
@@ -122,11 +154,9 @@ class MetadataSource:
     async def owner_head(self, mount: Mount, okey: str) -> ObjectInfo:
         """A HEAD miss: in a cluster, the key's metadata owner answers (one origin
         HEAD per cluster, see ``cluster/directory.py``); else the origin."""
-        if self.router is None:
-            return await self.origin_head(mount, okey)
         query = MetadataQuery("head", mount.origin.name, mount.origin_bucket, okey,
                               mount.metadata_ttl, mount.negative_ttl)  # fmt: skip
-        return await self.router.head(query, lambda: self.origin_head(mount, okey))
+        return await self.owner.head(query, lambda: self.origin_head(mount, okey))
 
     # -- learning ------------------------------------------------------------------------
 
@@ -145,8 +175,7 @@ class MetadataSource:
             self.memory.invalidate_key(item.scope, item.key)
         else:
             self.memory.invalidate_prefix(item.scope, item.prefix or "")
-        if self.router is not None:
-            self.router.invalidated(item.scope)
+        self.owner.invalidated(item.scope)
 
     async def drop_stored(self, item: Invalidation) -> None:
         """Drop from the node's store the rows ``item`` makes stale."""
@@ -221,14 +250,12 @@ class MetadataSource:
     def _page_fetcher(self, mount: Mount) -> FetchPage:
         """Origin pages of ``mount``'s bucket; in a cluster, asked of the prefix's owner."""
         from_origin = self._origin_pages(mount.origin, mount.origin_bucket)
-        if self.router is None:
-            return from_origin
-        router = self.router
+        owner = self.owner
 
         async def fetch_page(prefix: str, delimiter: str, after: str, limit: int) -> ListPage:
             query = MetadataQuery("list", mount.origin.name, mount.origin_bucket, prefix,
                                   mount.metadata_ttl, mount.negative_ttl, delimiter, after, limit)  # fmt: skip
-            return await router.page(query, lambda: from_origin(prefix, delimiter, after, limit))
+            return await owner.page(query, lambda: from_origin(prefix, delimiter, after, limit))
 
         return fetch_page
 
