@@ -51,6 +51,7 @@ import os
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from typing import Protocol
 
 from gateway import errors, priority
 from gateway.cache.admission import Doorkeeper
@@ -60,7 +61,6 @@ from gateway.cache.memory import MemoryTier
 from gateway.cache.singleflight import Flight, FlightGroup
 from gateway.cluster.peers import PeerNotCached
 from gateway.cluster.placement import Placement
-from gateway.metrics import Metrics
 from gateway.origins.base import ObjectStream
 from gateway.pieces import BlockRef, FileSegment, Piece
 
@@ -68,12 +68,20 @@ _TAIL_CHUNK = 1024 * 1024
 _STAGED_MEMORY = 65536  # staged block digests remembered (more than the memory tier holds)
 
 
+class BlockEvents(Protocol):
+    """What the block source reports (``metrics.BlockMetrics``)."""
+
+    def coalesced(self) -> None: ...
+    def admission_rejected(self) -> None: ...
+    def from_origin(self, origin: str, size: int) -> None: ...
+
+
 class BlockSource:
     def __init__(
         self,
         memory: MemoryTier,
         disk: DiskTier | None,
-        metrics: Metrics,
+        events: BlockEvents,
         fill_slots: int = 16,
         placement: Placement | None = None,
         admission: Doorkeeper | None = None,
@@ -81,7 +89,7 @@ class BlockSource:
         self.memory = memory
         self.admission = admission  # None: every filled block goes to disk
         self.disk = disk
-        self.metrics = metrics
+        self.events = events
         self.placement = placement
         self.fills: FlightGroup[BlockId] = FlightGroup()
         self.remote: FlightGroup[BlockId] = FlightGroup()  # peer fills (not owned here)
@@ -154,7 +162,7 @@ class BlockSource:
             ref.block, ref.length, lambda f: self._fill(ref, f, admit)
         )
         if not started:
-            self.metrics.coalesced_waiters.inc()
+            self.events.coalesced()
         return flight
 
     async def adopt(self, ref: BlockRef, stream: ObjectStream, admit: bool | None = None) -> None:
@@ -168,7 +176,7 @@ class BlockSource:
         wait for origin slots would deadlock (these are bounded by the origin's cap).
         """
         if self.fills.get(ref.block) is not None:
-            self.metrics.coalesced_waiters.inc()
+            self.events.coalesced()
             await stream.aclose()
             return
         try:
@@ -182,7 +190,7 @@ class BlockSource:
             lambda f: self._copy(ref, stream, f, writer, stage=not admitted),
         )  # fmt: skip
         if not started:  # a local fill began while the claim was taken
-            self.metrics.coalesced_waiters.inc()
+            self.events.coalesced()
             if writer is not None:
                 await writer.abort()
             await stream.aclose()
@@ -255,7 +263,7 @@ class BlockSource:
             ref.block, ref.length, lambda f: self._fill_from_peers(ref, f)
         )
         if not started:
-            self.metrics.coalesced_waiters.inc()
+            self.events.coalesced()
         return flight
 
     async def _fill_from_peers(self, ref: BlockRef, flight: Flight) -> None:
@@ -318,7 +326,7 @@ class BlockSource:
         """The admission policy's word on writing this missed block to disk (records the miss)."""
         if self.disk is None or self.admission is None or self.admission.admit(ref.block.digest):
             return True
-        self.metrics.admission_rejections.inc()
+        self.events.admission_rejected()
         return False
 
     async def _begin(self, ref: BlockRef) -> BlockWriter | None:
@@ -411,7 +419,7 @@ class BlockSource:
         once the disk failed. ``origin``: count them as origin bytes."""
         async for chunk in chunks:
             if origin:
-                self.metrics.origin_bytes.labels(ref.block.origin).inc(len(chunk))
+                self.events.from_origin(ref.block.origin, len(chunk))
             flight.append(chunk)
             if writer is not None:
                 writer = await self._write(writer, chunk)

@@ -212,7 +212,9 @@ def build(
     admission = (
         Doorkeeper(cache.admission, cache.admission_window) if cache.admission != "always" else None
     )
-    blocks = BlockSource(memory, disk, metrics, cache.fill_concurrency, placement, admission)
+    blocks = BlockSource(
+        memory, disk, metrics.block_events(), cache.fill_concurrency, placement, admission
+    )
     metadata = MetadataCache(
         head_bytes=cache.metadata_head_bytes, listing_bytes=cache.metadata_listing_bytes,
         whole_listing_bytes=cache.whole_listing_bytes,

@@ -411,6 +411,14 @@ class Metrics:
             registry=self.registry,
         )
 
+    def block_events(self) -> BlockMetrics:
+        """What the block source reports (``blocks.BlockEvents``)."""
+        return BlockMetrics(self)
+
+    def peer_events(self) -> PeerMetrics:
+        """What the cluster's placement and metadata router report (``cluster.peers.PeerEvents``)."""
+        return PeerMetrics(self)
+
     def origin_guard(self, origin: str) -> OriginGuardMetrics:
         """The metrics of one origin's guard, its series exported at 0 from now."""
         return OriginGuardMetrics(self, origin)
@@ -557,3 +565,38 @@ class OriginGuardMetrics:
     def breaker(self, state: str) -> None:
         self._m.origin_breaker_open.labels(self._origin).set(0 if state == "closed" else 1)
         self._m.origin_breaker_transitions.labels(self._origin, state).inc()
+
+
+class BlockMetrics:
+    """The block source's events as metrics (``Metrics.block_events``)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._m = metrics
+
+    def coalesced(self) -> None:
+        self._m.coalesced_waiters.inc()
+
+    def admission_rejected(self) -> None:
+        self._m.admission_rejections.inc()
+
+    def from_origin(self, origin: str, size: int) -> None:
+        self._m.origin_bytes.labels(origin).inc(size)
+
+
+class PeerMetrics:
+    """The cluster's peer requests as metrics (``Metrics.peer_events``)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._m = metrics
+
+    def requested(self, operation: str) -> None:
+        self._m.peer_requests.labels(operation).inc()
+
+    def failed(self, operation: str, kind: str) -> None:
+        self._m.peer_errors.labels(operation, kind).inc()
+
+    def took(self, operation: str, seconds: float) -> None:
+        self._m.peer_duration.labels(operation).observe(seconds)
+
+    def received(self, size: int) -> None:
+        self._m.peer_bytes.inc(size)

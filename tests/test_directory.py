@@ -60,7 +60,7 @@ async def setup():
     client = PeerClient("secret")
     metrics = Metrics()
     clock = Clock()
-    router = MetadataRouter(Placement(membership, client, metrics), client, metrics, 5.0, 3.0,
+    router = MetadataRouter(Placement(membership, client, metrics.peer_events()), client, metrics.peer_events(), 5.0, 3.0,
                             clock)  # fmt: skip
     yield router, membership, peer, clock
     await client.close()

@@ -137,7 +137,7 @@ async def _wired(tmp_path: Path, block_size: int = 64 * 1024, buffer: int = 8 * 
     namespace = Namespace([mount], write_through_buffer=buffer)
     disk = DiskTier(tmp_path / "cache", 64 * MiB)
     await disk.start()
-    blocks = BlockSource(MemoryTier(8 * MiB, 16 * 1024), disk, metrics)
+    blocks = BlockSource(MemoryTier(8 * MiB, 16 * 1024), disk, metrics.block_events())
     reader = Reader(namespace, blocks, MetadataCache(), metrics, block_size)
     return origin, reader, Writer(namespace, reader), metrics
 

@@ -42,10 +42,9 @@ from typing import Any, TypeVar
 
 from gateway import errors
 from gateway.cluster.peer_client import PeerClient
-from gateway.cluster.peers import MetadataQuery, PeerNotFound, PeerUnavailable
+from gateway.cluster.peers import MetadataQuery, PeerEvents, PeerNotFound, PeerUnavailable
 from gateway.cluster.placement import Placement
 from gateway.metadata import codec
-from gateway.metrics import Metrics
 from gateway.origins.base import ListPage, ObjectInfo
 
 log = logging.getLogger(__name__)
@@ -60,14 +59,14 @@ class MetadataRouter:
         self,
         placement: Placement,
         client: PeerClient,
-        metrics: Metrics,
+        events: PeerEvents,
         timeout: float,
         settle: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.placement = placement
         self.client = client
-        self.metrics = metrics
+        self.events = events
         self.timeout = timeout  # an owner may walk a long listing before answering
         self.settle = settle  # how long a broadcast may take to reach every owner
         self._clock = clock
@@ -109,7 +108,7 @@ class MetadataRouter:
         ):
             return await origin()
         operation = query.kind  # "head" or "list": bounded labels
-        self.metrics.peer_requests.labels(operation).inc()
+        self.events.requested(operation)
         started = time.perf_counter()
         try:
             answer = decode(await self.client.metadata(owner, query, self.timeout))
@@ -119,11 +118,11 @@ class MetadataRouter:
         except (PeerUnavailable, TypeError, KeyError, ValueError) as exc:
             log.warning("metadata owner %s did not answer %s %r: %s; asking the origin",
                         owner, query.kind, query.key, exc)  # fmt: skip
-            self.metrics.peer_errors.labels(operation, "unavailable").inc()
+            self.events.failed(operation, "unavailable")
             if isinstance(exc, PeerUnavailable) and not exc.answered:
                 self.placement.membership.report_failure(owner)
             return await origin()
         finally:
-            self.metrics.peer_duration.labels(operation).observe(time.perf_counter() - started)
+            self.events.took(operation, time.perf_counter() - started)
         self.placement.membership.report_success(owner)
         return answer

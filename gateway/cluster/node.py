@@ -77,11 +77,15 @@ class ClusterNode:
             metadata=metadata, drop_all=drop_all, on_message=on_message,
         )  # fmt: skip
         self.placement = Placement(
-            self.membership, self.client, metrics, config.replicas, config.handoff_peers
+            self.membership,
+            self.client,
+            metrics.peer_events(),
+            config.replicas,
+            config.handoff_peers,
         )
         settle = config.invalidation_timeout + 1.0  # a broadcast's longest wait, and some
         self.directory = MetadataRouter(
-            self.placement, self.client, metrics, config.metadata_timeout, settle
+            self.placement, self.client, metrics.peer_events(), config.metadata_timeout, settle
         )
         self.backlog = Backlog(config.replay_limit)
         self._replays: dict[str, asyncio.Task[None]] = {}  # running deliveries, by peer

@@ -49,6 +49,7 @@ import hmac
 import re
 from dataclasses import dataclass, fields
 from datetime import datetime
+from typing import Protocol
 from urllib.parse import parse_qsl, quote
 
 from gateway.cache.block import BlockId
@@ -90,6 +91,15 @@ class PeerChanged(PeerError):
 
 class PeerNotCached(PeerError):
     """A ``cached_only`` request: the peer does not hold the block."""
+
+
+class PeerEvents(Protocol):
+    """What the placement and the metadata router report (``metrics.PeerMetrics``)."""
+
+    def requested(self, operation: str) -> None: ...
+    def failed(self, operation: str, kind: str) -> None: ...
+    def took(self, operation: str, seconds: float) -> None: ...
+    def received(self, size: int) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)

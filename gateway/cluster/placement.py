@@ -40,11 +40,11 @@ from gateway.cluster.peers import (
     BlockRequest,
     PeerChanged,
     PeerError,
+    PeerEvents,
     PeerNotFound,
     PeerUnavailable,
 )
 from gateway.cluster.rendezvous import Ranking
-from gateway.metrics import Metrics
 from gateway.pieces import BlockRef
 
 log = logging.getLogger(__name__)
@@ -57,13 +57,13 @@ class Placement:
         self,
         membership: Membership,
         client: PeerClient,
-        metrics: Metrics,
+        events: PeerEvents,
         replicas: int = 1,
         handoff_peers: int = 3,
     ) -> None:
         self.membership = membership
         self.client = client
-        self.metrics = metrics
+        self.events = events
         self.replicas = replicas
         self.handoff_peers = handoff_peers
         self._version = -1
@@ -113,15 +113,15 @@ class Placement:
             except PeerUnavailable as exc:
                 log.warning("peer fill of block %s from %s stopped at byte %d: %s",
                             ref.block.digest, url, flight.received, exc)  # fmt: skip
-                self.metrics.peer_errors.labels("block", "unavailable").inc()
+                self.events.failed("block", "unavailable")
                 if not exc.answered:  # an error answer (its origin failing) proves it alive
                     self.membership.report_failure(url)
                 continue
             except PeerNotFound:
-                self.metrics.peer_errors.labels("block", "not_found").inc()
+                self.events.failed("block", "not_found")
                 raise errors.NoSuchKey(ref.block.key) from None
             except PeerChanged:
-                self.metrics.peer_errors.labels("block", "changed").inc()
+                self.events.failed("block", "changed")
                 raise errors.OriginChanged(f"{ref.block.key} changed at the origin") from None
             self.membership.report_success(url)
             return
@@ -137,15 +137,15 @@ class Placement:
             request = BlockRequest(
                 *_identity(ref), offset=received, length=ref.length - received, cached_only=True
             )
-            self.metrics.peer_requests.labels("handoff").inc()
+            self.events.requested("handoff")
             try:
                 async with aclosing(self.client.read_block(url, request)) as chunks:
                     async for chunk in chunks:
                         received += len(chunk)
-                        self.metrics.peer_bytes.inc(len(chunk))
+                        self.events.received(len(chunk))
                         yield chunk
             except PeerUnavailable as exc:
-                self.metrics.peer_errors.labels("handoff", "unavailable").inc()
+                self.events.failed("handoff", "unavailable")
                 if not exc.answered:
                     self.membership.report_failure(url)
                 continue
@@ -159,15 +159,15 @@ class Placement:
         request = BlockRequest(
             *_identity(ref), offset=flight.received, length=ref.length - flight.received
         )
-        self.metrics.peer_requests.labels("block").inc()
+        self.events.requested("block")
         started = time.perf_counter()
         try:
             async with aclosing(self.client.read_block(url, request)) as chunks:
                 async for chunk in chunks:
                     flight.append(chunk)
-                    self.metrics.peer_bytes.inc(len(chunk))
+                    self.events.received(len(chunk))
         finally:
-            self.metrics.peer_duration.labels("block").observe(time.perf_counter() - started)
+            self.events.took("block", time.perf_counter() - started)
 
 
 def _identity(ref: BlockRef) -> tuple[str, str, str, str, int, int, int]:
