@@ -152,3 +152,28 @@ def test_memory_tier_is_bounded_by_bytes_lru():
     assert tier.used <= tier.capacity and sum(evicted) == tier.evictions == 1
     assert tier.discard_where(lambda key: key in ("a", "c")) == 2
     assert tier.used == 3
+
+
+async def test_a_detached_call_runs_on_for_its_waiters_but_no_longer_owns_its_key() -> None:
+    group: Group[str, str] = Group()
+    release = asyncio.Event()
+    owned: list[bool] = []
+
+    async def work() -> str:
+        await release.wait()
+        owned.append(group.owns("k"))
+        return "old"
+
+    waiting = asyncio.ensure_future(group.do("k", work))
+    await asyncio.sleep(0)  # the call has started
+    group.detach("k")
+    assert "k" not in group
+
+    async def fresh() -> str:
+        owned.append(group.owns("k"))
+        return "new"
+
+    assert await group.do("k", fresh) == "new"  # the next caller starts a call of its own
+    release.set()
+    assert await waiting == "old"  # the detached call's waiter still gets its answer
+    assert owned == [True, False]  # and only the attached call may store what it read

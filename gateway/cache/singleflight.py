@@ -3,7 +3,8 @@
 ``Group`` is groupcache's singleflight for asyncio: the first caller for a key
 starts the work as a task owned by the group, later callers wait on the same
 task. Waiters are shielded: a waiter that is cancelled (its client went away)
-does not cancel the work the others are waiting for.
+does not cancel the work the others are waiting for. The metadata cache's
+flights are a ``Group`` (``metadata/memory.py``), detached on invalidation.
 
 ``Flight`` is the streaming variant for block fills: the bytes of a block are
 appended as they arrive from the origin and every waiter reads from its own
@@ -29,28 +30,67 @@ V = TypeVar("V")
 
 
 class Group(Generic[K, V]):
-    """One in-flight call per key; every concurrent caller gets its result."""
+    """One in-flight call per key; every concurrent caller gets its result.
+
+    A key can be *detached* (``detach_where``): its call runs on and its
+    waiters get its result, but the next caller starts a new call, and the
+    detached one can tell (``owns`` is false) that what it read must not be
+    stored — a write invalidated the key while it was asking.
+    """
 
     def __init__(self) -> None:
         self._calls: dict[K, asyncio.Task[V]] = {}
+        self._running: set[asyncio.Task[V]] = set()  # strong references, detached ones too
 
     def __len__(self) -> int:
         return len(self._calls)
 
+    def __contains__(self, key: object) -> bool:
+        return key in self._calls
+
     async def do(self, key: K, work: Callable[[], Awaitable[V]]) -> V:
         """Run ``work`` for ``key`` unless it is already running; wait for its result."""
+        return await asyncio.shield(self.start(key, work))
+
+    def start(self, key: K, work: Callable[[], Awaitable[V]]) -> asyncio.Task[V]:
+        """The call running for ``key``, started with ``work`` if there is none."""
         task = self._calls.get(key)
         if task is None:
-            task = asyncio.ensure_future(work())
+            task = asyncio.get_running_loop().create_task(self._run(key, work))
             self._calls[key] = task
-            task.add_done_callback(lambda done: self._forget(key, done))
-        return await asyncio.shield(task)
+            self._running.add(task)
+            task.add_done_callback(self._landed)
+        return task
 
-    def _forget(self, key: K, task: asyncio.Task[V]) -> None:
-        if self._calls.get(key) is task:
+    def owns(self, key: K) -> bool:
+        """Whether the running task is ``key``'s call, still attached."""
+        return self._calls.get(key) is asyncio.current_task()
+
+    def detach(self, key: K) -> None:
+        self._calls.pop(key, None)
+
+    def detach_where(self, matches: Callable[[K], bool]) -> None:
+        for key in [key for key in self._calls if matches(key)]:
             del self._calls[key]
+
+    async def aclose(self) -> None:
+        """Cancel every running call, detached ones included, and wait for them."""
+        tasks = list(self._running)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _run(self, key: K, work: Callable[[], Awaitable[V]]) -> V:
+        try:
+            return await work()
+        finally:
+            if self.owns(key):
+                del self._calls[key]
+
+    def _landed(self, task: asyncio.Task[V]) -> None:
+        self._running.discard(task)
         if not task.cancelled():
-            task.exception()  # mark retrieved: waiters may all have gone away
+            task.exception()  # retrieved: a call all of whose callers left must not warn
 
 
 class Flight:

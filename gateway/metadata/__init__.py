@@ -23,6 +23,7 @@ metadata that leaves a process (store rows, peer answers).
 
 What this package may import: the leaves (``gateway.errors``,
 ``gateway.invalidation``, ``gateway.origins.base`` and ``origins.listing``,
+``gateway.cache.singleflight`` (the one coalescing primitive: flights here are a ``Group``),
 ``gateway.namespace``'s ``Mount``), the cluster's wire value type
 ``MetadataQuery`` (``cluster/peers.py``) and itself. Nothing here imports the
 reader, the blocks or the cluster's machinery: the owner node is a protocol

@@ -79,6 +79,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Generic, TypeGuard, TypeVar
 
+from gateway.cache.singleflight import Group
 from gateway.errors import NoSuchKey, OriginUnavailable
 from gateway.metadata.heads import Entry, HeadTable
 from gateway.metadata.snapshot import Snapshot, SnapshotBuilder
@@ -183,8 +184,7 @@ class MetadataCache:
         # Keyed (scope, prefix) for whole listings and too-big markers,
         # (scope, prefix, delimiter, start_after, max_keys) for pages.
         self._lists = _Lru(listing_bytes)
-        self._flights: dict[tuple[str, tuple[Any, ...]], asyncio.Task[Any]] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()  # strong references to running flights
+        self._flights: Group[tuple[str, tuple[Any, ...]], Any] = Group()
         self._counts = dict.fromkeys(("hits", "misses", "stale", "stale_error"), 0)
 
     async def head(
@@ -234,7 +234,7 @@ class MetadataCache:
             if entry is not None and entry.learned >= since:
                 return None if entry.value is None else (entry.value, entry.learned)
             load = partial(self._load_whole, (scope, prefix), policy, fetch_page)
-            await asyncio.shield(self._flight(("list", (scope, prefix)), load))
+            await self._flights.do(("list", (scope, prefix)), load)
         entry = self._lists.get((scope, prefix))
         if entry is None or entry.value is None:
             return None
@@ -242,7 +242,7 @@ class MetadataCache:
 
     def put_head(self, scope: Hashable, key: str, info: ObjectInfo, policy: Policy) -> None:
         """Remember ``info`` (a GET response carried it) as fresh for ``policy.ttl``."""
-        self._flights.pop(("head", (scope, key)), None)  # a HEAD under way may be older: detach
+        self._flights.detach(("head", (scope, key)))  # a HEAD under way may be older
         self._store("head", (scope, key), info, policy.ttl)
 
     async def listing(
@@ -307,10 +307,7 @@ class MetadataCache:
 
     async def aclose(self) -> None:
         """Cancel running fetches and refreshes (server shutdown)."""
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._flights.aclose()
 
     # --- loading: one flight per key, storing its own result ---------------------
 
@@ -321,13 +318,13 @@ class MetadataCache:
         try:
             answer = await fetch()
         except NoSuchKey as exc:
-            if self._owns(("head", k)):
+            if self._flights.owns(("head", k)):
                 self._store("head", k, None, policy.negative_ttl, learned=learned,
                             absent=exc.headers)  # fmt: skip
             raise
         if isinstance(answer, Aged):
             answer, learned = answer.info, self._clock() - answer.age
-        if self._owns(("head", k)):
+        if self._flights.owns(("head", k)):
             self._store("head", k, answer, policy.ttl, learned=learned)
         return answer
 
@@ -343,14 +340,14 @@ class MetadataCache:
             builder.add(page.entries)
             if not page.is_truncated or not page.next_marker:
                 snapshot = builder.build()
-                if self._owns(("list", k)):
+                if self._flights.owns(("list", k)):
                     self._store("list", k, snapshot, policy.ttl, snapshot.nbytes, learned)
                 return snapshot
             marker = page.next_marker
         # Over the limit: stop reading (the prefix may hold more keys than memory
         # allows) and remember for a TTL that it is too big, so misses go to pages.
         self._count("list", "too_big", policy.label)
-        if self._owns(("list", k)):
+        if self._flights.owns(("list", k)):
             self._store("list", k, None, policy.ttl, learned=learned)
         return None
 
@@ -359,7 +356,7 @@ class MetadataCache:
     ) -> ListPage:
         learned = self._clock()
         page = await fetch_page(*k[1:])
-        if self._owns(("page", k)):
+        if self._flights.owns(("page", k)):
             weight = _PAGE_ENTRY_BYTES * (len(page.entries) + len(page.common_prefixes))
             self._store("list", k, page, policy.ttl, weight, learned)
         return page
@@ -403,12 +400,12 @@ class MetadataCache:
             return self._served(kind, entry.value, "hit", policy.label)
         if _usable(entry, now, policy.stale_while_revalidate):
             if (tag, k) not in self._flights:  # exactly one refresh; nobody awaits it
-                self._flight((tag, k), load).add_done_callback(
+                self._flights.start((tag, k), load).add_done_callback(
                     partial(_log_refresh_failure, (tag, k))
                 )
             return self._served(kind, entry.value, "stale", policy.label)
         try:
-            loaded = await asyncio.shield(self._flight((tag, k), load))
+            loaded = await self._flights.do((tag, k), load)
             return self._served(kind, loaded, "miss", policy.label)
         except OriginUnavailable:
             # Again: invalidation may have dropped it meanwhile.
@@ -421,31 +418,6 @@ class MetadataCache:
             self._count(kind, "miss", policy.label)
             raise
 
-    def _flight(self, fk: tuple[str, Any], load: Load) -> asyncio.Task[Any]:
-        task = self._flights.get(fk)
-        if task is None:
-            task = asyncio.get_running_loop().create_task(self._fly(fk, load))
-            self._flights[fk] = task
-            self._tasks.add(task)
-            task.add_done_callback(self._landed)
-        return task
-
-    async def _fly(self, fk: tuple[str, Any], load: Load) -> Any:
-        try:
-            return await load()
-        finally:
-            if self._owns(fk):
-                del self._flights[fk]
-
-    def _owns(self, fk: tuple[str, Any]) -> bool:
-        """Whether the running flight is still the one for ``fk`` (not detached)."""
-        return self._flights.get(fk) is asyncio.current_task()
-
-    def _landed(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled():
-            task.exception()  # retrieved: a flight all of whose callers left must not warn
-
     def _drop_where(
         self,
         head: Callable[[tuple[Any, ...]], bool],
@@ -457,8 +429,7 @@ class MetadataCache:
         self._lists.drop_where(lists)
         # Detach, don't cancel: waiters still get an answer, but a fetch that
         # began before the write must not store what it read.
-        for fk in [fk for fk in self._flights if (head if fk[0] == "head" else lists)(fk[1])]:
-            del self._flights[fk]
+        self._flights.detach_where(lambda fk: (head if fk[0] == "head" else lists)(fk[1]))
 
     def _count(self, kind: str, state: str, label: str = "") -> None:
         if state in _COUNTER:
