@@ -3,8 +3,8 @@ exactly what was put in, and page exactly like the plain listing they replace.""
 
 from __future__ import annotations
 
-import itertools
 import base64
+import itertools
 import random
 from datetime import UTC, datetime, timedelta, timezone
 
