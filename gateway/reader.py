@@ -21,7 +21,7 @@ import dataclasses
 import math
 import os
 from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
 
 from gateway import errors
@@ -273,17 +273,33 @@ class Reader:
     ) -> ListPage:
         self.catch_up()
         mount = self.namespace.resolve(bucket)
-        fetch_page = self._page_fetcher(mount)
         lookup = await self.metadata.listing(
-            _scope(mount),
-            mount.origin_key(prefix),
-            delimiter,
-            mount.origin_key(start_after) if start_after else "",
-            max_keys,
-            _policy(mount),
-            fetch_page,
-        )
+            _scope(mount), *_origin_query(mount, prefix, delimiter, start_after, max_keys),
+            _policy(mount), self._page_fetcher(mount),
+        )  # fmt: skip
         return _strip_prefix(lookup.value, mount) if mount.prefix else lookup.value
+
+    async def list_objects_body(
+        self,
+        bucket: str,
+        query: tuple[str, str, str, int],
+        render: Callable[[ListPage], bytes],
+        variant: Hashable,
+    ) -> bytes:
+        """``list_objects``' page of ``query`` (prefix, delimiter, start_after,
+        max_keys) as ``render`` makes it, rendered once per cached listing and
+        ``variant`` (all else the bytes depend on, the bucket's name aside)."""
+        self.catch_up()
+        mount = self.namespace.resolve(bucket)
+
+        def render_page(page: ListPage) -> bytes:
+            return render(_strip_prefix(page, mount) if mount.prefix else page)
+
+        lookup = await self.metadata.listing_body(
+            _scope(mount), _origin_query(mount, *query), _policy(mount),
+            self._page_fetcher(mount), render_page, (bucket, variant),
+        )  # fmt: skip
+        return lookup.value
 
     async def drop(self, bucket: str, prefix: str) -> dict[str, int]:
         """Forget cached blocks and metadata of ``bucket`` under ``prefix``."""
@@ -727,6 +743,14 @@ def _blocks(pieces: Iterable[bytes], block_size: int) -> Iterator[bytes]:
                 held, have = [], 0
     if held:
         yield b"".join(held)
+
+
+def _origin_query(
+    mount: Mount, prefix: str, delimiter: str, start_after: str, max_keys: int
+) -> tuple[str, str, str, int]:
+    """A listing query in the origin's terms (the mount's prefix added)."""
+    after = mount.origin_key(start_after) if start_after else ""
+    return mount.origin_key(prefix), delimiter, after, max_keys
 
 
 def _strip_prefix(page: ListPage, mount: Mount) -> ListPage:

@@ -60,7 +60,10 @@ pages as they came). A prefix is held whole while its snapshot stays within
 ``whole_listing_bytes``: the limit is memory, not a key count, so with the
 defaults a prefix of a few million keys is one snapshot. A walk stops as soon
 as the snapshot would outgrow it, having held no more, and the prefix is then
-cached page by page (counted as a ``too_big`` lookup).
+cached page by page (counted as a ``too_big`` lookup). An eighth of
+``listing_bytes`` (``page_body_bytes``) holds rendered pages: ``listing_body``
+renders a page of a whole listing once per snapshot and query and serves the
+same bytes after (``metadata/bodies.py``), dropped with their snapshot.
 
 NOT guaranteed: writes that bypass Hoard show up only after the TTL (never, with
 ``forever``). The cache is per process, not shared between workers or nodes.
@@ -70,6 +73,7 @@ Not thread-safe: use it from one event loop only.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import math
 import time
@@ -80,6 +84,7 @@ from functools import partial
 from typing import Any, Generic, TypeGuard, TypeVar
 
 from gateway.errors import NoSuchKey, OriginUnavailable
+from gateway.metadata.bodies import PageBodies
 from gateway.metadata.heads import Entry, HeadTable
 from gateway.metadata.snapshot import Snapshot, SnapshotBuilder
 from gateway.origins.base import ListPage, ObjectInfo
@@ -125,11 +130,13 @@ class Aged:
 
 
 class _Lru:
-    """Entries by key, least recently used first, evicted beyond ``limit`` total weight."""
+    """Entries by key, least recently used first, evicted beyond ``limit`` total weight;
+    ``on_drop`` hears of every entry that leaves (evicted, replaced or dropped)."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, on_drop: Callable[[Entry], None] = lambda entry: None) -> None:
         self.entries: OrderedDict[tuple[Any, ...], Entry] = OrderedDict()
         self.limit = limit
+        self._on_drop = on_drop
         self.weight = 0  # sum of entry weights
         self.empty = 0  # entries whose value is None
 
@@ -156,6 +163,7 @@ class _Lru:
         if entry is not None:
             self.weight -= entry.weight
             self.empty -= entry.value is None
+            self._on_drop(entry)
 
     def drop_where(self, matches: Callable[[tuple[Any, ...]], bool]) -> None:
         for k in [k for k in self.entries if matches(k)]:
@@ -171,18 +179,26 @@ class MetadataCache:
         head_bytes: int = 512 << 20,
         listing_bytes: int = 512 << 20,
         whole_listing_bytes: int | None = None,
+        page_body_bytes: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_event: Callable[[str, str, str], None] | None = None,
     ) -> None:
-        """``whole_listing_bytes``: the largest snapshot of one prefix (default:
-        all of ``listing_bytes``)."""
-        self._whole_limit = listing_bytes if whole_listing_bytes is None else whole_listing_bytes
+        """``page_body_bytes``: the part of ``listing_bytes`` for rendered pages
+        (default an eighth); ``whole_listing_bytes``: the largest snapshot of one
+        prefix (default: all the rest of ``listing_bytes``)."""
+        bodies = listing_bytes // 8 if page_body_bytes is None else page_body_bytes
+        self._whole_limit = min(
+            listing_bytes - bodies,
+            listing_bytes if whole_listing_bytes is None else whole_listing_bytes,
+        )
         self._clock = clock
         self._on_event = on_event
         self._heads = HeadTable(head_bytes)
+        self._bodies = PageBodies(bodies)
+        self._versions = itertools.count(1)  # of snapshots: what their bodies are keyed by
         # Keyed (scope, prefix) for whole listings and too-big markers,
         # (scope, prefix, delimiter, start_after, max_keys) for pages.
-        self._lists = _Lru(listing_bytes)
+        self._lists = _Lru(listing_bytes - bodies, self._dropped)
         self._flights: dict[tuple[str, tuple[Any, ...]], asyncio.Task[Any]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()  # strong references to running flights
         self._counts = dict.fromkeys(("hits", "misses", "stale", "stale_error"), 0)
@@ -260,14 +276,55 @@ class MetadataCache:
 
         :raises HoardError: the fetch's error when no stale listing may be served.
         """
+        found = await self._whole_or_page(scope, prefix, delimiter, start_after, max_keys,
+                                          policy, fetch_page)  # fmt: skip
+        if isinstance(found.value, Snapshot):
+            page = paginate(found.value, prefix, delimiter, start_after, max_keys)
+            return Lookup(page, found.state)
+        return found
+
+    async def listing_body(
+        self,
+        scope: Hashable,
+        query: tuple[str, str, str, int],
+        policy: Policy,
+        fetch_page: FetchPage,
+        render: Callable[[ListPage], bytes],
+        variant: Hashable,
+    ) -> Lookup[bytes]:
+        """``listing``'s page of ``query`` (prefix, delimiter, start_after, max_keys) as
+        ``render`` makes it into bytes; from a whole listing, rendered once per snapshot
+        and ``variant`` (whatever else the bytes depend on) and kept (``bodies.py``)."""
+        found = await self._whole_or_page(scope, *query, policy, fetch_page)
+        if not isinstance(found.value, Snapshot):
+            return Lookup(render(found.value), found.state)
+        version = found.value.version
+        body = self._bodies.get(version, (query, variant))
+        if self._on_event is not None:
+            self._on_event("page", "miss" if body is None else "hit", policy.label)
+        if body is None:
+            body = render(paginate(found.value, *query))
+            self._bodies.put(version, (query, variant), body)
+        return Lookup(body, found.state)
+
+    async def _whole_or_page(
+        self,
+        scope: Hashable,
+        prefix: str,
+        delimiter: str,
+        start_after: str,
+        max_keys: int,
+        policy: Policy,
+        fetch_page: FetchPage,
+    ) -> Lookup[Snapshot | ListPage]:
+        """The whole listing covering ``prefix`` if one may be held, else the page."""
         # The nearest cached whole listing covering the prefix, else the prefix's own
         # (a fresh too-big marker there answers None, as does a walk that finds it so).
         k = self._find_whole(scope, prefix) or (scope, prefix)
         load = partial(self._load_whole, k, policy, fetch_page)
         whole = await self._lookup("list", k, load, policy, self._lists.get(k))
         if whole.value is not None:
-            page = paginate(whole.value, prefix, delimiter, start_after, max_keys)
-            return Lookup(page, whole.state)
+            return whole
         k = (scope, prefix, delimiter, start_after, max_keys)
         load = partial(self._load_page, k, policy, fetch_page)
         return await self._lookup("page", k, load, policy, self._lists.get(k))
@@ -302,6 +359,8 @@ class MetadataCache:
             "listings": len(lists.entries) - lists.empty,
             "head_bytes": heads.weight,
             "listing_bytes": lists.weight,
+            "page_bodies": len(self._bodies),
+            "page_body_bytes": self._bodies.weight,
             **self._counts,
         }
 
@@ -342,7 +401,7 @@ class MetadataCache:
             page = await fetch_page(k[1], "", marker, ORIGIN_PAGE)
             builder.add(page.entries)
             if not page.is_truncated or not page.next_marker:
-                snapshot = builder.build()
+                snapshot = builder.build(next(self._versions))
                 if self._owns(("list", k)):
                     self._store("list", k, snapshot, policy.ttl, snapshot.nbytes, learned)
                 return snapshot
@@ -380,6 +439,11 @@ class MetadataCache:
         evicted = self._heads.put(*k, entry) if table == "head" else self._lists.put(k, entry)
         for _ in range(evicted):
             self._count(table, "evicted")
+
+    def _dropped(self, entry: Entry) -> None:
+        """A listing left the cache: the pages rendered from it go with it."""
+        if isinstance(entry.value, Snapshot):
+            self._bodies.drop(entry.value.version)
 
     def _find_whole(self, scope: Hashable, prefix: str) -> tuple[Hashable, str] | None:
         for candidate in _covering(prefix):
