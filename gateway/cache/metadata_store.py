@@ -30,6 +30,7 @@ import fcntl
 import json
 import logging
 import os
+import shutil
 import sqlite3
 import time
 import zlib
@@ -44,7 +45,9 @@ from gateway.origins.base import ListEntry, ObjectInfo
 Scope = tuple[str, str]
 _Row = tuple[str, float, int, str, int]  # info, stored_at, learned, etag, size
 log = logging.getLogger(__name__)
-_STRIPES = 1024
+# Stripes of fetch_lock per kind: byte offsets of one lock file, so no file each.
+_STRIPES = 1 << 16
+_KINDS = {"meta": 0, "list": 1}
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS objects (
@@ -91,6 +94,9 @@ class MetadataStore:
         self._pending: dict[tuple[str, str, str], _Row] = {}
         self._confirmations: list[tuple[float, Scope, Sequence[ListEntry]]] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._lock_fd: int | None = None  # the lock file, whose bytes are fetch_lock's stripes
+        # Stripes this process's tasks hold or await: the lock and how many use it.
+        self._stripes: dict[int, tuple[asyncio.Lock, list[int]]] = {}
 
     @property
     def shared(self) -> bool:
@@ -105,7 +111,11 @@ class MetadataStore:
         self._flusher = asyncio.create_task(self._flush_forever())
 
     def _open(self) -> None:
-        (self._path.parent / "locks").mkdir(parents=True, exist_ok=True)
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        # Before one lock file, a directory of a thousand stripe files: not needed now.
+        shutil.rmtree(self._path.parent / "locks", ignore_errors=True)
+        if self._shared:
+            self._lock_fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         self._db = sqlite3.connect(self._path, timeout=30, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
@@ -121,7 +131,14 @@ class MetadataStore:
         await self.flush()
         if self._db is not None:
             await self._call(self._db.close)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
         self._thread.shutdown(wait=True)
+
+    @property
+    def _lock_path(self) -> Path:
+        return self._path.with_name(self._path.name + ".locks")
 
     async def load(self, scope: Scope, key: str) -> Stored | None:
         """The stored metadata of ``key``, if any."""
@@ -147,28 +164,44 @@ class MetadataStore:
         listing), so a task holding a key's lock may take a listing's without
         ever waiting on itself.
 
-        Lock files are striped (a fixed set, chosen by hash), so two keys may
-        share a stripe and briefly wait for each other; that is the price of
-        not creating a lock file per object. Without ``shared`` (one worker)
-        this is free: the in-memory cache already coalesces.
+        The locks are striped (a fixed set, chosen by hash): one byte each of a
+        single lock file, taken with ``fcntl.lockf`` at its offset, so a cache of
+        millions of objects has one lock file, not a thousand. Two keys may share
+        a stripe and briefly wait for each other. A record lock belongs to the
+        process, not to a descriptor (a second ``lockf`` by the same process
+        succeeds at once, and one unlock ends both), so tasks of this process
+        first queue on an ``asyncio.Lock`` per stripe, and only the one holding
+        it holds the byte. Without ``shared`` (one worker) this is free: the
+        in-memory cache already coalesces.
         """
-        if not self._shared:
+        if not self._shared or self._lock_fd is None:
             yield
             return
-        stripe = zlib.crc32("\0".join((*scope, key)).encode("utf-8", "surrogatepass")) % _STRIPES
-        fd = os.open(
-            self._path.parent / "locks" / f"{kind}-{stripe:04d}", os.O_RDWR | os.O_CREAT, 0o600
-        )
+        stripe = self.lock_offset(scope, key, kind)
+        local, users = self._stripes.setdefault(stripe, (asyncio.Lock(), [0]))
+        users[0] += 1
         try:
-            while True:
+            async with local:
+                while True:
+                    try:
+                        fcntl.lockf(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, stripe)
+                        break
+                    except (BlockingIOError, PermissionError):  # EAGAIN or EACCES: held
+                        await asyncio.sleep(0.002)
                 try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    await asyncio.sleep(0.002)
-            yield
+                    yield
+                finally:
+                    fcntl.lockf(self._lock_fd, fcntl.LOCK_UN, 1, stripe)
         finally:
-            os.close(fd)  # closing releases the lock
+            users[0] -= 1
+            if not users[0]:
+                del self._stripes[stripe]
+
+    @staticmethod
+    def lock_offset(scope: Scope, key: str, kind: str = "meta") -> int:
+        """The byte of the lock file that ``fetch_lock(scope, key, kind)`` locks."""
+        digest = zlib.crc32("\0".join((*scope, key)).encode("utf-8", "surrogatepass"))
+        return _KINDS[kind] * _STRIPES + digest % _STRIPES
 
     async def clear(self) -> None:
         """Forget every stored object (a cluster peer missed too many invalidations)."""
