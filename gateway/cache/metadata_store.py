@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import dataclasses
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -36,28 +37,42 @@ import time
 import zlib
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gateway.metadata.snapshot import microseconds, moment
 from gateway.origins.base import ListEntry, ObjectInfo
 
 Scope = tuple[str, str]
-_Row = tuple[str, float, int, str, int]  # info, stored_at, learned, etag, size
+# info (the rest, compact JSON), stored_at, learned, etag, size, modified (µs or None)
+_Row = tuple[str, float, int, str, int, int | None]
 log = logging.getLogger(__name__)
 # Stripes of fetch_lock per kind: byte offsets of one lock file, so no file each.
 _STRIPES = 1 << 16
 _KINDS = {"meta": 0, "list": 1}
 
+# Rows are keyed by a 64-bit hash of (origin, bucket, key), the table's rowid:
+# a text primary key would be a second copy of every key in its index (~100
+# bytes a row). A hash collision replaces the other key's row, and every read
+# checks the key it finds: a lost row costs a HEAD, never a wrong answer.
+# What a row's columns hold (the key, size, ETag, time) is not repeated in
+# ``info``, which keeps only what differs from the defaults.
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS objects (
+    id INTEGER PRIMARY KEY,
     origin TEXT NOT NULL, bucket TEXT NOT NULL, key TEXT NOT NULL,
     info TEXT NOT NULL, stored_at REAL NOT NULL, learned INTEGER NOT NULL,
-    etag TEXT NOT NULL, size INTEGER NOT NULL,
-    PRIMARY KEY (origin, bucket, key)
+    etag TEXT NOT NULL, size INTEGER NOT NULL, modified INTEGER
 );
 CREATE INDEX IF NOT EXISTS objects_age ON objects (stored_at);
 """
+_COLUMNS = "info, stored_at, learned, etag, size, modified"
+_THIS_ROW = "id=? AND origin=? AND bucket=? AND key=?"
+# ObjectInfo's fields kept in ``info`` when not their defaults, by short name.
+_FIELDS = {"content_type": "c", "metadata": "m", "headers": "h", "storage_class": "s",
+           "version_id": "v"}  # fmt: skip
+_DEFAULTS = ObjectInfo("", 0, "", datetime(1970, 1, 1, tzinfo=UTC))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -70,16 +85,33 @@ class Stored:
     learned: int
 
 
-def _encode(info: ObjectInfo) -> str:
-    fields = dataclasses.asdict(info)
-    fields["last_modified"] = info.last_modified.isoformat()
-    return json.dumps(fields)
+def _row_id(scope: Scope, key: str) -> int:
+    """The row's id: a signed 64-bit hash of where the key lives and the key."""
+    text = "\0".join((*scope, key)).encode("utf-8", "surrogatepass")
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big", signed=True)
 
 
-def _decode(text: str) -> ObjectInfo:
-    fields: dict[str, Any] = json.loads(text)
-    fields["last_modified"] = datetime.fromisoformat(fields["last_modified"])
-    return ObjectInfo(**fields)
+def _encode(info: ObjectInfo, stored_at: float, learned: int) -> _Row:
+    rest = {
+        short: getattr(info, name)
+        for name, short in _FIELDS.items()
+        if getattr(info, name) != getattr(_DEFAULTS, name)
+    }
+    modified = None
+    if info.last_modified.tzinfo is None:
+        rest["n"] = info.last_modified.isoformat()  # naive: kept as it came
+    else:
+        modified = microseconds(info.last_modified)
+    info_text = json.dumps(rest, separators=(",", ":"))
+    return info_text, stored_at, learned, info.etag, info.size, modified
+
+
+def _decode(key: str, row: _Row) -> ObjectInfo:
+    rest: dict[str, Any] = json.loads(row[0])
+    fields = {name: rest[short] for name, short in _FIELDS.items() if short in rest}
+    modified = row[5]
+    when = datetime.fromisoformat(rest["n"]) if modified is None else moment(modified)
+    return ObjectInfo(key, row[4], row[3], when, **fields)
 
 
 class MetadataStore:
@@ -120,7 +152,7 @@ class MetadataStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(objects)")}
-        if columns and "etag" not in columns:  # an older layout: a cache, so start over
+        if columns and "modified" not in columns:  # an older layout: a cache, so start over
             self._db.execute("DROP TABLE objects")
         self._db.executescript(_SCHEMA)
 
@@ -145,14 +177,13 @@ class MetadataStore:
         row = self._pending.get((*scope, key)) or await self._call(self._select, scope, key)
         if row is None:
             return None
-        return Stored(_decode(row[0]), time.time() - row[1], row[2])
+        return Stored(_decode(key, row), time.time() - row[1], row[2])
 
-    def _select(self, scope: Scope, key: str) -> tuple[str, float, int, str, int] | None:
+    def _select(self, scope: Scope, key: str) -> _Row | None:
         assert self._db is not None
         cursor = self._db.execute(
-            "SELECT info, stored_at, learned, etag, size FROM objects"
-            " WHERE origin=? AND bucket=? AND key=?",
-            (*scope, key),
+            f"SELECT {_COLUMNS} FROM objects WHERE {_THIS_ROW}",
+            (_row_id(scope, key), *scope, key),
         )
         return cursor.fetchone()
 
@@ -215,7 +246,7 @@ class MetadataStore:
     def save(self, scope: Scope, key: str, info: ObjectInfo, learned: int) -> None:
         """Remember ``info``, asked of the origin at journal sequence ``learned``;
         written with the next flush."""
-        self._pending[(*scope, key)] = (_encode(info), time.time(), learned, info.etag, info.size)
+        self._pending[(*scope, key)] = _encode(info, time.time(), learned)
 
     def confirm(self, scope: Scope, entries: Sequence[ListEntry], listed_at: float) -> None:
         """A listing asked at wall time ``listed_at`` showed ``entries``: every stored
@@ -236,7 +267,8 @@ class MetadataStore:
         assert self._db is not None
         if exact:
             self._db.execute(
-                "DELETE FROM objects WHERE origin=? AND bucket=? AND key=?", (*scope, key_prefix)
+                f"DELETE FROM objects WHERE {_THIS_ROW}",
+                (_row_id(scope, key_prefix), *scope, key_prefix),
             )
             return
         # substr, not LIKE: LIKE ignores ASCII case and treats % and _ specially.
@@ -258,23 +290,26 @@ class MetadataStore:
         confirmations: list[tuple[float, Scope, Sequence[ListEntry]]],
     ) -> None:
         assert self._db is not None
-        rows = [(*k, *row) for k, row in batch.items()]
+        rows = [(_row_id(k[:2], k[2]), *k, *row) for k, row in batch.items()]
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.executemany(
-                "INSERT OR REPLACE INTO objects VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows
+                "INSERT OR REPLACE INTO objects VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows
             )
             for listed_at, scope, entries in confirmations:
                 self._db.executemany(
-                    "UPDATE objects SET stored_at=? WHERE origin=? AND bucket=? AND key=?"
+                    f"UPDATE objects SET stored_at=? WHERE {_THIS_ROW}"
                     " AND etag=? AND size=? AND stored_at<?",
-                    ((listed_at, *scope, e.key, e.etag, e.size, listed_at) for e in entries),
+                    (
+                        (listed_at, _row_id(scope, e.key), *scope, e.key, e.etag, e.size, listed_at)
+                        for e in entries
+                    ),
                 )
             (count,) = self._db.execute("SELECT count(*) FROM objects").fetchone()
             if count > self._max_rows:
                 self._db.execute(
-                    "DELETE FROM objects WHERE rowid IN "
-                    "(SELECT rowid FROM objects ORDER BY stored_at LIMIT ?)",
+                    "DELETE FROM objects WHERE id IN "
+                    "(SELECT id FROM objects ORDER BY stored_at LIMIT ?)",
                     (count - self._max_rows,),
                 )
 
