@@ -14,7 +14,9 @@ What is cached
     marker), so caching pages by their parameters would still send most of them
     to the origin; with the whole list every page is a local :func:`paginate`,
     identical to the origin's. A whole listing also answers longer prefixes
-    under it (looked up at ``/`` boundaries). A prefix with more than
+    under it (looked up at ``/`` boundaries). A cold lister does not wait for
+    the whole walk: a page that the origin pages so far already settle is
+    answered at once, while the walk goes on (``metadata/walk.py``). A prefix with more than
     ``whole_listing_limit`` keys is recognised after ``limit / 1000 + 1`` pages,
     remembered as *too big* for a TTL, and its pages are cached one by one,
     keyed by all four parameters.
@@ -87,6 +89,7 @@ from gateway.errors import NoSuchKey, OriginUnavailable
 from gateway.metadata.bodies import PageBodies
 from gateway.metadata.heads import Entry, HeadTable
 from gateway.metadata.snapshot import Snapshot, SnapshotBuilder
+from gateway.metadata.walk import Early, Walk, settled_page
 from gateway.origins.base import ListPage, ObjectInfo
 from gateway.origins.listing import paginate
 
@@ -95,7 +98,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 FetchPage = Callable[[str, str, str, int], Awaitable[ListPage]]
 FetchHead = Callable[[], Awaitable["ObjectInfo | Aged"]]
-Load = Callable[[], Awaitable[Any]]
+Load = Callable[..., Awaitable[Any]]
 ORIGIN_PAGE = 1000  # keys per origin page while walking a whole listing: S3's maximum
 # Lookup outcome -> stats() counter; a negative hit is a hit ("evicted" is no lookup).
 _COUNTER = dict(
@@ -201,6 +204,7 @@ class MetadataCache:
         self._lists = _Lru(listing_bytes - bodies, self._dropped)
         self._flights: dict[tuple[str, tuple[Any, ...]], asyncio.Task[Any]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()  # strong references to running flights
+        self._walks: dict[tuple[str, Any], Walk] = {}  # whole listings being walked, by flight
         self._counts = dict.fromkeys(("hits", "misses", "stale", "stale_error"), 0)
 
     async def head(
@@ -322,9 +326,10 @@ class MetadataCache:
         # (a fresh too-big marker there answers None, as does a walk that finds it so).
         k = self._find_whole(scope, prefix) or (scope, prefix)
         load = partial(self._load_whole, k, policy, fetch_page)
-        whole = await self._lookup("list", k, load, policy, self._lists.get(k))
+        early = partial(settled_page, (prefix, delimiter, start_after, max_keys))
+        whole = await self._lookup("list", k, load, policy, self._lists.get(k), early)
         if whole.value is not None:
-            return whole
+            return whole  # a snapshot, or a page the walk so far settled
         k = (scope, prefix, delimiter, start_after, max_keys)
         load = partial(self._load_page, k, policy, fetch_page)
         return await self._lookup("page", k, load, policy, self._lists.get(k))
@@ -391,15 +396,37 @@ class MetadataCache:
         return answer
 
     async def _load_whole(
-        self, k: tuple[Hashable, str], policy: Policy, fetch_page: FetchPage
+        self,
+        k: tuple[Hashable, str],
+        policy: Policy,
+        fetch_page: FetchPage,
+        walk: Walk | None = None,
     ) -> Snapshot | None:
         # Flat pages in order, into columns; trusted sorted, as paginate() trusts them.
+        # ``walk``: where callers waiting for this walk see it grow (``_join``).
         learned = self._clock()
-        builder = SnapshotBuilder(k[1])
+        walk = walk or Walk(SnapshotBuilder(k[1]))
+        try:
+            return await self._walk_whole(k, policy, fetch_page, walk, learned)
+        finally:
+            walk.grown()
+            if self._walks.get(("list", k)) is walk:
+                del self._walks[("list", k)]
+
+    async def _walk_whole(
+        self,
+        k: tuple[Hashable, str],
+        policy: Policy,
+        fetch_page: FetchPage,
+        walk: Walk,
+        learned: float,
+    ) -> Snapshot | None:
+        builder = walk.builder
         marker = ""
         while builder.nbytes <= self._whole_limit:
             page = await fetch_page(k[1], "", marker, ORIGIN_PAGE)
             builder.add(page.entries)
+            walk.grown()
             if not page.is_truncated or not page.next_marker:
                 snapshot = builder.build(next(self._versions))
                 if self._owns(("list", k)):
@@ -455,12 +482,18 @@ class MetadataCache:
     # --- time and flights --------------------------------------------------------
 
     async def _lookup(
-        self, tag: str, k: tuple[Any, ...], load: Load, policy: Policy, entry: Entry | None
+        self,
+        tag: str,
+        k: tuple[Any, ...],
+        load: Load,
+        policy: Policy,
+        entry: Entry | None,
+        early: Early | None = None,
     ) -> Lookup[Any]:
         """Serve ``entry`` (the one at ``k``, looked up by the caller) if fresh (``hit``)
         or revalidating (``stale``, starting one refresh), else join or start the
-        flight for it (``miss``), falling back on an origin failure to a stale entry
-        still young enough."""
+        flight for it (``miss``; see ``_join`` for ``early``), falling back on an
+        origin failure to a stale entry still young enough."""
         kind = "head" if tag == "head" else "list"
         now = self._clock()
         if entry is not None and now < entry.fresh_until:
@@ -472,7 +505,7 @@ class MetadataCache:
                 )
             return self._served(kind, entry.value, "stale", policy.label)
         try:
-            loaded = await asyncio.shield(self._flight((tag, k), load))
+            loaded = await self._join((tag, k), load, early)
             return self._served(kind, loaded, "miss", policy.label)
         except OriginUnavailable:
             # Again: invalidation may have dropped it meanwhile.
@@ -484,6 +517,29 @@ class MetadataCache:
         except Exception:
             self._count(kind, "miss", policy.label)
             raise
+
+    async def _join(self, fk: tuple[str, Any], load: Load, early: Early | None) -> Any:
+        """The flight's answer; with ``early``, a whole listing's walk is watched as it
+        grows, and the page ``early`` finds settled by the origin pages so far is
+        answered at once (the walk goes on for everyone else).
+
+        Why this is sound: the walk reads the prefix in key order, so a page whose
+        items and the item after them have all arrived (or whose prefix the walk
+        has passed) can only be what the finished snapshot would answer, and it
+        is as old (learned when the walk began). A write during the walk detaches
+        it, as it would the whole answer: its waiters still get what it read.
+        """
+        if early is not None and fk not in self._flights:
+            walk = self._walks[fk] = Walk(SnapshotBuilder(fk[1][1]))
+            load = partial(load, walk=walk)
+        task = self._flight(fk, load)
+        watched = self._walks.get(fk) if early is not None else None
+        while watched is not None and not task.done():
+            page = early(watched.builder)  # type: ignore[misc]
+            if page is not None:
+                return page
+            await asyncio.wait([task, watched.growth], return_when=asyncio.FIRST_COMPLETED)
+        return await asyncio.shield(task)
 
     def _flight(self, fk: tuple[str, Any], load: Load) -> asyncio.Task[Any]:
         task = self._flights.get(fk)

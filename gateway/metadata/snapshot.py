@@ -99,11 +99,20 @@ class Keys(Sequence[str]):
     thousand bisects.
     """
 
-    __slots__ = ("_sample", "blob", "offsets", "prefix", "runs")
+    __slots__ = ("_sample", "_sampled", "blob", "offsets", "prefix", "runs")
 
-    def __init__(self, prefix: str, blob: bytes, offsets: array[int], runs: array[int]) -> None:
+    def __init__(
+        self,
+        prefix: str,
+        blob: bytes | bytearray,
+        offsets: array[int],
+        runs: array[int],
+        sampled: bool = True,
+    ) -> None:
+        """``sampled`` False: no sample is made (the keys of a listing still growing)."""
         self.prefix, self.blob, self.offsets, self.runs = prefix, blob, offsets, runs
         self._sample: list[str] | None = None
+        self._sampled = sampled
 
     def skip_under(self, rolled: str, lo: int) -> int:
         """The index of the first key at or after ``lo`` that does not start with
@@ -128,11 +137,13 @@ class Keys(Sequence[str]):
 
     def bisect_left(self, key: str, lo: int = 0) -> int:
         """The index of the first key ``>= key`` at or after ``lo``."""
-        if self._sample is None:
-            self._sample = [self[i] for i in range(0, len(self), _SAMPLE)]
-        block = bisect_left(self._sample, key, lo // _SAMPLE)  # sample[block] >= key
-        hi = min(len(self), block * _SAMPLE)
-        lo, hi = max(lo, hi - _SAMPLE), max(lo, hi)
+        hi = len(self)
+        if self._sampled:
+            if self._sample is None:
+                self._sample = [self[i] for i in range(0, len(self), _SAMPLE)]
+            block = bisect_left(self._sample, key, lo // _SAMPLE)  # sample[block] >= key
+            hi = min(len(self), block * _SAMPLE)
+            lo, hi = max(lo, hi - _SAMPLE), max(lo, hi)
         if not key.startswith(self.prefix):  # before or after every key: no probe decodes
             return bisect_left(self, key, lo, hi)
         # The last steps compare raw UTF-8 (its byte order is code point order, as
@@ -194,12 +205,16 @@ class Snapshot(Sequence[ListEntry]):
         "version",
     )  # fmt: skip
 
-    def __init__(self, builder: SnapshotBuilder, version: int = 0) -> None:
+    def __init__(self, builder: SnapshotBuilder, version: int = 0, live: bool = False) -> None:
         """``version``: a number its owner gives no other snapshot (what rendered
-        pages are keyed by, ``bodies.py``)."""
+        pages are keyed by, ``bodies.py``); ``live``: a view of what ``builder``
+        holds so far, sharing its columns (no copy), to be used at once, before
+        the builder grows (see ``SnapshotBuilder.so_far``)."""
         self.prefix, self.version = builder.prefix, version
-        self.keys = Keys(builder.prefix, bytes(builder.blob), builder.offsets, builder.runs)
-        self._etags = bytes(builder.etags)
+        blob, self._etags = (
+            (builder.blob, builder.etags) if live else (bytes(builder.blob), bytes(builder.etags))
+        )
+        self.keys = Keys(builder.prefix, blob, builder.offsets, builder.runs, sampled=not live)
         self._odd_etags = builder.odd_etags
         self._sizes, self._times = builder.sizes, builder.times
         self._attr_ids, self._attrs = builder.attr_ids, list(builder.attrs)
@@ -299,6 +314,11 @@ class SnapshotBuilder:
 
     def build(self, version: int = 0) -> Snapshot:
         return Snapshot(self, version)
+
+    def so_far(self) -> Snapshot:
+        """The entries added so far, as a snapshot sharing the builder's columns:
+        valid until the next ``add`` (a page answered from it is built at once)."""
+        return Snapshot(self, live=True)
 
 
 def snapshot(prefix: str, entries: Iterable[ListEntry]) -> Snapshot:
