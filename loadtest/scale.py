@@ -271,6 +271,7 @@ def measure_lists(url: str, pid: int) -> list[dict[str, Any]]:
             1, after["list count"] - before["list count"]
         )
         rows.append({"phase": f"LIST train/ {phase}", "pages": len(pages), "seconds": round(seconds, 2),
+                     "first_page_ms": round(1e3 * pages[0], 2),
                      "client_ms_p50": round(1e3 * percentile(pages, 0.5), 2),
                      "client_ms_p99": round(1e3 * percentile(pages, 0.99), 2),
                      "server_ms_per_page": round(1e3 * server, 2),
