@@ -165,9 +165,10 @@ class CacheConfig(_Strict):
     # Memory for metadata per worker, half for HEAD answers (~230 bytes an object,
     # packed) and half for listings (~85 bytes a key, a prefix's whole listing kept
     # as one columnar snapshot while it fits in that half; bigger prefixes are cached
-    # page by page). The default holds ~2.3 M objects' heads and ~6 M listed keys.
+    # page by page; an eighth of that half holds rendered pages). The default holds
+    # ~2.3 M objects' heads and ~5.5 M listed keys.
     metadata_memory: Size = parse_size("1GiB")
-    # Rows of the node's on-disk metadata store (~300 bytes of disk each).
+    # Rows of the node's on-disk metadata store (~200 bytes of disk each).
     metadata_store_rows: int = Field(default=10_000_000, ge=1)
     # Deprecated entry-count bounds, still accepted: each is turned into bytes
     # (metadata_head_bytes and friends below), so old configs keep their meaning.

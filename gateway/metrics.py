@@ -221,7 +221,8 @@ class Metrics:
         )
         self.metadata_lookups = Counter(
             "hoard_metadata_lookups_total",
-            "Metadata cache lookups by kind (head, list) and outcome "
+            "Metadata cache lookups by kind (head, list; page: a rendered listing page of a "
+            "cached whole listing, hit when its bytes were reused) and outcome "
             "(hit, miss, stale, stale_error, negative; too_big: a prefix whose listing outgrew "
             "the memory for one snapshot, cached page by page instead; evicted, with no mount) "
             "and mount.",

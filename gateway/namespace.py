@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 
 from gateway import errors
 from gateway.config import PosixOriginConfig, Settings
+from gateway.invalidation import Invalidation
 from gateway.origins.base import BucketInfo, ListPage, Origin
 
 # The metric label shared by buckets that no mount names (passed through or unknown).
@@ -51,6 +52,22 @@ class Mount:
 
     def client_key(self, origin_key: str) -> str:
         return origin_key[len(self.prefix) :]
+
+    def invalidation(self, key: str | None, *, prefix: str = "") -> Invalidation:
+        """A change of the client's ``key``, or (None) of everything under ``prefix``,
+        in origin terms: what every tier and every node is told."""
+        if key is None:
+            return Invalidation(
+                self.origin.name, self.origin_bucket, prefix=self.origin_key(prefix)
+            )
+        return Invalidation(self.origin.name, self.origin_bucket, key=self.origin_key(key))
+
+    def origin_query(
+        self, prefix: str, delimiter: str, start_after: str, max_keys: int
+    ) -> tuple[str, str, str, int]:
+        """A listing query in the origin's terms (the mount's prefix added)."""
+        after = self.origin_key(start_after) if start_after else ""
+        return self.origin_key(prefix), delimiter, after, max_keys
 
     def client_page(self, page: ListPage) -> ListPage:
         """An origin listing page in the mount's client keys."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Hashable, Iterable
 
 from gateway import errors
 from gateway.blocks import BlockSource
@@ -147,11 +147,28 @@ class Reader:
     ) -> ListPage:
         self.catch_up()
         mount = self.namespace.resolve(bucket)
-        after = mount.origin_key(start_after) if start_after else ""
-        page = await self.source.listing(
-            mount, mount.origin_key(prefix), delimiter, after, max_keys
-        )
+        query = mount.origin_query(prefix, delimiter, start_after, max_keys)
+        page = await self.source.listing(mount, *query)
         return mount.client_page(page) if mount.prefix else page
+
+    async def list_objects_body(
+        self,
+        bucket: str,
+        query: tuple[str, str, str, int],
+        render: Callable[[ListPage], bytes],
+        variant: Hashable,
+    ) -> bytes:
+        """``list_objects``' page of ``query`` (prefix, delimiter, start_after,
+        max_keys) as ``render`` makes it, rendered once per cached listing and
+        ``variant`` (all else the bytes depend on, the bucket's name aside)."""
+        self.catch_up()
+        mount = self.namespace.resolve(bucket)
+
+        def render_page(page: ListPage) -> bytes:
+            return render(mount.client_page(page) if mount.prefix else page)
+
+        origin_query = mount.origin_query(*query)
+        return await self.source.listing_body(mount, origin_query, render_page, (bucket, variant))
 
     async def block_refs(self, bucket: str, key: str, admit: bool | None = None) -> list[BlockRef]:
         """Every block of ``key`` (its metadata looked up as a read would; none if empty).
@@ -190,13 +207,11 @@ class Reader:
 
     async def invalidate(self, bucket: str, key: str) -> None:
         """A write changed ``key``: forget its metadata, its listings and its blocks."""
-        mount = self.namespace.resolve(bucket)
-        await self._invalidate(Invalidation(*scope_of(mount), key=mount.origin_key(key)))
+        await self._invalidate(self.namespace.resolve(bucket).invalidation(key))
 
     async def invalidate_prefix(self, bucket: str, prefix: str) -> None:
         """A bucket-level change: forget metadata under ``prefix`` (blocks stay valid by ETag)."""
-        mount = self.namespace.resolve(bucket)
-        await self._invalidate(Invalidation(*scope_of(mount), prefix=mount.origin_key(prefix)))
+        await self._invalidate(self.namespace.resolve(bucket).invalidation(None, prefix=prefix))
 
     async def invalidate_origin(self, items: list[Invalidation]) -> None:
         """Another node's write: the same drops, named by origin, origin bucket and key."""
@@ -209,14 +224,6 @@ class Reader:
         stay: they are named by ETag, and fresh metadata names the right ones."""
         self._writes.all_changed()
         await self.source.forget_all()
-
-    def invalidation(self, bucket: str, key: str | None) -> Invalidation:
-        """What to tell other nodes about a change of ``key`` (None: the whole bucket)."""
-        mount = self.namespace.resolve(bucket)
-        origin, origin_bucket = scope_of(mount)
-        if key is None:
-            return Invalidation(origin, origin_bucket, prefix=mount.origin_key(""))
-        return Invalidation(origin, origin_bucket, key=mount.origin_key(key))
 
     def catch_up(self) -> None:
         """Apply what sibling workers invalidated since this worker last looked.

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import gc
 import json
 import tracemalloc
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from gateway.metadata.memory import MetadataCache, Policy
@@ -39,8 +41,34 @@ def info_of(i: int) -> ObjectInfo:
     )
 
 
+def stored_info_of(i: int) -> ObjectInfo:
+    """``info_of(i)`` with the headers an S3 origin stores with an SSE-S3 object: a fresh
+    dict and strings per answer, a checksum of its own."""
+    headers = {
+        "".join(["x-amz-server-side-", "encryption"]): "".join(["AES", "256"]),
+        "x-amz-checksum-crc32": base64.b64encode(i.to_bytes(4, "big")).decode(),
+        "".join(["x-amz-checksum-", "type"]): "".join(["FULL_", "OBJECT"]),
+    }
+    plain = info_of(i)
+    return ObjectInfo(plain.key, plain.size, plain.etag, plain.last_modified,
+                      plain.content_type, headers=headers)  # fmt: skip
+
+
 def entry_of(i: int) -> ListEntry:
     return ListEntry(key_of(i), 4096, '"' + f"{i:032x}" + '"', _BASE + timedelta(seconds=i))
+
+
+def _heads_bytes(objects: int, answer: Callable[[int], ObjectInfo]) -> int:
+    """Bytes a fresh cache allocates holding ``objects`` HEAD answers made by ``answer``."""
+    cache = MetadataCache(head_bytes=objects * 4096, listing_bytes=1)
+    gc.collect()
+    before = tracemalloc.get_traced_memory()[0]
+    for i in range(objects):
+        cache.put_head(("origin", "bucket"), key_of(i), answer(i), Policy(ttl=1e9))
+    gc.collect()
+    held = tracemalloc.get_traced_memory()[0] - before
+    del cache
+    return held
 
 
 async def measure(objects: int) -> dict[str, float]:
@@ -49,11 +77,8 @@ async def measure(objects: int) -> dict[str, float]:
     scope = ("origin", "bucket")
     gc.collect()
     tracemalloc.start()
-    before = tracemalloc.get_traced_memory()[0]
-    for i in range(objects):
-        cache.put_head(scope, key_of(i), info_of(i), policy)
-    gc.collect()
-    heads = tracemalloc.get_traced_memory()[0] - before
+    heads = _heads_bytes(objects, info_of)
+    stored = _heads_bytes(objects, stored_info_of)
 
     async def fetch_page(prefix: str, delimiter: str, after: str, limit: int) -> ListPage:
         first = int(after.rsplit("_", 1)[1][:8]) + 1 if after else 0
@@ -68,6 +93,7 @@ async def measure(objects: int) -> dict[str, float]:
     return {
         "objects": objects,
         "head_bytes_per_object": round(heads / objects, 1),
+        "stored_header_head_bytes_per_object": round(stored / objects, 1),
         "listing_bytes_per_key": round(listing / objects, 1),
         "mib_per_million_heads": round(heads / objects * 1e6 / 2**20, 1),
         "mib_per_million_listed": round(listing / objects * 1e6 / 2**20, 1),

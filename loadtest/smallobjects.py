@@ -174,9 +174,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     row[phase]["origin"] = {k: v for k, v in counts.items() if v}
                 if name == "hoard":
                     files, used = disk_usage(workdir / "hoard" / "cache")
-                    locks = sum(1 for _ in (workdir / "hoard" / "cache" / "locks").glob("*"))
                     row["cache_files"] = files
-                    row["cache_files_without_metadata_lock_stripes"] = files - locks
                     row["disk_bytes_over_payload"] = round(used / payload, 3)
             finally:
                 if proc is not None:

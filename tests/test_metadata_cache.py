@@ -568,7 +568,10 @@ async def test_listings_are_bounded_by_their_bytes(clock: Clock, events: list) -
     lister = Lister(["a/1", "a/2", "a/3", "b/1", "b/2", "c/1", "c/2"])
     a, b = snapshot("a/", lister.entries[:3]).nbytes, snapshot("b/", lister.entries[3:5]).nbytes
     cache = MetadataCache(
-        listing_bytes=a + b, clock=clock, on_event=lambda *e: events.append(e[:2])
+        listing_bytes=a + b,
+        page_body_bytes=0,
+        clock=clock,
+        on_event=lambda *e: events.append(e[:2]),
     )
     await listing(cache, lister, "a/")
     await listing(cache, lister, "b/")

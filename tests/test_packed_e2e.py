@@ -47,9 +47,8 @@ def fetch_all(urls: list[str], concurrency: int = 16) -> list[bytes]:
 
 
 def cache_files(cache_dir: Path) -> list[Path]:
-    """Files the block cache made: not the metadata store's fixed set of lock stripes."""
-    locks = cache_dir / "locks"
-    return [p for p in cache_dir.rglob("*") if p.is_file() and locks not in p.parents]
+    """Every file in the cache directory (the metadata store's locks are one file)."""
+    return [p for p in cache_dir.rglob("*") if p.is_file()]
 
 
 def segment_files(cache_dir: Path) -> list[Path]:

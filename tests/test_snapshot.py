@@ -3,6 +3,7 @@ exactly what was put in, and page exactly like the plain listing they replace.""
 
 from __future__ import annotations
 
+import base64
 import itertools
 import random
 from datetime import UTC, datetime, timedelta, timezone
@@ -89,6 +90,19 @@ def info(key: str, **fields: object) -> ObjectInfo:
         info("k", etag='"abc-2"'),  # multipart: kept unpacked
         info("k", metadata={"a": "b"}, headers={"Cache-Control": "no"}),
         info("k", version_id="v1"),
+        info(
+            "k",
+            headers={
+                "x-amz-server-side-encryption": "AES256",
+                "x-amz-checksum-crc32": "AAAAAQ==",
+                "x-amz-checksum-type": "FULL_OBJECT",
+                "x-amz-checksum-sha256": "not base64 é",  # kept as text, exactly
+                "Content-Encoding": "gzip",
+            },
+            metadata={"owner": "team"},
+            version_id="3HL4kqtJlcpXroDTDmJ+rmSpXd3dIbrHY",
+        ),
+        info("k", headers={"x-amz-checksum-crc64nvme": ""}),
         info("k", last_modified=datetime(2026, 1, 1, tzinfo=timezone(timedelta(hours=2)))),
         None,  # negative
     ],
@@ -105,18 +119,49 @@ def test_packed_heads_are_several_times_smaller_than_kept_ones() -> None:
     packed, kept = HeadTable(1 << 30), HeadTable(1 << 30)
     for i in range(100):
         packed.put("s", f"k{i}", Entry(info(f"k{i}"), 1.0))
-        kept.put("s", f"k{i}", Entry(info(f"k{i}", version_id="v"), 1.0))
+        kept.put("s", f"k{i}", Entry(info(f"k{i}", etag='"abc-2"'), 1.0))
     assert 3 * packed.weight < kept.weight
 
 
+def test_heads_with_stored_headers_pack_near_plain_ones() -> None:
+    """A dataset's SSE headers and checksum type are one shape; each CRC32 is 5 bytes."""
+    plain, stored = HeadTable(1 << 30), HeadTable(1 << 30)
+    for i in range(100):
+        crc = base64.b64encode(i.to_bytes(4, "big")).decode()
+        headers = {"x-amz-server-side-encryption": "AES256", "x-amz-checksum-crc32": crc,
+                   "x-amz-checksum-type": "FULL_OBJECT"}  # fmt: skip
+        plain.put("s", f"k{i}", Entry(info(f"k{i}"), 1.0))
+        stored.put("s", f"k{i}", Entry(info(f"k{i}", headers=headers), 1.0))
+        assert stored.get("s", f"k{i}").value.headers == headers  # type: ignore[union-attr]
+    assert stored.weight < plain.weight + 100 * 10 + 1000  # ~5 tail bytes each, one shape
+
+
+def test_a_shape_is_forgotten_with_its_last_head() -> None:
+    table = HeadTable(1 << 20)
+    table.put("s", "a", Entry(info("a", metadata={"uuid": "1"}), 1.0))
+    table.put("s", "b", Entry(info("b", metadata={"uuid": "2"}), 1.0))  # a shape of its own
+    one_each = table.weight
+    table.pop("s", "b")
+    assert table.weight < one_each - 250  # b's record and its shape both gone
+    table.put("s", "c", Entry(info("c", metadata={"uuid": "1"}), 1.0))  # a's shape, shared
+    table.pop("s", "a")
+    table.pop("s", "c")
+    assert table.weight == 0 and len(table) == 0
+
+
 def test_heads_are_evicted_least_recently_used_first_by_bytes() -> None:
-    one = HeadTable(1 << 20)
-    one.put("s", "k0", Entry(info("k0"), 1.0))
-    table = HeadTable(3 * one.weight + 5)
+    three = HeadTable(1 << 20)
+    for key in ("k0", "k1", "k2"):
+        three.put("s", key, Entry(info(key), 1.0))
+    table = HeadTable(three.weight + 5)  # three heads and their one shape
     for key in ("k1", "k2", "k3"):
         table.put("s", key, Entry(info(key), 1.0))
     table.get("s", "k1")
     assert table.put("s", "k4", Entry(info("k4"), 1.0)) == 1
     assert [key for _, key in table.held()] == ["k3", "k1", "k4"]
     table.drop_where(lambda scope, key: key == "k1")
-    assert [key for _, key in table.held()] == ["k3", "k4"] and table.weight == 2 * one.weight
+    assert [key for _, key in table.held()] == ["k3", "k4"]
+    two = HeadTable(1 << 20)
+    for key in ("k3", "k4"):
+        two.put("s", key, Entry(info(key), 1.0))
+    assert table.weight == two.weight

@@ -31,9 +31,12 @@ reader, the blocks or the cluster's machinery: the owner node is a protocol
 single-node null object (``source.NoOwner``).
 
 Memory is bounded in bytes and sized for millions of objects: a HEAD answer is
-one packed record (``heads.py``, ~214 bytes an object), a prefix's whole
-listing one columnar snapshot (``snapshot.py``, ~85 bytes a key) that pages
-without building an object per key.
+one packed record (``heads.py``, ~214 bytes an object; what a dataset's
+answers share, stored headers included, is one interned shape, ``shapes.py``),
+a prefix's whole listing one columnar snapshot (``snapshot.py``, ~85 bytes a
+key) that pages without building an object per key. A cold listing answers
+the pages its walk has already settled (``walk.py``); a cached one renders
+each page once per snapshot and serves the bytes after (``bodies.py``).
 
 Age travels with an answer across tiers: an entry served from the store or
 confirmed by a listing is as old as that answer, never refreshed by being

@@ -1,11 +1,17 @@
-"""One codec for metadata that leaves a process: the node's store rows and a peer's answers.
+"""One codec for metadata that crosses the wire: an owner node's answers to its peers.
 
 ``ObjectInfo`` and ``ListPage`` are plain dataclasses; pydantic's adapters turn
 them into JSON and back, datetimes, tuples and optional fields included, so
-the store and the cluster's wire cannot drift apart (they had a hand-written
-codec each). Decoding validates: a row or a peer answer that is not an
-``ObjectInfo`` raises ``ValueError`` (pydantic's ``ValidationError``) rather
-than building a half object.
+what the answering side writes and the asking side reads cannot drift apart
+(they were two hand-written functions). Decoding validates: an answer that is
+not an ``ObjectInfo`` raises ``ValueError`` (pydantic's ``ValidationError``),
+which the router treats as an owner that did not answer, rather than building
+a half object.
+
+The node's store keeps its own row layout (``store.py``): its columns are the
+indexable fields and the rest only what differs from the defaults, about 200
+bytes an object where this JSON is about 250 — at millions of rows the store's
+size is the point, and its rows never leave the node.
 """
 
 from __future__ import annotations
@@ -18,14 +24,6 @@ from gateway.origins.base import ListPage, ObjectInfo
 
 _INFO: TypeAdapter[ObjectInfo] = TypeAdapter(ObjectInfo)
 _PAGE: TypeAdapter[ListPage] = TypeAdapter(ListPage)
-
-
-def info_to_json(info: ObjectInfo) -> str:
-    return _INFO.dump_json(info).decode()
-
-
-def info_from_json(text: str | bytes) -> ObjectInfo:
-    return _INFO.validate_json(text)
 
 
 def jsonable(value: ObjectInfo | ListPage) -> dict[str, Any]:

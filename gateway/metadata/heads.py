@@ -8,15 +8,18 @@ Almost every object of such a set looks the same but for its key, ETag, size
 and time, so a common answer is packed into one ``bytes`` record:
 
   fresh_until, learned (doubles), size, last-modified in microseconds
-  (int64), an index into the table's interned (content type, storage class)
-  pairs, and the ETag's 16 bytes (``snapshot.pack_etag``),
+  (int64), the number of the answer's *shape* (``shapes.py``: content type,
+  storage class, stored headers, user metadata, interned once for all the
+  objects that share them), the ETag's 16 bytes (``snapshot.pack_etag``),
+  then the object's own tail: its checksums, decoded (5 bytes for a CRC32),
+  and its version id, if any,
 
 keyed by one string, the scope's short id and the key (~214 bytes an
-object in all, ~4x less). Unpacking builds a new ``ObjectInfo``, a few
+object in all, ~4x less; ~225 with a CRC32 and SSE headers, not ~1 KB). Unpacking builds a new ``ObjectInfo``, a few
 microseconds, so the last ``_DECODED`` answers unpacked are kept by record:
 a hot key is unpacked once, a key read once an epoch once an epoch.
-An answer that does not pack (user metadata, stored headers, a version id, a
-multipart or otherwise odd ETag, a naive time) is kept as it is, weighed as
+An answer that does not pack (a multipart or otherwise odd ETag, a naive
+time, a checksum value of 128 bytes or more) is kept as it is, weighed as
 such. A negative entry (the origin said NoSuchKey) packs too, unless its 404
 carried headers to repeat (a delete marker's).
 
@@ -25,9 +28,11 @@ insert), and eviction takes from the front. Weights are estimates of the
 bytes each entry holds (the record, its key string, a dict slot), kept as a
 running sum; ``python -m loadtest.metamem`` checks them against tracemalloc.
 
-NOT guaranteed: interned (content type, storage class) pairs are never
-forgotten; past ``_MAX_INTERNED`` distinct pairs, answers are kept unpacked.
-Not thread-safe.
+Shapes are counted by use and forgotten with their last record, their bytes
+counted in the table's weight while held, so headers that differ per object
+(a per-object metadata value) cost a shape each but never outlive it.
+
+NOT guaranteed: not thread-safe.
 """
 
 from __future__ import annotations
@@ -38,12 +43,12 @@ from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.metadata import shapes
 from gateway.metadata.snapshot import microseconds, moment, pack_etag, unpack_etag
 from gateway.origins.base import ObjectInfo
 
 _RECORD = struct.Struct("<ddqqI16s")
-_NEGATIVE = 0xFFFFFFFF  # the interned index of a negative entry
-_MAX_INTERNED = 65_536
+_NEGATIVE = 0xFFFFFFFF  # the shape number of a negative entry
 _DECODED = 1024
 _SLOT = 48  # a dict slot (hash, key, value) and its share of the index, per entry
 _UNPACKED = 700  # an ObjectInfo, its strings, datetime and dicts, beyond the headers' text
@@ -65,17 +70,21 @@ class HeadTable:
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self.weight = 0
+        self.records_weight = 0  # the records', keys' and slots' bytes; shapes apart
         self.empty = 0  # negative entries held
         self._records: dict[str, bytes | Entry] = {}
         self._scopes: dict[Hashable, str] = {}  # scope -> short id, the key's first part
-        self._interned: dict[tuple[str, str], int] = {}
-        self._pairs: list[tuple[str, str]] = []
+        self._shapes = shapes.Shapes()
         # The last _DECODED answers decoded, by record: a hot key is decoded once.
         self._decoded: dict[bytes, Entry] = {}
 
     def __len__(self) -> int:
         return len(self._records)
+
+    @property
+    def weight(self) -> int:
+        """Bytes held: records and the shapes they use."""
+        return self.records_weight + self._shapes.weight
 
     def get(self, scope: Hashable, key: str) -> Entry | None:
         """The entry of ``key``, marked most recently used."""
@@ -97,7 +106,7 @@ class HeadTable:
         self._pop(k)
         record = self._encode(key, entry)
         self._records[k] = record
-        self.weight += self._weigh(k, record)
+        self.records_weight += self._weigh(k, record)
         self.empty += entry.value is None
         evicted = 0
         while self.weight > self.limit and len(self._records) > 1:
@@ -135,9 +144,17 @@ class HeadTable:
 
     def _pop(self, k: str) -> None:
         record = self._records.pop(k, None)
-        if record is not None:
-            self.weight -= self._weigh(k, record)
-            self.empty -= _is_negative(record)
+        if record is None:
+            return
+        self.records_weight -= self._weigh(k, record)
+        if isinstance(record, Entry):
+            self.empty -= record.value is None
+            return
+        number = _RECORD.unpack_from(record)[4]
+        if number == _NEGATIVE:
+            self.empty -= 1
+        else:
+            self._shapes.release(number)
 
     def _encode(self, key: str, entry: Entry) -> bytes | Entry:
         info = entry.value
@@ -146,19 +163,15 @@ class HeadTable:
         if info is None:
             return _RECORD.pack(entry.fresh_until, entry.learned, 0, 0, _NEGATIVE, bytes(16))
         etag = pack_etag(info.etag)
-        pair = self._intern(info.content_type, info.storage_class)
-        if (
-            etag is None
-            or pair is None
-            or info.key != key
-            or info.metadata
-            or info.headers
-            or info.version_id is not None
-            or info.last_modified.tzinfo is None
-        ):
+        split = shapes.split(info)
+        if etag is None or split is None or info.key != key or info.last_modified.tzinfo is None:
+            return entry
+        number = self._shapes.use(split[0])
+        if number is None:
             return entry
         us = microseconds(info.last_modified)
-        return _RECORD.pack(entry.fresh_until, entry.learned, info.size, us, pair, etag)
+        fixed = _RECORD.pack(entry.fresh_until, entry.learned, info.size, us, number, etag)
+        return fixed + split[1]
 
     def _decode(self, key: str, record: bytes | Entry) -> Entry:
         if isinstance(record, Entry):
@@ -171,21 +184,14 @@ class HeadTable:
         return entry
 
     def _unpack(self, key: str, record: bytes) -> Entry:
-        fresh_until, learned, size, us, pair, etag = _RECORD.unpack(record)
-        if pair == _NEGATIVE:
+        fresh_until, learned, size, us, number, etag = _RECORD.unpack_from(record)
+        if number == _NEGATIVE:
             return Entry(None, fresh_until, 0, learned)
-        content_type, storage_class = self._pairs[pair]
-        info = ObjectInfo(key, size, unpack_etag(etag), moment(us), content_type,
-                          storage_class=storage_class)  # fmt: skip
+        shape = self._shapes[number]
+        headers, metadata, version_id = shapes.join(shape, record[_RECORD.size :])
+        info = ObjectInfo(key, size, unpack_etag(etag), moment(us), shape.content_type,
+                          metadata, headers, shape.storage_class, version_id)  # fmt: skip
         return Entry(info, fresh_until, 0, learned)
-
-    def _intern(self, content_type: str, storage_class: str) -> int | None:
-        pair = (content_type, storage_class)
-        index = self._interned.get(pair)
-        if index is None and len(self._pairs) < _MAX_INTERNED:
-            index = self._interned[pair] = len(self._pairs)
-            self._pairs.append((sys.intern(content_type), sys.intern(storage_class)))
-        return index
 
     @staticmethod
     def _weigh(k: str, record: bytes | Entry) -> int:
@@ -202,9 +208,3 @@ class HeadTable:
             )
         )
         return held + _UNPACKED + 2 * len(k) + 2 * text
-
-
-def _is_negative(record: bytes | Entry) -> bool:
-    if isinstance(record, Entry):
-        return record.value is None
-    return _RECORD.unpack_from(record)[4] == _NEGATIVE

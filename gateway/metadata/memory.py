@@ -14,7 +14,9 @@ What is cached
     marker), so caching pages by their parameters would still send most of them
     to the origin; with the whole list every page is a local :func:`paginate`,
     identical to the origin's. A whole listing also answers longer prefixes
-    under it (looked up at ``/`` boundaries). A prefix with more than
+    under it (looked up at ``/`` boundaries). A cold lister does not wait for
+    the whole walk: a page that the origin pages so far already settle is
+    answered at once, while the walk goes on (``metadata/walk.py``). A prefix with more than
     ``whole_listing_limit`` keys is recognised after ``limit / 1000 + 1`` pages,
     remembered as *too big* for a TTL, and its pages are cached one by one,
     keyed by all four parameters.
@@ -60,7 +62,10 @@ pages as they came). A prefix is held whole while its snapshot stays within
 ``whole_listing_bytes``: the limit is memory, not a key count, so with the
 defaults a prefix of a few million keys is one snapshot. A walk stops as soon
 as the snapshot would outgrow it, having held no more, and the prefix is then
-cached page by page (counted as a ``too_big`` lookup).
+cached page by page (counted as a ``too_big`` lookup). An eighth of
+``listing_bytes`` (``page_body_bytes``) holds rendered pages: ``listing_body``
+renders a page of a whole listing once per snapshot and query and serves the
+same bytes after (``metadata/bodies.py``), dropped with their snapshot.
 
 NOT guaranteed: writes that bypass Hoard show up only after the TTL (never, with
 ``forever``). The cache is per process, not shared between workers or nodes.
@@ -70,6 +75,7 @@ Not thread-safe: use it from one event loop only.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import math
 import time
@@ -81,8 +87,10 @@ from typing import Any, Generic, TypeGuard, TypeVar
 
 from gateway.cache.singleflight import Group
 from gateway.errors import NoSuchKey, OriginUnavailable
+from gateway.metadata.bodies import PageBodies
 from gateway.metadata.heads import Entry, HeadTable
 from gateway.metadata.snapshot import Snapshot, SnapshotBuilder
+from gateway.metadata.walk import Early, Walk, settled_page
 from gateway.origins.base import ListPage, ObjectInfo
 from gateway.origins.listing import paginate
 
@@ -91,7 +99,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 FetchPage = Callable[[str, str, str, int], Awaitable[ListPage]]
 FetchHead = Callable[[], Awaitable["ObjectInfo | Aged"]]
-Load = Callable[[], Awaitable[Any]]
+Load = Callable[..., Awaitable[Any]]
 ORIGIN_PAGE = 1000  # keys per origin page while walking a whole listing: S3's maximum
 # Lookup outcome -> stats() counter; a negative hit is a hit ("evicted" is no lookup).
 _COUNTER = dict(
@@ -126,11 +134,13 @@ class Aged:
 
 
 class _Lru:
-    """Entries by key, least recently used first, evicted beyond ``limit`` total weight."""
+    """Entries by key, least recently used first, evicted beyond ``limit`` total weight;
+    ``on_drop`` hears of every entry that leaves (evicted, replaced or dropped)."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, on_drop: Callable[[Entry], None] = lambda entry: None) -> None:
         self.entries: OrderedDict[tuple[Any, ...], Entry] = OrderedDict()
         self.limit = limit
+        self._on_drop = on_drop
         self.weight = 0  # sum of entry weights
         self.empty = 0  # entries whose value is None
 
@@ -157,6 +167,7 @@ class _Lru:
         if entry is not None:
             self.weight -= entry.weight
             self.empty -= entry.value is None
+            self._on_drop(entry)
 
     def drop_where(self, matches: Callable[[tuple[Any, ...]], bool]) -> None:
         for k in [k for k in self.entries if matches(k)]:
@@ -172,19 +183,28 @@ class MetadataCache:
         head_bytes: int = 512 << 20,
         listing_bytes: int = 512 << 20,
         whole_listing_bytes: int | None = None,
+        page_body_bytes: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_event: Callable[[str, str, str], None] | None = None,
     ) -> None:
-        """``whole_listing_bytes``: the largest snapshot of one prefix (default:
-        all of ``listing_bytes``)."""
-        self._whole_limit = listing_bytes if whole_listing_bytes is None else whole_listing_bytes
+        """``page_body_bytes``: the part of ``listing_bytes`` for rendered pages
+        (default an eighth); ``whole_listing_bytes``: the largest snapshot of one
+        prefix (default: all the rest of ``listing_bytes``)."""
+        bodies = listing_bytes // 8 if page_body_bytes is None else page_body_bytes
+        self._whole_limit = min(
+            listing_bytes - bodies,
+            listing_bytes if whole_listing_bytes is None else whole_listing_bytes,
+        )
         self._clock = clock
         self._on_event = on_event
         self._heads = HeadTable(head_bytes)
+        self._bodies = PageBodies(bodies)
+        self._versions = itertools.count(1)  # of snapshots: what their bodies are keyed by
         # Keyed (scope, prefix) for whole listings and too-big markers,
         # (scope, prefix, delimiter, start_after, max_keys) for pages.
-        self._lists = _Lru(listing_bytes)
+        self._lists = _Lru(listing_bytes - bodies, self._dropped)
         self._flights: Group[tuple[str, tuple[Any, ...]], Any] = Group()
+        self._walks: dict[tuple[str, Any], Walk] = {}  # whole listings being walked, by flight
         self._counts = dict.fromkeys(("hits", "misses", "stale", "stale_error"), 0)
 
     async def head(
@@ -260,14 +280,56 @@ class MetadataCache:
 
         :raises HoardError: the fetch's error when no stale listing may be served.
         """
+        found = await self._whole_or_page(scope, prefix, delimiter, start_after, max_keys,
+                                          policy, fetch_page)  # fmt: skip
+        if isinstance(found.value, Snapshot):
+            page = paginate(found.value, prefix, delimiter, start_after, max_keys)
+            return Lookup(page, found.state)
+        return found
+
+    async def listing_body(
+        self,
+        scope: Hashable,
+        query: tuple[str, str, str, int],
+        policy: Policy,
+        fetch_page: FetchPage,
+        render: Callable[[ListPage], bytes],
+        variant: Hashable,
+    ) -> Lookup[bytes]:
+        """``listing``'s page of ``query`` (prefix, delimiter, start_after, max_keys) as
+        ``render`` makes it into bytes; from a whole listing, rendered once per snapshot
+        and ``variant`` (whatever else the bytes depend on) and kept (``bodies.py``)."""
+        found = await self._whole_or_page(scope, *query, policy, fetch_page)
+        if not isinstance(found.value, Snapshot):
+            return Lookup(render(found.value), found.state)
+        version = found.value.version
+        body = self._bodies.get(version, (query, variant))
+        if self._on_event is not None:
+            self._on_event("page", "miss" if body is None else "hit", policy.label)
+        if body is None:
+            body = render(paginate(found.value, *query))
+            self._bodies.put(version, (query, variant), body)
+        return Lookup(body, found.state)
+
+    async def _whole_or_page(
+        self,
+        scope: Hashable,
+        prefix: str,
+        delimiter: str,
+        start_after: str,
+        max_keys: int,
+        policy: Policy,
+        fetch_page: FetchPage,
+    ) -> Lookup[Snapshot | ListPage]:
+        """The whole listing covering ``prefix`` if one may be held, else the page."""
         # The nearest cached whole listing covering the prefix, else the prefix's own
         # (a fresh too-big marker there answers None, as does a walk that finds it so).
         k = self._find_whole(scope, prefix) or (scope, prefix)
         load = partial(self._load_whole, k, policy, fetch_page)
-        whole = await self._lookup("list", k, load, policy, self._lists.get(k))
+        early = partial(settled_page, (prefix, delimiter, start_after, max_keys))
+        whole = await self._lookup("list", k, load, policy, self._lists.get(k), early)
         if whole.value is not None:
-            page = paginate(whole.value, prefix, delimiter, start_after, max_keys)
-            return Lookup(page, whole.state)
+            return whole  # a snapshot, or a page the walk so far settled
         k = (scope, prefix, delimiter, start_after, max_keys)
         load = partial(self._load_page, k, policy, fetch_page)
         return await self._lookup("page", k, load, policy, self._lists.get(k))
@@ -302,6 +364,8 @@ class MetadataCache:
             "listings": len(lists.entries) - lists.empty,
             "head_bytes": heads.weight,
             "listing_bytes": lists.weight,
+            "page_bodies": len(self._bodies),
+            "page_body_bytes": self._bodies.weight,
             **self._counts,
         }
 
@@ -329,17 +393,39 @@ class MetadataCache:
         return answer
 
     async def _load_whole(
-        self, k: tuple[Hashable, str], policy: Policy, fetch_page: FetchPage
+        self,
+        k: tuple[Hashable, str],
+        policy: Policy,
+        fetch_page: FetchPage,
+        walk: Walk | None = None,
     ) -> Snapshot | None:
         # Flat pages in order, into columns; trusted sorted, as paginate() trusts them.
+        # ``walk``: where callers waiting for this walk see it grow (``_join``).
         learned = self._clock()
-        builder = SnapshotBuilder(k[1])
+        walk = walk or Walk(SnapshotBuilder(k[1]))
+        try:
+            return await self._walk_whole(k, policy, fetch_page, walk, learned)
+        finally:
+            walk.grown()
+            if self._walks.get(("list", k)) is walk:
+                del self._walks[("list", k)]
+
+    async def _walk_whole(
+        self,
+        k: tuple[Hashable, str],
+        policy: Policy,
+        fetch_page: FetchPage,
+        walk: Walk,
+        learned: float,
+    ) -> Snapshot | None:
+        builder = walk.builder
         marker = ""
         while builder.nbytes <= self._whole_limit:
             page = await fetch_page(k[1], "", marker, ORIGIN_PAGE)
             builder.add(page.entries)
+            walk.grown()
             if not page.is_truncated or not page.next_marker:
-                snapshot = builder.build()
+                snapshot = builder.build(next(self._versions))
                 if self._flights.owns(("list", k)):
                     self._store("list", k, snapshot, policy.ttl, snapshot.nbytes, learned)
                 return snapshot
@@ -378,6 +464,11 @@ class MetadataCache:
         for _ in range(evicted):
             self._count(table, "evicted")
 
+    def _dropped(self, entry: Entry) -> None:
+        """A listing left the cache: the pages rendered from it go with it."""
+        if isinstance(entry.value, Snapshot):
+            self._bodies.drop(entry.value.version)
+
     def _find_whole(self, scope: Hashable, prefix: str) -> tuple[Hashable, str] | None:
         for candidate in _covering(prefix):
             entry = self._lists.entries.get((scope, candidate))
@@ -388,12 +479,18 @@ class MetadataCache:
     # --- time and flights --------------------------------------------------------
 
     async def _lookup(
-        self, tag: str, k: tuple[Any, ...], load: Load, policy: Policy, entry: Entry | None
+        self,
+        tag: str,
+        k: tuple[Any, ...],
+        load: Load,
+        policy: Policy,
+        entry: Entry | None,
+        early: Early | None = None,
     ) -> Lookup[Any]:
         """Serve ``entry`` (the one at ``k``, looked up by the caller) if fresh (``hit``)
         or revalidating (``stale``, starting one refresh), else join or start the
-        flight for it (``miss``), falling back on an origin failure to a stale entry
-        still young enough."""
+        flight for it (``miss``; see ``_join`` for ``early``), falling back on an
+        origin failure to a stale entry still young enough."""
         kind = "head" if tag == "head" else "list"
         now = self._clock()
         if entry is not None and now < entry.fresh_until:
@@ -405,7 +502,7 @@ class MetadataCache:
                 )
             return self._served(kind, entry.value, "stale", policy.label)
         try:
-            loaded = await self._flights.do((tag, k), load)
+            loaded = await self._join((tag, k), load, early)
             return self._served(kind, loaded, "miss", policy.label)
         except OriginUnavailable:
             # Again: invalidation may have dropped it meanwhile.
@@ -417,6 +514,29 @@ class MetadataCache:
         except Exception:
             self._count(kind, "miss", policy.label)
             raise
+
+    async def _join(self, fk: tuple[str, Any], load: Load, early: Early | None) -> Any:
+        """The flight's answer; with ``early``, a whole listing's walk is watched as it
+        grows, and the page ``early`` finds settled by the origin pages so far is
+        answered at once (the walk goes on for everyone else).
+
+        Why this is sound: the walk reads the prefix in key order, so a page whose
+        items and the item after them have all arrived (or whose prefix the walk
+        has passed) can only be what the finished snapshot would answer, and it
+        is as old (learned when the walk began). A write during the walk detaches
+        it, as it would the whole answer: its waiters still get what it read.
+        """
+        if early is not None and fk not in self._flights:
+            walk = self._walks[fk] = Walk(SnapshotBuilder(fk[1][1]))
+            load = partial(load, walk=walk)
+        task = self._flights.start(fk, load)
+        watched = self._walks.get(fk) if early is not None else None
+        while watched is not None and not task.done():
+            page = early(watched.builder)  # type: ignore[misc]
+            if page is not None:
+                return page
+            await asyncio.wait([task, watched.growth], return_when=asyncio.FIRST_COMPLETED)
+        return await asyncio.shield(task)
 
     def _drop_where(
         self,

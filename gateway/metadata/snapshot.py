@@ -16,7 +16,18 @@ flat arrays, about 40 bytes a key plus the key's own bytes after the prefix:
     64-bit integer arrays;
   * storage class, checksum algorithms and owner, which repeat across a whole
     listing, as one index per key into the snapshot's table of distinct
-    combinations.
+    combinations;
+  * *directory runs*: the index of every key whose directory (the key up to
+    its last ``/``) differs from the key before it, one integer per
+    directory, not per key.
+
+The runs make ``/``-delimited pages cheap. A page of ImageNet's class
+directories rolls up a thousand common prefixes, and after each it must skip
+every key under it: a bisect decoding a key per probe, ~8 µs, 8 ms a page.
+Every key of one directory starts with a rolled-up prefix ending in ``/`` or
+none does, so the first key past the prefix is the first *run* that does not
+start with it: usually the next run, one array bisect and one key decoded
+(``Keys.skip_under``).
 
 A ``Snapshot`` is a read-only ``Sequence[ListEntry]`` that builds an entry
 only when one is asked for, and exposes its keys as a ``Sequence[str]``
@@ -36,18 +47,20 @@ from __future__ import annotations
 
 import functools
 from array import array
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import overload
 
 from gateway.origins.base import ListEntry
+from gateway.origins.listing import prefix_end
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _Attrs = tuple[str, tuple[str, ...], tuple[str, str] | None]  # storage class, checksums, owner
 # The fixed bytes per key: offset (8), ETag (16), size (8), time (8), attrs index (4).
 FIXED_BYTES = 44
 _SAMPLE = 64  # every 64th key kept decoded, to bisect on
+_HOPS = 4  # directory runs tried before bisecting past a rolled-up prefix
 
 
 def microseconds(moment: datetime) -> int:
@@ -86,19 +99,61 @@ class Keys(Sequence[str]):
     thousand bisects.
     """
 
-    __slots__ = ("_sample", "blob", "offsets", "prefix")
+    __slots__ = ("_sample", "_sampled", "blob", "offsets", "prefix", "runs")
 
-    def __init__(self, prefix: str, blob: bytes, offsets: array[int]) -> None:
-        self.prefix, self.blob, self.offsets = prefix, blob, offsets
+    def __init__(
+        self,
+        prefix: str,
+        blob: bytes | bytearray,
+        offsets: array[int],
+        runs: array[int],
+        sampled: bool = True,
+    ) -> None:
+        """``sampled`` False: no sample is made (the keys of a listing still growing)."""
+        self.prefix, self.blob, self.offsets, self.runs = prefix, blob, offsets, runs
         self._sample: list[str] | None = None
+        self._sampled = sampled
+
+    def skip_under(self, rolled: str, lo: int) -> int:
+        """The index of the first key at or after ``lo`` that does not start with
+        ``rolled``, where the key at ``lo`` does.
+
+        A ``rolled`` ending in ``/`` holds whole directory runs (see the module
+        docstring): try the next few runs' first keys, then bisect.
+        """
+        if rolled.endswith("/"):
+            runs = self.runs
+            first = bisect_right(runs, lo)  # the run after the one of ``lo``
+            tried = range(first, min(first + _HOPS, len(runs)))
+            for r in tried:
+                if not self[runs[r]].startswith(rolled):
+                    return runs[r]
+            if tried.stop == len(runs):  # every run left starts with it
+                return len(self)
+            if tried:
+                lo = runs[tried.stop - 1]
+        end = prefix_end(rolled)
+        return len(self) if end is None else self.bisect_left(end, lo)
 
     def bisect_left(self, key: str, lo: int = 0) -> int:
         """The index of the first key ``>= key`` at or after ``lo``."""
-        if self._sample is None:
-            self._sample = [self[i] for i in range(0, len(self), _SAMPLE)]
-        block = bisect_left(self._sample, key, lo // _SAMPLE)  # sample[block] >= key
-        hi = min(len(self), block * _SAMPLE)
-        return bisect_left(self, key, max(lo, hi - _SAMPLE), max(lo, hi))
+        hi = len(self)
+        if self._sampled:
+            if self._sample is None:
+                self._sample = [self[i] for i in range(0, len(self), _SAMPLE)]
+            block = bisect_left(self._sample, key, lo // _SAMPLE)  # sample[block] >= key
+            hi = min(len(self), block * _SAMPLE)
+            lo, hi = max(lo, hi - _SAMPLE), max(lo, hi)
+        if not key.startswith(self.prefix):  # before or after every key: no probe decodes
+            return bisect_left(self, key, lo, hi)
+        # The last steps compare raw UTF-8 (its byte order is code point order, as
+        # str's), sparing a key decoding per probe: a page rolling up a thousand
+        # common prefixes does these steps a thousand times.
+        target = key[len(self.prefix) :].encode("utf-8", "surrogatepass")
+        blob, offsets = self.blob, self.offsets
+        return lo + bisect_left(
+            range(lo, hi), target, key=lambda j: blob[offsets[j] : offsets[j + 1]]
+        )
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -147,12 +202,19 @@ class Snapshot(Sequence[ListEntry]):
         "keys",
         "nbytes",
         "prefix",
+        "version",
     )  # fmt: skip
 
-    def __init__(self, builder: SnapshotBuilder) -> None:
-        self.prefix = builder.prefix
-        self.keys = Keys(builder.prefix, bytes(builder.blob), builder.offsets)
-        self._etags = bytes(builder.etags)
+    def __init__(self, builder: SnapshotBuilder, version: int = 0, live: bool = False) -> None:
+        """``version``: a number its owner gives no other snapshot (what rendered
+        pages are keyed by, ``bodies.py``); ``live``: a view of what ``builder``
+        holds so far, sharing its columns (no copy), to be used at once, before
+        the builder grows (see ``SnapshotBuilder.so_far``)."""
+        self.prefix, self.version = builder.prefix, version
+        blob, self._etags = (
+            (builder.blob, builder.etags) if live else (bytes(builder.blob), bytes(builder.etags))
+        )
+        self.keys = Keys(builder.prefix, blob, builder.offsets, builder.runs, sampled=not live)
         self._odd_etags = builder.odd_etags
         self._sizes, self._times = builder.sizes, builder.times
         self._attr_ids, self._attrs = builder.attr_ids, list(builder.attrs)
@@ -214,18 +276,26 @@ class SnapshotBuilder:
         self.times = array("q")
         self.attr_ids = array("l")
         self.attrs: dict[_Attrs, int] = {}
+        self.runs = array("q")  # where a directory run begins: see the module docstring
+        self._directory = b"\xff"  # the last key's directory (no UTF-8 starts with 0xff)
         self.odd_bytes = 0
 
     @property
     def nbytes(self) -> int:
         """Bytes held: the columns, the side tables, and the fixed part of the object."""
-        return len(self.blob) + FIXED_BYTES * len(self.sizes) + self.odd_bytes + 512
+        fixed = FIXED_BYTES * len(self.sizes) + 8 * len(self.runs)
+        return len(self.blob) + fixed + self.odd_bytes + 512
 
     def add(self, entries: Iterable[ListEntry]) -> None:
         """Append ``entries`` (sorted, after every entry added before, under the prefix)."""
         start = len(self.prefix)
         for entry in entries:
-            self.blob += entry.key[start:].encode("utf-8", "surrogatepass")
+            rest = entry.key[start:].encode("utf-8", "surrogatepass")
+            directory = rest[: rest.rfind(b"/") + 1]
+            if directory != self._directory:
+                self.runs.append(len(self.sizes))
+                self._directory = directory
+            self.blob += rest
             self.offsets.append(len(self.blob))
             packed = pack_etag(entry.etag)
             if packed is None:
@@ -242,8 +312,13 @@ class SnapshotBuilder:
                 self.odd_bytes += 200  # one more distinct combination, held once
             self.attr_ids.append(attr_id)
 
-    def build(self) -> Snapshot:
-        return Snapshot(self)
+    def build(self, version: int = 0) -> Snapshot:
+        return Snapshot(self, version)
+
+    def so_far(self) -> Snapshot:
+        """The entries added so far, as a snapshot sharing the builder's columns:
+        valid until the next ``add`` (a page answered from it is built at once)."""
+        return Snapshot(self, live=True)
 
 
 def snapshot(prefix: str, entries: Iterable[ListEntry]) -> Snapshot:

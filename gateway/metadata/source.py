@@ -27,7 +27,7 @@ place that names every tier a change reaches, blocks included.
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from typing import Protocol
 
 from gateway import errors
@@ -124,6 +124,19 @@ class MetadataSource:
         """A page of ``mount``'s origin bucket, in origin keys."""
         lookup = await self.memory.listing(scope_of(mount), prefix, delimiter, after, max_keys,
                                            policy_of(mount), self._page_fetcher(mount))  # fmt: skip
+        return lookup.value
+
+    async def listing_body(
+        self,
+        mount: Mount,
+        query: tuple[str, str, str, int],
+        render: Callable[[ListPage], bytes],
+        variant: Hashable,
+    ) -> bytes:
+        """A page of ``query`` as ``render`` makes it, rendered once per cached listing
+        and ``variant`` (``memory.py``: rendered page bodies)."""
+        lookup = await self.memory.listing_body(scope_of(mount), query, policy_of(mount),
+                                                self._page_fetcher(mount), render, variant)  # fmt: skip
         return lookup.value
 
     async def answer_peer(self, query: MetadataQuery, origin: Origin) -> dict[str, object]:

@@ -27,33 +27,52 @@ import asyncio
 import contextlib
 import dataclasses
 import fcntl
+import hashlib
+import json
 import logging
 import os
+import shutil
 import sqlite3
 import time
 import zlib
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gateway.metadata import codec
+from gateway.metadata.snapshot import microseconds, moment
 from gateway.origins.base import ListEntry, ObjectInfo
 
 Scope = tuple[str, str]
-_Row = tuple[str, float, int, str, int]  # info, stored_at, learned, etag, size
+# info (the rest, compact JSON), stored_at, learned, etag, size, modified (µs or None)
+_Row = tuple[str, float, int, str, int, int | None]
 log = logging.getLogger(__name__)
-_STRIPES = 1024
+# Stripes of fetch_lock per kind: byte offsets of one lock file, so no file each.
+_STRIPES = 1 << 16
+_KINDS = {"meta": 0, "list": 1}
 
+# Rows are keyed by a 64-bit hash of (origin, bucket, key), the table's rowid:
+# a text primary key would be a second copy of every key in its index (~100
+# bytes a row). A hash collision replaces the other key's row, and every read
+# checks the key it finds: a lost row costs a HEAD, never a wrong answer.
+# What a row's columns hold (the key, size, ETag, time) is not repeated in
+# ``info``, which keeps only what differs from the defaults.
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS objects (
+    id INTEGER PRIMARY KEY,
     origin TEXT NOT NULL, bucket TEXT NOT NULL, key TEXT NOT NULL,
     info TEXT NOT NULL, stored_at REAL NOT NULL, learned INTEGER NOT NULL,
-    etag TEXT NOT NULL, size INTEGER NOT NULL,
-    PRIMARY KEY (origin, bucket, key)
+    etag TEXT NOT NULL, size INTEGER NOT NULL, modified INTEGER
 );
 CREATE INDEX IF NOT EXISTS objects_age ON objects (stored_at);
 """
+_COLUMNS = "info, stored_at, learned, etag, size, modified"
+_THIS_ROW = "id=? AND origin=? AND bucket=? AND key=?"
+# ObjectInfo's fields kept in ``info`` when not their defaults, by short name.
+_FIELDS = {"content_type": "c", "metadata": "m", "headers": "h", "storage_class": "s",
+           "version_id": "v"}  # fmt: skip
+_DEFAULTS = ObjectInfo("", 0, "", datetime(1970, 1, 1, tzinfo=UTC))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -64,6 +83,35 @@ class Stored:
     info: ObjectInfo
     age: float
     learned: int
+
+
+def _row_id(scope: Scope, key: str) -> int:
+    """The row's id: a signed 64-bit hash of where the key lives and the key."""
+    text = "\0".join((*scope, key)).encode("utf-8", "surrogatepass")
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big", signed=True)
+
+
+def _encode(info: ObjectInfo, stored_at: float, learned: int) -> _Row:
+    rest = {
+        short: getattr(info, name)
+        for name, short in _FIELDS.items()
+        if getattr(info, name) != getattr(_DEFAULTS, name)
+    }
+    modified = None
+    if info.last_modified.tzinfo is None:
+        rest["n"] = info.last_modified.isoformat()  # naive: kept as it came
+    else:
+        modified = microseconds(info.last_modified)
+    info_text = json.dumps(rest, separators=(",", ":"))
+    return info_text, stored_at, learned, info.etag, info.size, modified
+
+
+def _decode(key: str, row: _Row) -> ObjectInfo:
+    rest: dict[str, Any] = json.loads(row[0])
+    fields = {name: rest[short] for name, short in _FIELDS.items() if short in rest}
+    modified = row[5]
+    when = datetime.fromisoformat(rest["n"]) if modified is None else moment(modified)
+    return ObjectInfo(key, row[4], row[3], when, **fields)
 
 
 class MetadataStore:
@@ -78,6 +126,9 @@ class MetadataStore:
         self._pending: dict[tuple[str, str, str], _Row] = {}
         self._confirmations: list[tuple[float, Scope, Sequence[ListEntry]]] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._lock_fd: int | None = None  # the lock file, whose bytes are fetch_lock's stripes
+        # Stripes this process's tasks hold or await: the lock and how many use it.
+        self._stripes: dict[int, tuple[asyncio.Lock, list[int]]] = {}
 
     @property
     def shared(self) -> bool:
@@ -92,12 +143,16 @@ class MetadataStore:
         self._flusher = asyncio.create_task(self._flush_forever())
 
     def _open(self) -> None:
-        (self._path.parent / "locks").mkdir(parents=True, exist_ok=True)
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        # Before one lock file, a directory of a thousand stripe files: not needed now.
+        shutil.rmtree(self._path.parent / "locks", ignore_errors=True)
+        if self._shared:
+            self._lock_fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         self._db = sqlite3.connect(self._path, timeout=30, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(objects)")}
-        if columns and "etag" not in columns:  # an older layout: a cache, so start over
+        if columns and "modified" not in columns:  # an older layout: a cache, so start over
             self._db.execute("DROP TABLE objects")
         self._db.executescript(_SCHEMA)
 
@@ -108,21 +163,27 @@ class MetadataStore:
         await self.flush()
         if self._db is not None:
             await self._call(self._db.close)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
         self._thread.shutdown(wait=True)
+
+    @property
+    def _lock_path(self) -> Path:
+        return self._path.with_name(self._path.name + ".locks")
 
     async def load(self, scope: Scope, key: str) -> Stored | None:
         """The stored metadata of ``key``, if any."""
         row = self._pending.get((*scope, key)) or await self._call(self._select, scope, key)
         if row is None:
             return None
-        return Stored(codec.info_from_json(row[0]), time.time() - row[1], row[2])
+        return Stored(_decode(key, row), time.time() - row[1], row[2])
 
-    def _select(self, scope: Scope, key: str) -> tuple[str, float, int, str, int] | None:
+    def _select(self, scope: Scope, key: str) -> _Row | None:
         assert self._db is not None
         cursor = self._db.execute(
-            "SELECT info, stored_at, learned, etag, size FROM objects"
-            " WHERE origin=? AND bucket=? AND key=?",
-            (*scope, key),
+            f"SELECT {_COLUMNS} FROM objects WHERE {_THIS_ROW}",
+            (_row_id(scope, key), *scope, key),
         )
         return cursor.fetchone()
 
@@ -134,28 +195,44 @@ class MetadataStore:
         listing), so a task holding a key's lock may take a listing's without
         ever waiting on itself.
 
-        Lock files are striped (a fixed set, chosen by hash), so two keys may
-        share a stripe and briefly wait for each other; that is the price of
-        not creating a lock file per object. Without ``shared`` (one worker)
-        this is free: the in-memory cache already coalesces.
+        The locks are striped (a fixed set, chosen by hash): one byte each of a
+        single lock file, taken with ``fcntl.lockf`` at its offset, so a cache of
+        millions of objects has one lock file, not a thousand. Two keys may share
+        a stripe and briefly wait for each other. A record lock belongs to the
+        process, not to a descriptor (a second ``lockf`` by the same process
+        succeeds at once, and one unlock ends both), so tasks of this process
+        first queue on an ``asyncio.Lock`` per stripe, and only the one holding
+        it holds the byte. Without ``shared`` (one worker) this is free: the
+        in-memory cache already coalesces.
         """
-        if not self._shared:
+        if not self._shared or self._lock_fd is None:
             yield
             return
-        stripe = zlib.crc32("\0".join((*scope, key)).encode("utf-8", "surrogatepass")) % _STRIPES
-        fd = os.open(
-            self._path.parent / "locks" / f"{kind}-{stripe:04d}", os.O_RDWR | os.O_CREAT, 0o600
-        )
+        stripe = self.lock_offset(scope, key, kind)
+        local, users = self._stripes.setdefault(stripe, (asyncio.Lock(), [0]))
+        users[0] += 1
         try:
-            while True:
+            async with local:
+                while True:
+                    try:
+                        fcntl.lockf(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, stripe)
+                        break
+                    except (BlockingIOError, PermissionError):  # EAGAIN or EACCES: held
+                        await asyncio.sleep(0.002)
                 try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    await asyncio.sleep(0.002)
-            yield
+                    yield
+                finally:
+                    fcntl.lockf(self._lock_fd, fcntl.LOCK_UN, 1, stripe)
         finally:
-            os.close(fd)  # closing releases the lock
+            users[0] -= 1
+            if not users[0]:
+                del self._stripes[stripe]
+
+    @staticmethod
+    def lock_offset(scope: Scope, key: str, kind: str = "meta") -> int:
+        """The byte of the lock file that ``fetch_lock(scope, key, kind)`` locks."""
+        digest = zlib.crc32("\0".join((*scope, key)).encode("utf-8", "surrogatepass"))
+        return _KINDS[kind] * _STRIPES + digest % _STRIPES
 
     async def clear(self) -> None:
         """Forget every stored object (a cluster peer missed too many invalidations)."""
@@ -169,13 +246,7 @@ class MetadataStore:
     def save(self, scope: Scope, key: str, info: ObjectInfo, learned: int) -> None:
         """Remember ``info``, asked of the origin at journal sequence ``learned``;
         written with the next flush."""
-        self._pending[(*scope, key)] = (
-            codec.info_to_json(info),
-            time.time(),
-            learned,
-            info.etag,
-            info.size,
-        )
+        self._pending[(*scope, key)] = _encode(info, time.time(), learned)
 
     def confirm(self, scope: Scope, entries: Sequence[ListEntry], listed_at: float) -> None:
         """A listing asked at wall time ``listed_at`` showed ``entries``: every stored
@@ -196,7 +267,8 @@ class MetadataStore:
         assert self._db is not None
         if exact:
             self._db.execute(
-                "DELETE FROM objects WHERE origin=? AND bucket=? AND key=?", (*scope, key_prefix)
+                f"DELETE FROM objects WHERE {_THIS_ROW}",
+                (_row_id(scope, key_prefix), *scope, key_prefix),
             )
             return
         # substr, not LIKE: LIKE ignores ASCII case and treats % and _ specially.
@@ -218,23 +290,26 @@ class MetadataStore:
         confirmations: list[tuple[float, Scope, Sequence[ListEntry]]],
     ) -> None:
         assert self._db is not None
-        rows = [(*k, *row) for k, row in batch.items()]
+        rows = [(_row_id(k[:2], k[2]), *k, *row) for k, row in batch.items()]
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.executemany(
-                "INSERT OR REPLACE INTO objects VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows
+                "INSERT OR REPLACE INTO objects VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows
             )
             for listed_at, scope, entries in confirmations:
                 self._db.executemany(
-                    "UPDATE objects SET stored_at=? WHERE origin=? AND bucket=? AND key=?"
+                    f"UPDATE objects SET stored_at=? WHERE {_THIS_ROW}"
                     " AND etag=? AND size=? AND stored_at<?",
-                    ((listed_at, *scope, e.key, e.etag, e.size, listed_at) for e in entries),
+                    (
+                        (listed_at, _row_id(scope, e.key), *scope, e.key, e.etag, e.size, listed_at)
+                        for e in entries
+                    ),
                 )
             (count,) = self._db.execute("SELECT count(*) FROM objects").fetchone()
             if count > self._max_rows:
                 self._db.execute(
-                    "DELETE FROM objects WHERE rowid IN "
-                    "(SELECT rowid FROM objects ORDER BY stored_at LIMIT ?)",
+                    "DELETE FROM objects WHERE id IN "
+                    "(SELECT id FROM objects ORDER BY stored_at LIMIT ?)",
                     (count - self._max_rows,),
                 )
 

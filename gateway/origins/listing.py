@@ -181,7 +181,11 @@ def _keys_of(entries: Sequence[ListEntry]) -> Sequence[str]:
 
 
 def _skip_under(keys: Sequence[str], rolled: str, lo: int) -> int:
-    """Index of the first key at or after ``lo`` that does not start with ``rolled``."""
+    """Index of the first key at or after ``lo`` that does not start with ``rolled``
+    (the key at ``lo`` does), by the key column's own (faster) way where it has one."""
+    own = getattr(keys, "skip_under", None)
+    if own is not None:
+        return int(own(rolled, lo))
     end = prefix_end(rolled)
     if end is None:
         return len(keys)

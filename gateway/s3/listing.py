@@ -3,6 +3,11 @@
 Continuation tokens are Hoard's own: the marker to continue after, encoded
 opaquely. That makes every page reproducible from the marker alone, whether
 the origin or a cached listing answers it.
+
+A page is rendered by a closure the reader calls only when it has no body
+for it yet: from a cached whole listing, one rendering serves every request
+asking the same thing of the same snapshot. The *variant* passed along names
+every parameter the body echoes beyond the page itself.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from collections.abc import Mapping
 
 from aiohttp import web
 
+from gateway.origins.base import ListPage
 from gateway.s3 import xml
 from gateway.s3.call import Call
 from gateway.s3.errors import Code, S3Error
@@ -58,22 +64,29 @@ async def list_objects_v2(call: Call) -> web.StreamResponse:
     if token is not None and not token:
         raise S3Error(Code.InvalidArgument, "The continuation token provided is incorrect")
     marker = decode_token(token) if token is not None else start_after
-    page = await call.reader.list_objects(
-        call.bucket, prefix, delimiter, marker, min(max_keys, MAX_KEYS_LIMIT)
-    )
-    next_token = encode_token(page.next_marker) if page.is_truncated and page.next_marker else None
-    body = xml.list_objects_v2(
-        call.bucket,
-        page,
-        prefix=prefix,
-        delimiter=delimiter,
-        max_keys=max_keys,
-        start_after=start_after,
-        continuation_token=token,
-        next_token=next_token,
-        encode=url_encoding_requested(call.query),
-        fetch_owner=call.query.get("fetch-owner", "").lower() == "true",
-    )
+    encode = url_encoding_requested(call.query)
+    fetch_owner = call.query.get("fetch-owner", "").lower() == "true"
+
+    def render(page: ListPage) -> bytes:
+        next_token = (
+            encode_token(page.next_marker) if page.is_truncated and page.next_marker else None
+        )
+        return xml.list_objects_v2(
+            call.bucket,
+            page,
+            prefix=prefix,
+            delimiter=delimiter,
+            max_keys=max_keys,
+            start_after=start_after,
+            continuation_token=token,
+            next_token=next_token,
+            encode=encode,
+            fetch_owner=fetch_owner,
+        )
+
+    query = (prefix, delimiter, marker, min(max_keys, MAX_KEYS_LIMIT))
+    variant = ("v2", max_keys, start_after, token, encode, fetch_owner)
+    body = await call.reader.list_objects_body(call.bucket, query, render, variant)
     return web.Response(body=body, content_type=XML_TYPE)
 
 
@@ -82,16 +95,19 @@ async def list_objects_v1(call: Call) -> web.StreamResponse:
     prefix = call.query.get("prefix", "")
     delimiter = call.query.get("delimiter", "")
     marker = call.query.get("marker", "")
-    page = await call.reader.list_objects(
-        call.bucket, prefix, delimiter, marker, min(max_keys, MAX_KEYS_LIMIT)
-    )
-    body = xml.list_objects_v1(
-        call.bucket,
-        page,
-        prefix=prefix,
-        delimiter=delimiter,
-        max_keys=max_keys,
-        marker=marker,
-        encode=url_encoding_requested(call.query),
-    )
+    encode = url_encoding_requested(call.query)
+
+    def render(page: ListPage) -> bytes:
+        return xml.list_objects_v1(
+            call.bucket,
+            page,
+            prefix=prefix,
+            delimiter=delimiter,
+            max_keys=max_keys,
+            marker=marker,
+            encode=encode,
+        )
+
+    query = (prefix, delimiter, marker, min(max_keys, MAX_KEYS_LIMIT))
+    body = await call.reader.list_objects_body(call.bucket, query, render, ("v1", max_keys, encode))
     return web.Response(body=body, content_type=XML_TYPE)

@@ -1,0 +1,99 @@
+"""The node's metadata store: compact rows that give back exactly what went in."""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+
+from gateway.metadata.store import MetadataStore
+from gateway.origins.base import ListEntry, ObjectInfo
+
+SCOPE = ("origin", "bucket")
+T0 = datetime(2026, 11, 25, 1, 2, 3, 456789, tzinfo=UTC)
+
+
+def info(key: str, **fields: object) -> ObjectInfo:
+    base: dict = dict(size=4096, etag='"' + "0f" * 16 + '"', last_modified=T0)
+    return ObjectInfo(key, **{**base, **fields})
+
+
+ANSWERS = [
+    info("plain"),
+    info("typed", content_type="image/jpeg", storage_class="GLACIER"),
+    info(
+        "headed",
+        headers={"x-amz-checksum-crc32": "AAAAAQ==", "Content-Encoding": "gzip"},
+        metadata={"owner": "team"},
+        version_id="v1",
+        etag='"abc-2"',
+    ),
+    info("naive", last_modified=datetime(2026, 1, 1, 12, 0)),
+    info("elsewhere", last_modified=datetime(2026, 1, 1, tzinfo=timezone(timedelta(hours=2)))),
+    info("ünï/日", size=0),
+]
+
+
+async def test_rows_come_back_as_they_went_in_after_a_restart(tmp_path: Path) -> None:
+    store = MetadataStore(tmp_path / "metadata.sqlite3")
+    await store.start()
+    for answer in ANSWERS:
+        store.save(SCOPE, answer.key, answer, learned=7)
+    await store.close()
+    store = MetadataStore(tmp_path / "metadata.sqlite3")
+    await store.start()
+    try:
+        for answer in ANSWERS:
+            stored = await store.load(SCOPE, answer.key)
+            assert stored is not None and (stored.info, stored.learned) == (answer, 7)
+        assert await store.load(("origin", "other"), "plain") is None
+        assert await store.load(SCOPE, "absent") is None
+    finally:
+        await store.close()
+
+
+async def test_drops_confirmations_and_the_row_bound(tmp_path: Path) -> None:
+    store = MetadataStore(tmp_path / "metadata.sqlite3", max_rows=3)
+    await store.start()
+    try:
+        for key in ("d/a", "d/b", "e/c"):
+            store.save(SCOPE, key, info(key), learned=1)
+        await store.flush()
+        await store.drop(SCOPE, "d/a", exact=True)
+        assert await store.load(SCOPE, "d/a") is None and await store.load(SCOPE, "d/b")
+        await store.drop(SCOPE, "d/")
+        assert await store.load(SCOPE, "d/b") is None and await store.load(SCOPE, "e/c")
+
+        # A listing "from the future" makes a confirmed row younger than now.
+        store.confirm(SCOPE, [ListEntry("e/c", 4096, '"other"', T0)], listed_at=2e9)
+        await store.flush()
+        assert (await store.load(SCOPE, "e/c")).age >= 0  # type: ignore[union-attr]
+        store.confirm(SCOPE, [ListEntry("e/c", 4096, info("e/c").etag, T0)], listed_at=2e9)
+        await store.flush()
+        assert (await store.load(SCOPE, "e/c")).age < 0  # type: ignore[union-attr]
+
+        for i in range(5):
+            store.save(SCOPE, f"f/{i}", info(f"f/{i}"), learned=1)
+        await store.flush()
+        kept = [k for k in ("e/c", *(f"f/{i}" for i in range(5))) if await store.load(SCOPE, k)]
+        assert len(kept) == 3
+    finally:
+        await store.close()
+
+
+async def test_an_older_layout_is_started_over(tmp_path: Path) -> None:
+    db = sqlite3.connect(tmp_path / "metadata.sqlite3")
+    db.execute("CREATE TABLE objects (origin TEXT, bucket TEXT, key TEXT, info TEXT, "
+               "stored_at REAL, learned INTEGER, etag TEXT, size INTEGER)")  # fmt: skip
+    db.execute("INSERT INTO objects VALUES ('origin', 'bucket', 'k', '{}', 0, 0, '\"e\"', 1)")
+    db.commit()
+    db.close()
+    store = MetadataStore(tmp_path / "metadata.sqlite3")
+    await store.start()
+    try:
+        assert await store.load(SCOPE, "k") is None
+        store.save(SCOPE, "k", info("k"), learned=1)
+        await store.flush()
+        assert (await store.load(SCOPE, "k")).info == info("k")  # type: ignore[union-attr]
+    finally:
+        await store.close()
