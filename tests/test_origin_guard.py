@@ -23,7 +23,7 @@ from gateway.origins.base import BucketInfo, ListPage, ObjectInfo, Origin
 from gateway.origins.breaker import Ticket
 from gateway.origins.guard import OriginGuard
 from gateway.origins.posix import PosixOrigin
-from gateway.writer import Forwarding, Writable
+from gateway.origins.writable import Forwarding, Writable
 
 pytestmark = pytest.mark.timeout(20)
 
