@@ -17,6 +17,7 @@ from gateway.cluster.peers import MetadataQuery
 from gateway.cluster.placement import Placement
 from gateway.metrics import Metrics
 from gateway.origins.base import ListEntry, ListPage, ObjectInfo
+from tests.fakes import Clock
 from tests.harness import free_port
 
 pytestmark = pytest.mark.timeout(30)
@@ -24,13 +25,6 @@ pytestmark = pytest.mark.timeout(30)
 ME = "http://127.0.0.1:1"
 INFO = ObjectInfo("k", 3, '"e"', datetime(2024, 1, 2, tzinfo=UTC), metadata={"a": "b"},
                   headers={"x-amz-server-side-encryption": "aws:kms", "x-amz-tagging-count": "2"})  # fmt: skip
-
-
-class Clock:
-    now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 async def _never(url: str) -> bool:
@@ -58,7 +52,7 @@ async def setup():
     membership.report_success(peer)  # live
     client = PeerClient("secret")
     metrics = Metrics()
-    clock = Clock()
+    clock = Clock(100.0)
     router = MetadataRouter(Placement(membership, client, metrics), client, metrics, 5.0, 3.0,
                             clock)  # fmt: skip
     yield router, membership, peer, clock
