@@ -14,6 +14,10 @@ a library's exceptions or HTTP. Two origins implement it:
   ``posix_buckets.py``, ``posix_files.py`` (atomic files),
   ``posix_write.py`` and ``posix_multipart.py`` (writes).
 
+A third, ``memory.py``, holds objects in dicts for tests: it counts every
+request and can hold them on an event, so a test sees readers pile up on one
+miss and releases them, without a server or a sleep.
+
 What an origin can be asked to change — raw forwarding or its own write API
 — is its capability (``writable.py``). S3 listing semantics (delimiters,
 common prefixes, markers) are one pure function (``listing.py``) that an
