@@ -47,7 +47,7 @@ from gateway.origins.base import ObjectInfo
 from gateway.origins.posix_files import PutResult
 from gateway.origins.posix_multipart import PartInfo, UploadInfo
 from gateway.origins.s3_forward import ForwardRequest, ForwardResponse
-from gateway.origins.writable import Forwarding, Writable
+from gateway.origins.writable import Capability, Writable
 from gateway.reader import Reader
 from gateway.write_caching import WriteThroughs
 
@@ -88,6 +88,7 @@ class Writer:
         self.reader = reader
         self._broadcast = broadcast  # a cluster: tell the other nodes, bounded wait
         self.write_throughs = WriteThroughs(reader, namespace.write_through_buffer)
+        self._capabilities = {id(o): Capability.of(o) for o in namespace.origins()}
         self.budget = self.write_throughs.budget
 
     async def settle(self) -> None:
@@ -122,8 +123,8 @@ class Writer:
         mount = self.namespace.resolve(bucket)
         if mutating and mount.readonly:
             raise errors.AccessDenied("This bucket is mounted read-only.")
-        origin = mount.origin
-        if not isinstance(origin, Forwarding):
+        origin = self._capability(mount).forwarding
+        if origin is None:
             raise errors.NotImplementedByOrigin(
                 "This operation is not supported by a posix origin."
             )
@@ -161,15 +162,20 @@ class Writer:
 
     def forwards(self, bucket: str) -> bool:
         """Whether ``bucket``'s origin takes raw forwarding; else its write API is used."""
-        return isinstance(self.namespace.resolve(bucket).origin, Forwarding)
+        return self._capability(self.namespace.resolve(bucket)).forwarding is not None
+
+    def _capability(self, mount: Mount) -> Capability:
+        found = self._capabilities.get(id(mount.origin))
+        return found if found is not None else Capability.of(mount.origin)
 
     def _writable(self, bucket: str, *, mutating: bool = True) -> tuple[Mount, Writable]:
         mount = self.namespace.resolve(bucket)
         if mutating and mount.readonly:
             raise errors.AccessDenied("This bucket is mounted read-only.")
-        if not isinstance(mount.origin, Writable):
+        origin = self._capability(mount).writable
+        if origin is None:
             raise errors.NotImplementedByOrigin("This operation is not supported by this origin.")
-        return mount, mount.origin
+        return mount, origin
 
     def _source(self, bucket: str, key: str, target: Writable) -> tuple[str, str]:
         """A copy source in gateway names → (origin bucket, origin key) on ``target``'s origin."""

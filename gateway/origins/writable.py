@@ -9,7 +9,10 @@ which of the two a mount's origin is, once per request, and refuses an
 operation the origin offers neither way (NotImplemented).
 
 Both are structural protocols checked at run time (``isinstance``), so an
-origin wrapped in the guard (``guard.py``) is seen through it.
+origin wrapped in the guard (``guard.py``) is seen through it. The check is
+made once per origin, when the writer is built (``Capability.of``), not on
+every request: through the guard, each ``isinstance`` asks for every method
+of the protocol.
 
 Not guaranteed: ``isinstance`` on a runtime protocol checks that the methods
 exist, not their signatures.
@@ -18,6 +21,7 @@ exist, not their signatures.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from gateway.origins.base import ObjectInfo
@@ -89,3 +93,18 @@ class Writable(Protocol):
     async def list_multipart_uploads(self, bucket: str, prefix: str = "") -> list[UploadInfo]: ...
     async def create_bucket(self, bucket: str) -> bool: ...
     async def delete_bucket(self, bucket: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Capability:
+    """How one origin can be changed: the same origin seen as each protocol, or None."""
+
+    forwarding: Forwarding | None
+    writable: Writable | None
+
+    @classmethod
+    def of(cls, origin: object) -> Capability:
+        return cls(
+            origin if isinstance(origin, Forwarding) else None,
+            origin if isinstance(origin, Writable) else None,
+        )
