@@ -9,13 +9,16 @@ event loop the test cannot see) is gone, and the test shares the loop with
 the gateway, so it can wait on events instead of sleeping.
 
 Subprocess tests (``harness.HoardProcess``) stay for what needs a process:
-workers, signals, restarts, kill -9, clusters.
+workers, signals, restarts, kill -9, clusters. Below the application, a test
+may build a ``Reader`` itself and read through it (``read_object``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +30,8 @@ from aiohttp.test_utils import TestServer
 
 from gateway import cli
 from gateway.config import build_settings
+from gateway.pieces import FileSegment
+from gateway.reader import Reader
 from tests.harness import ACCESS_KEY, SECRET_KEY
 
 
@@ -63,3 +68,23 @@ async def get_all(urls: list[str], headers: dict[str, str] | None = None) -> lis
                 return await answer.read()
 
         return await asyncio.gather(*(one(url) for url in urls))
+
+
+async def read_object(
+    reader: Reader, bucket: str, key: str, sources: Counter[str] | None = None
+) -> bytes:
+    """An object's bytes through a ``Reader`` built in the test; ``sources`` gets them by tier."""
+    read = await reader.open_object(bucket, key)
+    out = bytearray()
+    try:
+        async for piece in read.chunks():
+            if isinstance(piece, FileSegment):
+                out += os.pread(piece.fd, piece.count, piece.offset)
+                piece.release()
+            else:
+                out += piece
+    finally:
+        await read.aclose()
+    if sources is not None:
+        sources.update(read.sources)
+    return bytes(out)

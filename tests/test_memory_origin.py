@@ -23,8 +23,8 @@ from gateway.metrics import Metrics
 from gateway.namespace import Mount, Namespace
 from gateway.origins.base import Origin
 from gateway.origins.memory import MemoryOrigin
-from gateway.pieces import FileSegment
 from gateway.reader import Reader
+from tests.inprocess import read_object
 
 BLOCK = 64 * 1024
 
@@ -80,21 +80,6 @@ async def _wired(tmp_path: Path, origin: MemoryOrigin) -> tuple[Reader, DiskTier
     return Reader(Namespace([mount]), blocks, MetadataCache(), metrics, BLOCK), disk
 
 
-async def _read(reader: Reader, key: str) -> bytes:
-    read = await reader.open_object("b", key)
-    out = bytearray()
-    try:
-        async for piece in read.chunks():
-            if isinstance(piece, FileSegment):
-                out += os.pread(piece.fd, piece.count, piece.offset)
-                piece.release()
-            else:
-                out += piece
-    finally:
-        await read.aclose()
-    return bytes(out)
-
-
 async def test_64_readers_held_at_a_cold_origin_cost_one_get_per_block(tmp_path) -> None:
     origin = MemoryOrigin()
     data = os.urandom(3 * BLOCK + 100)  # four blocks
@@ -102,7 +87,7 @@ async def test_64_readers_held_at_a_cold_origin_cost_one_get_per_block(tmp_path)
     reader, disk = await _wired(tmp_path, origin)
     try:
         origin.hold.clear()
-        readers = [asyncio.ensure_future(_read(reader, "shard")) for _ in range(64)]
+        readers = [asyncio.ensure_future(read_object(reader, "b", "shard")) for _ in range(64)]
         while origin.waiting == 0:  # the first reader's miss has reached the origin
             await asyncio.sleep(0)
         assert not any(r.done() for r in readers)
@@ -112,7 +97,7 @@ async def test_64_readers_held_at_a_cold_origin_cost_one_get_per_block(tmp_path)
         assert origin.calls["GetObject"] == 4, origin.calls
         assert origin.calls["HeadObject"] == 0
         origin.calls.clear()
-        assert [await _read(reader, "shard") for _ in range(8)] == [data] * 8
+        assert [await read_object(reader, "b", "shard") for _ in range(8)] == [data] * 8
         assert sum(origin.calls.values()) == 0  # served from the cache
     finally:
         await reader.blocks.close()
