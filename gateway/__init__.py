@@ -1,6 +1,7 @@
 """Hoard: an S3 caching gateway for machine-learning training data.
 
-See ``DESIGN.md`` (in the shared folder) for the path of a GET and the module map.
+See ``ARCHITECTURE.md`` at the root of the repository for the module map, what
+each package may import, and the path of a cold and a warm GET.
 """
 
 __version__ = "0.1.0"

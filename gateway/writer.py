@@ -17,13 +17,11 @@ the forwarder does, and return plain values (``PutResult``, ``PartInfo``,
 ``UploadInfo``) for ``s3/writes.py`` to answer with. Read-only mounts are
 refused before a byte of a body is read; invalidation follows each success.
 
-Write-through: the bytes of a PutObject (up to the mount's
-``write_through_max``) are teed off as they stream to the origin — the same
-pieces, at the same moments — into memory bounded by one ``Budget`` per
-process, which refuses rather than waits. After the origin's 2xx and the
-invalidation, and after the client has its answer, a background task hands
-them to ``Reader.write_through`` (one origin HEAD, then blocks and metadata),
-which drops them if the key was invalidated again meanwhile.
+Write-through (``write_caching.py``): the bytes of a PutObject (up to the
+mount's ``write_through_max``) are teed off as they stream to the origin and,
+after the origin's 2xx and the invalidation, handed to the read path in the
+background. Which of the two ways an origin is written is its capability
+(``origins/writable.py``).
 
 Not guaranteed: XML answers that name keys (ListParts, ListMultipartUploads,
 ListObjectVersions) are passed as the origin wrote them, so under a mount
@@ -36,12 +34,9 @@ can slip in between.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
-import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Protocol, runtime_checkable
 from urllib.parse import quote, unquote
 
 from gateway import errors
@@ -52,12 +47,13 @@ from gateway.origins.base import ObjectInfo
 from gateway.origins.posix_files import PutResult
 from gateway.origins.posix_multipart import PartInfo, UploadInfo
 from gateway.origins.s3_forward import ForwardRequest, ForwardResponse
+from gateway.origins.writable import Capability, Writable
 from gateway.reader import Reader
+from gateway.write_caching import WriteThroughs
 
 __all__ = ["Budget", "Capture", "ForwardResponse", "PartInfo", "PutResult", "UploadInfo", "Writer"]
 
 Broadcast = Callable[[list[Invalidation]], Awaitable[None]]  # to every other live node
-log = logging.getLogger(__name__)
 
 # Called with the object a write would replace (None if there is none); raises to refuse.
 WriteCheck = Callable[[ObjectInfo | None], None]
@@ -66,71 +62,6 @@ SourceCheck = Callable[[ObjectInfo], None]
 
 # Query parameters that name keys and so carry the mount prefix at the origin.
 _KEY_PARAMETERS = ("prefix", "key-marker", "marker", "start-after")
-
-
-@runtime_checkable
-class Forwarding(Protocol):
-    async def forward(self, request: ForwardRequest) -> ForwardResponse: ...
-
-
-@runtime_checkable
-class Writable(Protocol):
-    """An origin Hoard writes through its own API (the posix origin); names are origin names."""
-
-    async def head_object(self, bucket: str, key: str) -> ObjectInfo: ...
-    async def put_object(
-        self,
-        bucket: str,
-        key: str,
-        body: AsyncIterator[bytes],
-        *,
-        content_type: str | None = None,
-        metadata: dict[str, str] | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> PutResult: ...
-    async def delete_object(self, bucket: str, key: str) -> None: ...
-    async def copy_object(
-        self,
-        src_bucket: str,
-        src_key: str,
-        dst_bucket: str,
-        dst_key: str,
-        *,
-        replace_metadata: bool = False,
-        content_type: str | None = None,
-        metadata: dict[str, str] | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> PutResult: ...
-    async def create_multipart_upload(
-        self,
-        bucket: str,
-        key: str,
-        *,
-        content_type: str | None = None,
-        metadata: dict[str, str] | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> str: ...
-    async def upload_part(
-        self, bucket: str, key: str, upload_id: str, part_number: int, body: AsyncIterator[bytes]
-    ) -> PartInfo: ...
-    async def upload_part_copy(
-        self,
-        bucket: str,
-        key: str,
-        upload_id: str,
-        part_number: int,
-        src_bucket: str,
-        src_key: str,
-        byte_range: tuple[int, int] | None = None,
-    ) -> PartInfo: ...
-    async def complete_multipart_upload(
-        self, bucket: str, key: str, upload_id: str, parts: list[tuple[int, str]]
-    ) -> PutResult: ...
-    async def abort_multipart_upload(self, bucket: str, key: str, upload_id: str) -> None: ...
-    async def list_parts(self, bucket: str, key: str, upload_id: str) -> list[PartInfo]: ...
-    async def list_multipart_uploads(self, bucket: str, prefix: str = "") -> list[UploadInfo]: ...
-    async def create_bucket(self, bucket: str) -> bool: ...
-    async def delete_bucket(self, bucket: str) -> None: ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -156,19 +87,17 @@ class Writer:
         self.namespace = namespace
         self.reader = reader
         self._broadcast = broadcast  # a cluster: tell the other nodes, bounded wait
-        self.budget = Budget(namespace.write_through_buffer)
-        self._tasks: set[asyncio.Task[None]] = set()  # write-throughs under way
+        self.write_throughs = WriteThroughs(reader, namespace.write_through_buffer)
+        self._capabilities = {id(o): Capability.of(o) for o in namespace.origins()}
+        self.budget = self.write_throughs.budget
 
     async def settle(self) -> None:
         """Wait until the write-throughs under way have ended."""
-        while self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.write_throughs.settle()
 
     async def close(self) -> None:
         """Stop the write-throughs under way (at shutdown)."""
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.write_throughs.close()
 
     async def forward(
         self,
@@ -194,8 +123,8 @@ class Writer:
         mount = self.namespace.resolve(bucket)
         if mutating and mount.readonly:
             raise errors.AccessDenied("This bucket is mounted read-only.")
-        origin = mount.origin
-        if not isinstance(origin, Forwarding):
+        origin = self._capability(mount).forwarding
+        if origin is None:
             raise errors.NotImplementedByOrigin(
                 "This operation is not supported by a posix origin."
             )
@@ -204,7 +133,7 @@ class Writer:
             _translate_copy_source(outgoing, self.namespace, mount)
         capture = None
         if write_through and key is not None and body is not None:
-            capture = self._capture(mount, content_length)
+            capture = self.write_throughs.capture(mount, content_length)
             body = capture.tee(body) if capture is not None else body
         try:
             answer = await origin.forward(
@@ -222,7 +151,7 @@ class Writer:
                 await self._invalidate(bucket, key, touched_keys or [])
                 etag = next((v for n, v in answer.headers if n.lower() == "etag"), None)
                 if capture is not None and key is not None and etag is not None:
-                    self._write_through_later(bucket, key, etag, capture)
+                    self.write_throughs.later(bucket, key, etag, capture)
                     capture = None  # the task owns it now
         finally:
             if capture is not None:
@@ -233,15 +162,20 @@ class Writer:
 
     def forwards(self, bucket: str) -> bool:
         """Whether ``bucket``'s origin takes raw forwarding; else its write API is used."""
-        return isinstance(self.namespace.resolve(bucket).origin, Forwarding)
+        return self._capability(self.namespace.resolve(bucket)).forwarding is not None
+
+    def _capability(self, mount: Mount) -> Capability:
+        found = self._capabilities.get(id(mount.origin))
+        return found if found is not None else Capability.of(mount.origin)
 
     def _writable(self, bucket: str, *, mutating: bool = True) -> tuple[Mount, Writable]:
         mount = self.namespace.resolve(bucket)
         if mutating and mount.readonly:
             raise errors.AccessDenied("This bucket is mounted read-only.")
-        if not isinstance(mount.origin, Writable):
+        origin = self._capability(mount).writable
+        if origin is None:
             raise errors.NotImplementedByOrigin("This operation is not supported by this origin.")
-        return mount, mount.origin
+        return mount, origin
 
     def _source(self, bucket: str, key: str, target: Writable) -> tuple[str, str]:
         """A copy source in gateway names → (origin bucket, origin key) on ``target``'s origin."""
@@ -278,14 +212,14 @@ class Writer:
         okey = mount.origin_key(key)
         if check is not None:
             check(await self._current(origin, mount.origin_bucket, okey))
-        capture = self._capture(mount, length)
+        capture = self.write_throughs.capture(mount, length)
         try:
             if capture is not None:
                 body = capture.tee(body)
             result = await origin.put_object(mount.origin_bucket, okey, body, **attrs.kwargs())
             await self._invalidate(bucket, key, [])
             if capture is not None:
-                self._write_through_later(bucket, key, result.etag, capture)
+                self.write_throughs.later(bucket, key, result.etag, capture)
                 capture = None  # the task owns it now
         finally:
             if capture is not None:
@@ -435,43 +369,6 @@ class Writer:
         mount, origin = self._writable(bucket, mutating=False)
         found = await origin.list_multipart_uploads(mount.origin_bucket, mount.origin_key(prefix))
         return [dataclasses.replace(u, key=mount.client_key(u.key)) for u in found]
-
-    # -- write-through ---------------------------------------------------------------
-
-    def _capture(self, mount: Mount, length: int | None) -> Capture | None:
-        """A capture of an upload to ``mount`` if it may be written through and has room."""
-        if mount.write_through_max <= 0 or length == 0:
-            return None
-        capture = Capture(self.budget, mount.write_through_max, length)
-        return capture if capture.keeping else None
-
-    def _write_through_later(self, bucket: str, key: str, etag: str, capture: Capture) -> None:
-        """Cache the captured upload in the background; the task now owns ``capture``.
-
-        Called after this write's own invalidation: the watch starts before
-        the task's HEAD, so any later write of the key through this process
-        is noticed (one between the two shows in the HEAD's ETag).
-        """
-        pieces = capture.pieces()
-        if pieces is None or capture.size == 0:
-            capture.release()
-            return
-        watch = self.reader.watch(bucket, key)
-
-        async def run() -> None:
-            try:
-                await self.reader.write_through(bucket, key, etag, pieces, capture.size, watch)
-            except errors.HoardError as exc:
-                log.info("write-through of a %d-byte object skipped: %s", capture.size, exc)
-            except Exception:
-                log.exception("write-through of a %d-byte object failed", capture.size)
-            finally:
-                watch.close()
-                capture.release()
-
-        task = asyncio.get_running_loop().create_task(run())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     async def _invalidate(self, bucket: str, key: str | None, touched: list[str]) -> None:
         if key is None and not touched:

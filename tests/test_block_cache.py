@@ -21,6 +21,7 @@ import pytest
 
 from tests.conftest import moto_origin
 from tests.harness import HoardProcess, sum_samples
+from tests.inprocess import get_all, hoard_app
 from tests.origin_proxy import OriginProxy
 
 MiB = 1024 * 1024
@@ -43,19 +44,8 @@ def node(tmp_path, proxy):
     running.stop()
 
 
-async def _get_all(urls: list[str], headers: dict[str, str] | None = None) -> list[bytes]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
-
-        async def one(url: str) -> bytes:
-            async with session.get(url, headers=headers) as answer:
-                assert answer.status in (200, 206), await answer.text()
-                return await answer.read()
-
-        return await asyncio.gather(*(one(url) for url in urls))
-
-
 def get_many(urls: list[str], headers: dict[str, str] | None = None) -> list[bytes]:
-    return asyncio.run(_get_all(urls, headers))
+    return asyncio.run(get_all(urls, headers))
 
 
 def put(origin_client, bucket: str, key: str, size: int) -> bytes:
@@ -64,10 +54,34 @@ def put(origin_client, bucket: str, key: str, size: int) -> bytes:
     return data
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_64_concurrent_cold_gets_cost_one_origin_get_per_block(
-    tmp_path, proxy, origin_client, bucket, workers
+async def test_64_concurrent_cold_gets_cost_one_origin_get_per_block(
+    tmp_path, proxy, origin_client, bucket
 ):
+    """One worker, in this process: the real app on a loopback port (``inprocess.py``)."""
+    data = put(origin_client, bucket, "shard-40m", 40 * MiB)
+    async with hoard_app(tmp_path, hoard_config(proxy)) as node:
+        proxy.reset()
+        bodies = await get_all([f"{node.endpoint}/{bucket}/shard-40m"] * 64)
+        assert all(body == data for body in bodies)
+        assert proxy.counts["GetObject"] == 5, proxy.ranges
+        assert proxy.counts["HeadObject"] == 0
+        # A second pass is served entirely from the cache.
+        proxy.reset()
+        assert await get_all([f"{node.endpoint}/{bucket}/shard-40m"] * 8) == [data] * 8
+        assert sum(proxy.counts.values()) == 0
+        metrics = await _text(f"{node.endpoint}/metrics")
+        served = sum_samples(metrics, 'hoard_requests_total{operation="GetObject",status="200"}')
+        assert served == 72
+        # Process metrics cover the node's process (here: this one).
+        own_fds = len(os.listdir("/proc/self/fd"))
+        assert sum_samples(metrics, "process_open_fds") >= own_fds * 0.5
+
+
+def test_workers_share_one_origin_get_per_block_and_report_every_process(
+    tmp_path, proxy, origin_client, bucket
+):
+    """Two workers: a subprocess, as only a process has workers."""
+    workers = 2
     data = put(origin_client, bucket, "shard-40m", 40 * MiB)
     node = HoardProcess(tmp_path, {**hoard_config(proxy), "workers": workers}).start()
     try:
@@ -86,11 +100,11 @@ def test_64_concurrent_cold_gets_cost_one_origin_get_per_block(
         # Process metrics cover the node's processes: supervisor and workers.
         assert node.proc is not None
         pids = [node.proc.pid, *_children(node.proc.pid)]
-        assert len(pids) == (1 if workers == 1 else 1 + workers)
+        assert len(pids) == 1 + workers
         own_fds = sum(len(os.listdir(f"/proc/{pid}/fd")) for pid in pids)
         assert sum_samples(metrics, "process_open_fds") >= own_fds * 0.5
-        if workers > 1:  # one worker alone holds far fewer than the whole tree
-            assert sum_samples(metrics, "process_open_fds") > len(os.listdir(f"/proc/{pids[1]}/fd"))
+        # one worker alone holds far fewer than the whole tree
+        assert sum_samples(metrics, "process_open_fds") > len(os.listdir(f"/proc/{pids[1]}/fd"))
     finally:
         assert node.stop() == 0
 

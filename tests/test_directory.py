@@ -18,6 +18,7 @@ from gateway.cluster.placement import Placement
 from gateway.metadata.codec import info_from, jsonable, page_from
 from gateway.metrics import Metrics
 from gateway.origins.base import ListEntry, ListPage, ObjectInfo
+from tests.fakes import Clock
 from tests.harness import free_port
 
 pytestmark = pytest.mark.timeout(30)
@@ -25,13 +26,6 @@ pytestmark = pytest.mark.timeout(30)
 ME = "http://127.0.0.1:1"
 INFO = ObjectInfo("k", 3, '"e"', datetime(2024, 1, 2, tzinfo=UTC), metadata={"a": "b"},
                   headers={"x-amz-server-side-encryption": "aws:kms", "x-amz-tagging-count": "2"})  # fmt: skip
-
-
-class Clock:
-    now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 async def _never(url: str) -> bool:
@@ -59,7 +53,7 @@ async def setup():
     membership.report_success(peer)  # live
     client = PeerClient("secret")
     metrics = Metrics()
-    clock = Clock()
+    clock = Clock(100.0)
     router = MetadataRouter(Placement(membership, client, metrics.peer_events()), client, metrics.peer_events(), 5.0, 3.0,
                             clock)  # fmt: skip
     yield router, membership, peer, clock

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 import pytest
 
 from gateway.cluster.membership import Membership, normalize_url
+from tests.fakes import Clock
 
 SELF = "http://10.0.0.1:9000"
 B = "http://10.0.0.2:9000"
@@ -33,14 +34,6 @@ class FakeProbe:
         return self.up[url]
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class FakeResolver:
     def __init__(self, *addresses: str) -> None:
         self.addresses: list[str] | Exception = list(addresses)
@@ -55,7 +48,7 @@ class FakeResolver:
 
 def _membership(peers=(B, C), **kwargs) -> tuple[Membership, FakeProbe]:
     probe = kwargs.pop("probe", FakeProbe())
-    return Membership(SELF, peers, probe=probe, clock=kwargs.pop("clock", FakeClock()),
+    return Membership(SELF, peers, probe=probe, clock=kwargs.pop("clock", Clock()),
                       **kwargs), probe  # fmt: skip
 
 
@@ -204,7 +197,7 @@ async def test_version_and_listeners_move_only_on_real_changes():
 
 
 async def test_snapshot_shows_members_health_and_last_seen():
-    clock = FakeClock()
+    clock = Clock()
     membership, probe = _membership(clock=clock)
     probe.up = {B: True}
     await membership.probe_all()

@@ -23,21 +23,11 @@ from gateway.metadata.snapshot import snapshot
 from gateway.origins.base import ListEntry, ListPage, ObjectInfo
 from gateway.origins.listing import paginate
 from gateway.origins.s3 import S3Origin
+from tests.fakes import Clock
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
 SCOPE = ("aws", "corp-ml-data")
 POLICY = Policy(ttl=60, negative_ttl=10)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def info(key: str = "k", etag: str = '"1"') -> ObjectInfo:

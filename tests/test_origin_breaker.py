@@ -6,16 +6,9 @@ import pytest
 
 from gateway.origins.breaker import CircuitBreaker, State, Ticket
 from gateway.origins.retry import Backoff, RetryBudget
+from tests.fakes import Clock
 
 pytestmark = pytest.mark.timeout(10)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 500.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def breaker(clock: Clock, changes: list[State] | None = None) -> CircuitBreaker:
@@ -24,7 +17,7 @@ def breaker(clock: Clock, changes: list[State] | None = None) -> CircuitBreaker:
 
 
 def test_consecutive_failures_open_it_and_a_success_resets_the_count() -> None:
-    b = breaker(Clock())
+    b = breaker(Clock(500.0))
     for ok in (False, False, True, False, False):
         b.record(b.admit(), ok)
     assert b.state is State.CLOSED
@@ -34,7 +27,7 @@ def test_consecutive_failures_open_it_and_a_success_resets_the_count() -> None:
 
 
 def test_open_then_one_probe_then_closed() -> None:
-    clock, changes = Clock(), []
+    clock, changes = Clock(500.0), []
     b = breaker(clock, changes)
     for _ in range(3):
         b.record(b.admit(), False)
@@ -50,7 +43,7 @@ def test_open_then_one_probe_then_closed() -> None:
 
 
 def test_a_failed_probe_opens_it_again_for_a_full_period() -> None:
-    clock, changes = Clock(), []
+    clock, changes = Clock(500.0), []
     b = breaker(clock, changes)
     for _ in range(3):
         b.record(b.admit(), False)
@@ -61,7 +54,7 @@ def test_a_failed_probe_opens_it_again_for_a_full_period() -> None:
 
 
 def test_an_abandoned_probe_lets_another_probe_through() -> None:
-    clock = Clock()
+    clock = Clock(500.0)
     b = breaker(clock)
     for _ in range(3):
         b.record(b.admit(), False)
@@ -72,7 +65,7 @@ def test_an_abandoned_probe_lets_another_probe_through() -> None:
 
 
 def test_late_outcomes_of_requests_admitted_before_it_opened_are_ignored() -> None:
-    clock = Clock()
+    clock = Clock(500.0)
     b = breaker(clock)
     slow = b.admit()
     for _ in range(3):
@@ -88,7 +81,7 @@ def test_late_outcomes_of_requests_admitted_before_it_opened_are_ignored() -> No
 
 
 def test_zero_failures_never_opens() -> None:
-    b = CircuitBreaker(0, 5.0, Clock())
+    b = CircuitBreaker(0, 5.0, Clock(500.0))
     for _ in range(100):
         b.record(b.admit(), False)
     assert b.state is State.CLOSED
@@ -98,7 +91,7 @@ def test_zero_failures_never_opens() -> None:
 
 
 def test_budget_allows_the_floor_plus_a_share_of_requests() -> None:
-    clock = Clock()
+    clock = Clock(500.0)
     budget = RetryBudget(ratio=0.2, min_per_second=1.0, clock=clock)  # floor: 10 per 10 s
     for _ in range(100):
         budget.record_request()
@@ -109,7 +102,7 @@ def test_budget_allows_the_floor_plus_a_share_of_requests() -> None:
 
 
 def test_budget_window_slides() -> None:
-    clock = Clock()
+    clock = Clock(500.0)
     budget = RetryBudget(ratio=0.5, min_per_second=0.0, clock=clock)
     for _ in range(10):
         budget.record_request()

@@ -23,25 +23,10 @@ from gateway.origins.base import BucketInfo, ListPage, ObjectInfo, Origin
 from gateway.origins.breaker import Ticket
 from gateway.origins.guard import OriginGuard
 from gateway.origins.posix import PosixOrigin
-from gateway.writer import Forwarding, Writable
+from gateway.origins.writable import Forwarding, Writable
+from tests.fakes import Clock
 
 pytestmark = pytest.mark.timeout(20)
-
-
-class Clock:
-    """Fake time: ``sleep`` moves it forward instead of waiting."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-        self.slept: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        self.now += seconds
-        await asyncio.sleep(0)
 
 
 def posix_config(path: Path, **protection: Any) -> PosixOriginConfig:
@@ -256,7 +241,7 @@ async def test_client_requests_go_before_background_ones_at_a_saturated_cap(tree
 
 
 async def test_bytes_per_second_delays_chunks_by_what_they_exceed(tree: Path) -> None:
-    clock, metrics = Clock(), Metrics()
+    clock, metrics = Clock(100.0), Metrics()
     mib = 1024 * 1024
     guarded = OriginGuard(
         PosixOrigin("nfs", tree), posix_config(tree, limits={"bytes_per_second": "1MiB"}),
@@ -271,7 +256,7 @@ async def test_bytes_per_second_delays_chunks_by_what_they_exceed(tree: Path) ->
 
 
 async def test_requests_per_second_paces_requests() -> None:
-    clock, metrics = Clock(), Metrics()
+    clock, metrics = Clock(100.0), Metrics()
     guarded = guard(Scripted(), clock, metrics, limits={"requests_per_second": 5})
     for i in range(15):
         await guarded.head_object("b", f"k{i}")
@@ -286,7 +271,7 @@ async def test_requests_per_second_paces_requests() -> None:
 
 
 async def test_slowdowns_are_retried_and_counted() -> None:
-    clock, metrics = Clock(), Metrics()
+    clock, metrics = Clock(100.0), Metrics()
     origin = Scripted(fail_first=2)
     guarded = guard(origin, clock, metrics, max_attempts=3)
     for i in range(10):
@@ -299,7 +284,7 @@ async def test_slowdowns_are_retried_and_counted() -> None:
 
 
 async def test_a_body_that_breaks_before_its_first_byte_is_retried() -> None:
-    clock, metrics = Clock(), Metrics()
+    clock, metrics = Clock(100.0), Metrics()
     origin = Scripted()
     origin.broken_bodies = 1
     guarded = guard(origin, clock, metrics, max_attempts=3, limits={"max_concurrency": 1})
@@ -313,7 +298,7 @@ async def test_a_body_that_breaks_before_its_first_byte_is_retried() -> None:
 
 async def test_max_attempts_counts_every_try() -> None:
     origin = Scripted(fail_first=5)
-    guarded = guard(origin, Clock(), Metrics(), max_attempts=3)
+    guarded = guard(origin, Clock(100.0), Metrics(), max_attempts=3)
     with pytest.raises(errors.OriginThrottled):
         await guarded.list_objects("b", "p")
     assert origin.calls == 3
@@ -322,7 +307,7 @@ async def test_max_attempts_counts_every_try() -> None:
 async def test_answers_about_the_request_are_not_retried() -> None:
     origin = Scripted()
     origin.always = errors.NoSuchKey("k")
-    guarded = guard(origin, Clock(), Metrics(), max_attempts=5, breaker={"failures": 1})
+    guarded = guard(origin, Clock(100.0), Metrics(), max_attempts=5, breaker={"failures": 1})
     for _ in range(3):
         with pytest.raises(errors.NoSuchKey):
             await guarded.head_object("b", "k")
@@ -330,7 +315,7 @@ async def test_answers_about_the_request_are_not_retried() -> None:
 
 
 async def test_the_retry_budget_bounds_retries_against_a_failing_origin() -> None:
-    clock, metrics = Clock(), Metrics()
+    clock, metrics = Clock(100.0), Metrics()
     origin = Scripted()
     origin.always = errors.OriginUnavailable("503")
     guarded = guard(
@@ -356,7 +341,7 @@ async def test_the_retry_budget_bounds_retries_against_a_failing_origin() -> Non
 
 
 async def test_breaker_opens_fails_fast_and_closes_after_a_probe() -> None:
-    clock, metrics = Clock(), Metrics()
+    clock, metrics = Clock(100.0), Metrics()
     origin = Scripted()
     origin.always = errors.OriginUnavailable("connection refused")
     guarded = guard(origin, clock, metrics, max_attempts=2,
@@ -384,7 +369,7 @@ async def test_breaker_opens_fails_fast_and_closes_after_a_probe() -> None:
 
 
 async def test_retries_stop_when_the_breaker_opens_meanwhile() -> None:
-    clock = Clock()
+    clock = Clock(100.0)
     origin = Scripted()
     origin.always = errors.OriginUnavailable("down")
     guarded = guard(origin, clock, Metrics(), max_attempts=10, breaker={"failures": 1})
@@ -462,7 +447,7 @@ class Cut(Body):
 
 
 async def test_a_body_that_breaks_is_resumed_from_the_next_byte_with_if_match() -> None:
-    clock, metrics = Clock(), Metrics()
+    clock, metrics = Clock(100.0), Metrics()
     origin = Breaking(cuts=[30, 10, None])  # breaks twice, each time after some progress
     guarded = guard(origin, clock, metrics, max_attempts=2)
     assert await read(await guarded.get_object("b", "k")) == origin.data
@@ -472,7 +457,7 @@ async def test_a_body_that_breaks_is_resumed_from_the_next_byte_with_if_match() 
 
 async def test_a_body_that_keeps_breaking_without_progress_gives_up_after_max_attempts() -> None:
     origin = Breaking(cuts=[30, 0, 0, 0, 0, None])
-    guarded = guard(origin, Clock(), Metrics(), max_attempts=3)
+    guarded = guard(origin, Clock(100.0), Metrics(), max_attempts=3)
     with pytest.raises(errors.OriginUnavailable):
         await read(await guarded.get_object("b", "k"))
     assert origin.ranges == [(0, 99), *[(30, 99)] * 3]  # three tries with no byte, then no more
@@ -480,7 +465,7 @@ async def test_a_body_that_keeps_breaking_without_progress_gives_up_after_max_at
 
 async def test_a_resume_of_a_changed_object_is_refused_never_mixed() -> None:
     origin = Breaking(cuts=[30, None])
-    guarded = guard(origin, Clock(), Metrics())
+    guarded = guard(origin, Clock(100.0), Metrics())
     stream = await guarded.get_object("b", "k")
     origin.etag = '"v2"'  # replaced at the origin while the first body was flowing
     with pytest.raises(errors.OriginChanged):

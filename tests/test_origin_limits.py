@@ -8,16 +8,9 @@ import pytest
 
 from gateway.origins.limits import PriorityGate, TokenBucket
 from gateway.priority import Priority
+from tests.fakes import Clock
 
 pytestmark = pytest.mark.timeout(10)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 # --- TokenBucket ------------------------------------------------------------------

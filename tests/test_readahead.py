@@ -5,14 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.readahead import ReadAheadPolicy
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.fakes import Clock
 
 
 def policy(clock: Clock, initial: int = 2, maximum: int = 16, idle: float = 5.0) -> ReadAheadPolicy:

@@ -15,7 +15,8 @@ from gateway.errors import OriginUnavailable
 from gateway.metadata.memory import Aged, MetadataCache
 from gateway.metadata.revalidate import Revalidator
 from gateway.origins.base import ListEntry
-from tests.test_metadata_cache import POLICY, SCOPE, T0, Clock, Fetch, Lister, info
+from tests.fakes import Clock
+from tests.test_metadata_cache import POLICY, SCOPE, T0, Fetch, Lister, info
 
 
 @pytest.fixture

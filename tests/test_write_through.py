@@ -30,10 +30,10 @@ from gateway.namespace import Mount, Namespace
 from gateway.origins.base import ObjectInfo
 from gateway.origins.guard import OriginGuard
 from gateway.origins.posix import PosixOrigin
-from gateway.pieces import FileSegment
 from gateway.reader import Reader
 from gateway.writer import Attributes, Writer
 from tests.harness import HoardProcess, metric, sum_samples
+from tests.inprocess import read_object
 from tests.test_block_cache import hoard_config
 
 MiB = 1024 * 1024
@@ -143,21 +143,7 @@ async def _wired(tmp_path: Path, block_size: int = 64 * 1024, buffer: int = 8 * 
 
 
 async def _read(reader: Reader, key: str, sources: Counter[str] | None = None) -> bytes:
-    """The object's bytes; ``sources`` gets the bytes by tier they came from."""
-    read = await reader.open_object("b", key)
-    out = bytearray()
-    try:
-        async for piece in read.chunks():
-            if isinstance(piece, FileSegment):
-                out += os.pread(piece.fd, piece.count, piece.offset)
-                piece.release()
-            else:
-                out += piece
-    finally:
-        await read.aclose()
-    if sources is not None:
-        sources.update(read.sources)
-    return bytes(out)
+    return await read_object(reader, "b", key, sources)
 
 
 def _count(metrics: Metrics, name: str, **labels: str) -> float:

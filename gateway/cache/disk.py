@@ -90,7 +90,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from gateway.cache import disk_files as files
 from gateway.cache import disk_packed, disk_recovery, disk_space
@@ -101,6 +101,7 @@ from gateway.cache.disk_open import OpenBlocks, opening, within_fd_limit
 from gateway.cache.disk_packed import PackedBlocks
 from gateway.cache.disk_writer import BlockWriter
 from gateway.cache.segment_sql import Place, Removed
+from gateway.tasks import TaskSet
 
 __all__ = ["BlockFile", "BlockWriter", "DiskStats", "DiskTier", "FillAbandoned", "PartFollower"]
 
@@ -170,7 +171,7 @@ class DiskTier:
         self._evictions = 0
         self._corrupt = 0
         self._flusher: asyncio.Task[None] | None = None
-        self._background: set[asyncio.Task[Any]] = set()
+        self._background = TaskSet()  # commits and aborts that outlive a cancelled caller
         self.packed_max = packed_max
         self._packed: PackedBlocks | None = None
         if packed_max > 0:
@@ -198,7 +199,8 @@ class DiskTier:
         if self._flusher is None:
             return
         self._flusher.cancel()
-        await asyncio.gather(self._flusher, *self._background, return_exceptions=True)
+        await asyncio.gather(self._flusher, return_exceptions=True)
+        await self._background.settle()
         self._flusher = None
         if self._packed is not None:
             await self._packed.close()
@@ -433,10 +435,7 @@ class DiskTier:
 
     async def _keep(self, work: Awaitable[T]) -> T:
         """Await ``work``, which finishes even if the caller is cancelled."""
-        task = asyncio.ensure_future(work)
-        self._background.add(task)  # referenced, so it is not collected mid-flight
-        task.add_done_callback(self._background.discard)
-        return await asyncio.shield(task)
+        return await asyncio.shield(self._background.spawn(work))
 
     async def _discard(self, block: BlockId, bad: Corrupt) -> None:
         log.warning("disk tier: dropping corrupt block %s (%s): %s", block.digest, block, bad.why)

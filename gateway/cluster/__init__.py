@@ -16,8 +16,9 @@ moves only its own share of blocks. Two small mechanisms, combined elsewhere:
 
 On top of them, each a small module:
 
-- ``peers.py``: the signed ``/_hoard/peer/`` endpoint and its client (blocks,
-  cached-only blocks, metadata answers, invalidations).
+- ``peers.py``: the signed ``/_hoard/peer/`` wire (blocks, cached-only
+  blocks, metadata answers, invalidations), answered by ``peer_server.py``
+  and asked by ``peer_client.py``.
 - ``placement.py``: block fills from the owners ranked before this node, and
   the handoff from the nodes ranked after it (scale-out without refetch).
 - ``directory.py``: LIST and HEAD misses asked of their metadata owner.

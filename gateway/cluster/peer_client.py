@@ -1,7 +1,8 @@
 """The peer client: asks other nodes for blocks, metadata and invalidations.
 
-One pooled aiohttp session per node (built on first use, on the running
-loop) carries every signed request of the peer wire (``peers.py``). Timeouts
+One pooled aiohttp session per client (built on first use, on the running
+loop; one client per worker process) carries every signed request of the
+peer wire (``peers.py``). Timeouts
 are short on purpose: ``connect`` includes the wait for a pooled connection,
 so an overloaded pool falls back along the placement ranking instead of
 queueing, and ``sock_read`` bounds a stalled stream.

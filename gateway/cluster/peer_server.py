@@ -14,8 +14,9 @@ cannot be had is still a status (404, 412, 503 with ``X-Hoard-Error``) the
 asking node acts on; after the first byte a failure can only cut the
 connection, which the client reads as ``PeerUnavailable`` at that byte.
 
-Not guaranteed: a peer that stops reading holds a stream until the write
-times out; a message body is held whole (up to 64 MiB) before it is checked.
+Not guaranteed: a message body is held whole (up to 64 MiB) before its
+digest is checked; a block that fails after its first byte can only be a cut
+connection, never a status.
 """
 
 from __future__ import annotations

@@ -269,12 +269,18 @@ def open_beside(target: Target, *, hashing: bool = True) -> tuple[TempFile, list
         raise errors.OriginUnavailable(f"posix origin: {key!r}'s directory keeps vanishing")
 
 
-def commit_to(
+async def commit_to(
     tmp: TempFile, target: Target, *, fsync: bool, record: tuple[Records, str, Attrs]
 ) -> os.stat_result:
-    """Commit ``tmp`` as ``target``'s file with its record; OSError as the domain error."""
-    with domain_errors(target.key):
-        return tmp.commit(target.path, fsync=fsync, record=record)
+    """Commit ``tmp`` as ``target``'s file with its record, in a worker thread.
+
+    OSError comes back as the domain error."""
+
+    def commit() -> os.stat_result:
+        with domain_errors(target.key):
+            return tmp.commit(target.path, fsync=fsync, record=record)
+
+    return await asyncio.to_thread(commit)
 
 
 async def drain(body: AsyncIterator[bytes], tmp: TempFile) -> None:

@@ -44,7 +44,6 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from functools import partial
 
 from gateway import errors
 from gateway.errors import (
@@ -269,10 +268,8 @@ class PosixUploads:
                         _append_part(tmp, path, size, digest)
 
                 await asyncio.to_thread(append)
-            st = await asyncio.to_thread(
-                partial(
-                    commit_to, tmp, target, fsync=self._fsync, record=(self._records, etag, attrs)
-                )
+            st = await commit_to(
+                tmp, target, fsync=self._fsync, record=(self._records, etag, attrs)
             )
         except BaseException:
             await undo(tmp, created)

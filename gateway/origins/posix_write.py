@@ -33,7 +33,6 @@ import errno
 import hashlib
 import os
 from collections.abc import AsyncIterator
-from functools import partial
 
 from gateway import errors
 from gateway.origins.posix_files import (
@@ -71,10 +70,8 @@ class PosixWriter:
             await drain(body, tmp)
             assert tmp.md5 is not None
             etag = quoted_md5(tmp.md5.digest())
-            st = await asyncio.to_thread(
-                partial(
-                    commit_to, tmp, target, fsync=self._fsync, record=(self._records, etag, attrs)
-                )
+            st = await commit_to(
+                tmp, target, fsync=self._fsync, record=(self._records, etag, attrs)
             )
         except BaseException:
             await undo(tmp, created)

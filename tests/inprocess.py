@@ -1,0 +1,90 @@
+"""The real Hoard application, in the test's own process, on a real loopback port.
+
+Most behaviour needs neither workers, signals, restarts nor a cluster, only
+the application: ``cli.build`` wires every object from the same settings a
+``hoard serve`` would read, and aiohttp's ``TestServer`` serves it on
+127.0.0.1 with a real socket, so clients speak real HTTP to it. What a
+subprocess costs (an interpreter start, imports, a readiness poll, a second
+event loop the test cannot see) is gone, and the test shares the loop with
+the gateway, so it can wait on events instead of sleeping.
+
+Subprocess tests (``harness.HoardProcess``) stay for what needs a process:
+workers, signals, restarts, kill -9, clusters. Below the application, a test
+may build a ``Reader`` itself and read through it (``read_object``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from gateway import cli
+from gateway.config import build_settings
+from gateway.pieces import FileSegment
+from gateway.reader import Reader
+from tests.harness import ACCESS_KEY, SECRET_KEY
+
+
+@dataclass(frozen=True, slots=True)
+class InProcessHoard:
+    endpoint: str  # http://127.0.0.1:<port>
+    app: web.Application
+
+
+@contextlib.asynccontextmanager
+async def hoard_app(workdir: Path, config: dict[str, Any]) -> AsyncIterator[InProcessHoard]:
+    """Build the app from ``config`` (as ``HoardProcess`` would write it) and serve it."""
+    config = {
+        "credentials": [{"access_key": ACCESS_KEY, "secret_key": SECRET_KEY}],
+        **config,
+        "cache": {"dir": str(workdir / "cache"), **config.get("cache", {})},
+    }
+    app = cli.build(build_settings(config))
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield InProcessHoard(str(server.make_url("")).rstrip("/"), app)
+    finally:
+        await server.close()
+
+
+async def get_all(urls: list[str], headers: dict[str, str] | None = None) -> list[bytes]:
+    """GET every URL at once over one client session; each must answer 200 or 206."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+
+        async def one(url: str) -> bytes:
+            async with session.get(url, headers=headers) as answer:
+                assert answer.status in (200, 206), await answer.text()
+                return await answer.read()
+
+        return await asyncio.gather(*(one(url) for url in urls))
+
+
+async def read_object(
+    reader: Reader, bucket: str, key: str, sources: Counter[str] | None = None
+) -> bytes:
+    """An object's bytes through a ``Reader`` built in the test; ``sources`` gets them by tier."""
+    read = await reader.open_object(bucket, key)
+    out = bytearray()
+    try:
+        async for piece in read.chunks():
+            if isinstance(piece, FileSegment):
+                out += os.pread(piece.fd, piece.count, piece.offset)
+                piece.release()
+            else:
+                out += piece
+    finally:
+        await read.aclose()
+    if sources is not None:
+        sources.update(read.sources)
+    return bytes(out)

@@ -1,0 +1,104 @@
+"""The in-package memory origin (gateway/origins/memory.py), and the read path over it on events.
+
+The origin is checked against the protocol's promises (ranges, If-Match,
+listing pages, domain errors); then 64 readers of one cold object are held
+on the origin's ``hold`` event and released together: the reader asks the
+origin once per block, which is coalescing proved by counting, in-process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from gateway import errors
+from gateway.blocks import BlockSource
+from gateway.cache.disk import DiskTier
+from gateway.cache.memory import MemoryTier
+from gateway.metadata.memory import MetadataCache
+from gateway.metrics import Metrics
+from gateway.namespace import Mount, Namespace
+from gateway.origins.base import Origin
+from gateway.origins.memory import MemoryOrigin
+from gateway.reader import Reader
+from tests.inprocess import read_object
+
+BLOCK = 64 * 1024
+
+pytestmark = pytest.mark.timeout(30)
+
+
+async def _body(origin: MemoryOrigin, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
+    async with await origin.get_object("b", key, byte_range) as stream:
+        return b"".join([chunk async for chunk in stream.chunks()])
+
+
+async def test_it_is_an_origin_with_ranges_etags_and_domain_errors() -> None:
+    origin = MemoryOrigin()
+    assert isinstance(origin, Origin)
+    data = os.urandom(3 * 1024 * 1024 + 5)
+    info = origin.put("b", "k", data, "text/plain")
+    assert await origin.head_object("b", "k") == info and info.size == len(data)
+    assert await _body(origin, "k") == data
+    assert await _body(origin, "k", (10, 20)) == data[10:21]
+    assert await _body(origin, "k", (len(data) - 3, len(data) + 100)) == data[-3:]
+    with pytest.raises(errors.RangeNotSatisfiable):
+        await origin.get_object("b", "k", (len(data), len(data) + 1))
+    with pytest.raises(errors.OriginChanged):
+        await origin.get_object("b", "k", None, if_match='"not-the-etag"')
+    with pytest.raises(errors.NoSuchKey):
+        await origin.head_object("b", "missing")
+    with pytest.raises(errors.NoSuchBucket):
+        await origin.list_objects("nope")
+    assert origin.calls["GetObject"] == 5 and origin.calls["HeadObject"] == 2
+
+
+async def test_listings_page_and_roll_up_as_s3_does() -> None:
+    origin = MemoryOrigin()
+    for key in ("a/1", "a/2", "b", "c/x/1", "c/y"):
+        origin.put("b", key, b"x")
+    page = await origin.list_objects("b", delimiter="/", max_keys=2)
+    assert [e.key for e in page.entries] == ["b"] and page.common_prefixes == ["a/"]
+    assert page.is_truncated and page.next_marker == "b"
+    last = await origin.list_objects("b", delimiter="/", start_after="b")
+    assert last.entries == [] and last.common_prefixes == ["c/"] and not last.is_truncated
+    flat = await origin.list_objects("b", prefix="c/")
+    assert [e.key for e in flat.entries] == ["c/x/1", "c/y"]
+    rest = await origin.list_objects("b", start_after="b")
+    assert [e.key for e in rest.entries] == ["c/x/1", "c/y"]
+
+
+async def _wired(tmp_path: Path, origin: MemoryOrigin) -> tuple[Reader, DiskTier]:
+    mount = Mount(bucket="b", origin=origin, origin_bucket="b")
+    metrics = Metrics()
+    disk = DiskTier(tmp_path / "cache", 64 * 1024 * 1024)
+    await disk.start()
+    blocks = BlockSource(MemoryTier(8 * 1024 * 1024, 16 * 1024), disk, metrics.block_events())
+    return Reader(Namespace([mount]), blocks, MetadataCache(), metrics, BLOCK), disk
+
+
+async def test_64_readers_held_at_a_cold_origin_cost_one_get_per_block(tmp_path) -> None:
+    origin = MemoryOrigin()
+    data = os.urandom(3 * BLOCK + 100)  # four blocks
+    origin.put("b", "shard", data)
+    reader, disk = await _wired(tmp_path, origin)
+    try:
+        origin.hold.clear()
+        readers = [asyncio.ensure_future(read_object(reader, "b", "shard")) for _ in range(64)]
+        while origin.waiting == 0:  # the first reader's miss has reached the origin
+            await asyncio.sleep(0)
+        assert not any(r.done() for r in readers)
+        origin.hold.set()
+        bodies = await asyncio.gather(*readers)
+        assert all(body == data for body in bodies)
+        assert origin.calls["GetObject"] == 4, origin.calls
+        assert origin.calls["HeadObject"] == 0
+        origin.calls.clear()
+        assert [await read_object(reader, "b", "shard") for _ in range(8)] == [data] * 8
+        assert sum(origin.calls.values()) == 0  # served from the cache
+    finally:
+        await reader.blocks.close()
+        await disk.close()
