@@ -23,7 +23,9 @@ from __future__ import annotations
 import asyncio
 import bisect
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
+
+from gateway.tasks import TaskSet
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -39,8 +41,8 @@ class Group(Generic[K, V]):
     """
 
     def __init__(self) -> None:
-        self._calls: dict[K, asyncio.Task[V]] = {}
-        self._running: set[asyncio.Task[V]] = set()  # strong references, detached ones too
+        self._calls: dict[K, asyncio.Future[V]] = {}
+        self._running = TaskSet()  # strong references, detached ones too
 
     def __len__(self) -> int:
         return len(self._calls)
@@ -52,14 +54,13 @@ class Group(Generic[K, V]):
         """Run ``work`` for ``key`` unless it is already running; wait for its result."""
         return await asyncio.shield(self.start(key, work))
 
-    def start(self, key: K, work: Callable[[], Awaitable[V]]) -> asyncio.Task[V]:
+    def start(self, key: K, work: Callable[[], Awaitable[V]]) -> asyncio.Future[V]:
         """The call running for ``key``, started with ``work`` if there is none."""
         task = self._calls.get(key)
         if task is None:
-            task = asyncio.get_running_loop().create_task(self._run(key, work))
+            task = self._running.spawn(self._run(key, work))
             self._calls[key] = task
-            self._running.add(task)
-            task.add_done_callback(self._landed)
+            task.add_done_callback(_retrieved)
         return task
 
     def owns(self, key: K) -> bool:
@@ -75,10 +76,7 @@ class Group(Generic[K, V]):
 
     async def aclose(self) -> None:
         """Cancel every running call, detached ones included, and wait for them."""
-        tasks = list(self._running)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._running.cancel()
 
     async def _run(self, key: K, work: Callable[[], Awaitable[V]]) -> V:
         try:
@@ -87,10 +85,10 @@ class Group(Generic[K, V]):
             if self.owns(key):
                 del self._calls[key]
 
-    def _landed(self, task: asyncio.Task[V]) -> None:
-        self._running.discard(task)
-        if not task.cancelled():
-            task.exception()  # retrieved: a call all of whose callers left must not warn
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved: a call all of whose callers left must not warn
 
 
 class Flight:
@@ -182,8 +180,8 @@ class FlightGroup(Generic[K]):
 
     def __init__(self) -> None:
         self._flights: dict[K, Flight] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._running: dict[K, asyncio.Task[None]] = {}  # the fill task of each flight
+        self._tasks = TaskSet()
+        self._running: dict[K, asyncio.Future[None]] = {}  # the fill task of each flight
         self.started = 0  # fills started (one origin fetch each)
         self.joined = 0  # readers that joined a fill already running (coalesced)
 
@@ -201,10 +199,8 @@ class FlightGroup(Generic[K]):
         flight = Flight(length)
         self._flights[key] = flight
         self.started += 1
-        task = asyncio.ensure_future(self._run(key, flight, fill))
-        self._tasks.add(task)
+        task = self._tasks.spawn(self._run(key, flight, fill))
         self._running[key] = task
-        task.add_done_callback(self._tasks.discard)
         task.add_done_callback(lambda t: self._forget_task(key, t))
         return flight, True
 
@@ -219,7 +215,7 @@ class FlightGroup(Generic[K]):
         if task is not None:
             await asyncio.wait([task])
 
-    def _forget_task(self, key: K, task: asyncio.Task[None]) -> None:
+    def _forget_task(self, key: K, task: asyncio.Future[None]) -> None:
         if self._running.get(key) is task:
             del self._running[key]
 
@@ -237,6 +233,4 @@ class FlightGroup(Generic[K]):
                 del self._flights[key]
 
     async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.cancel()

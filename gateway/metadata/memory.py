@@ -569,7 +569,7 @@ def _usable(entry: Entry | None, now: float, grace: float) -> TypeGuard[Entry]:
     return entry is not None and entry.value is not None and now < entry.fresh_until + grace
 
 
-def _log_refresh_failure(fk: tuple[str, Any], task: asyncio.Task[Any]) -> None:
+def _log_refresh_failure(fk: tuple[str, Any], task: asyncio.Future[Any]) -> None:
     exc = None if task.cancelled() else task.exception()
     if exc is not None and not isinstance(exc, NoSuchKey):  # NoSuchKey: stored as negative
         log.warning("metadata refresh of %s %r failed, stale entry kept: %r", *fk, exc)
