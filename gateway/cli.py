@@ -62,6 +62,8 @@ from gateway.invalidation import Invalidation
 from gateway.listener import bind
 from gateway.metrics import Metrics, enable_multiprocess, forget_process
 from gateway.namespace import Namespace
+from gateway.node.cores import available_cores
+from gateway.node.leader import Leadership
 from gateway.origins.base import Origin
 from gateway.origins.guard import OriginGuard
 from gateway.origins.posix import PosixOrigin
@@ -85,6 +87,8 @@ from gateway.writer import Writer
 EXIT_CONFIG = 2
 log = logging.getLogger("hoard")
 TLS_CONTEXT = web.AppKey("tls_context", ssl.SSLContext)  # HTTPS on the listen address
+GAUGES = web.AppKey("gauges", asyncio.Task)  # a worker's periodic gauge refresh
+GAUGE_REFRESH = 1.0  # seconds between a worker's refreshes of its gauges
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -98,9 +102,19 @@ def _parser() -> argparse.ArgumentParser:
         "--data-dir", type=Path, default=Path("data"),
         help="with no --config: the directory served as buckets (default ./data)",
     )  # fmt: skip
-    serve.add_argument("--workers", type=int, help="worker processes (overrides workers)")
+    serve.add_argument("--workers", type=_workers_arg,
+                       help="worker processes, or 'auto': one per core (overrides workers)")  # fmt: skip
     commands_.add_arguments(commands)
     return parser
+
+
+def _workers_arg(text: str) -> int | str:
+    if text == "auto":
+        return text
+    count = int(text)
+    if not 1 <= count <= 256:
+        raise argparse.ArgumentTypeError("between 1 and 256, or auto")
+    return count
 
 
 def run_client(args: argparse.Namespace) -> int:
@@ -150,7 +164,10 @@ def load(args: argparse.Namespace) -> Settings:
         settings = load_settings(None, embedded_defaults(args.data_dir.resolve()))
     else:
         settings = load_settings(args.config)
-    return settings.model_copy(update=_overrides(args, settings))
+    settings = settings.model_copy(update=_overrides(args, settings))
+    if settings.workers == "auto":  # resolved once, here: everything after sees a number
+        settings = settings.model_copy(update={"workers": available_cores()})
+    return settings
 
 
 def generated_credential(cache_dir: Path) -> Credential:
@@ -194,8 +211,11 @@ def build(
     cache = settings.cache
     namespace = Namespace.from_settings(settings, build_origins(settings, metrics))
     metrics.create_mount_series(namespace.labels())
+    assert isinstance(settings.workers, int)  # "auto" was resolved by load()
+    leadership = Leadership(cache.dir / "node" / "leader")  # the node's once-per-node work
+    # cache.memory bounds the node: each worker holds its share (see gateway/node/).
     memory = MemoryTier(
-        cache.memory, cache.memory_item_max,
+        cache.memory // settings.workers, cache.memory_item_max,
         on_evict=lambda n: metrics.cache_evictions.labels("memory").inc(n),
     )  # fmt: skip
     disk = DiskTier(
@@ -248,11 +268,14 @@ def build(
         front, metrics, settings.virtual_host_domains, admin, access,
         cluster.server if cluster is not None else None,
     )  # fmt: skip
-    metrics.cache_limit_bytes.labels("memory").set(cache.memory)
-    metrics.cache_limit_bytes.labels("disk").set(cache.size)
+    metrics.cache_limit_bytes.labels("memory").set(memory.capacity)
 
     def tier_levels() -> None:
+        """Each worker reports its memory tier; the leader alone what is the node's (the
+        gauges are summed over live workers: see metrics.py)."""
         metrics.cache_bytes.labels("memory").set(memory.used)
+        if not leadership.leads:
+            return
         metrics.cache_bytes.labels("disk").set(disk.stats().used_bytes)
         metrics.cache_limit_bytes.labels("disk").set(disk.limit)  # lowered by a full disk
         metrics.pinned_bytes.set(disk.stats().pinned_bytes)
@@ -268,6 +291,9 @@ def build(
         on_sighup.append(functools.partial(tls.reload, app[TLS_CONTEXT], cert, key))
 
     async def start(app: web.Application) -> None:
+        leadership.start()
+        if shared:  # a scrape is answered by one worker: the others' gauges must be current
+            app[GAUGES] = asyncio.create_task(_every(GAUGE_REFRESH, tier_levels))
         journal.open()
         await disk.start()
         await store.start()
@@ -282,6 +308,8 @@ def build(
         await warm.start()  # after the cluster: a resumed share needs to know who owns what
 
     async def stop(app: web.Application) -> None:
+        if GAUGES in app:
+            app[GAUGES].cancel()
         await warm.close()
         await writer.close()  # pending write-throughs, before the tiers they write to
         await prefetcher.close()
@@ -294,10 +322,20 @@ def build(
         journal.close()
         await metadata.aclose()
         body.close()
+        await leadership.close()
 
     app.on_startup.insert(0, start)
     app.on_cleanup.append(stop)
     return app
+
+
+async def _every(interval: float, step: Callable[[], None]) -> None:
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            step()
+        except Exception:  # a failing round must not end the refreshes
+            log.exception("periodic refresh failed")
 
 
 def _warm(
