@@ -64,6 +64,7 @@ from gateway.metrics import Metrics, enable_multiprocess, forget_process
 from gateway.namespace import Namespace
 from gateway.node.cores import available_cores
 from gateway.node.leader import Leadership
+from gateway.node.shared import LeaderDocument
 from gateway.origins.base import Origin
 from gateway.origins.guard import OriginGuard
 from gateway.origins.posix import PosixOrigin
@@ -225,9 +226,13 @@ def build(
         packed_max=cache.packed_block_max, segment_size=cache.segment_size,
     )  # fmt: skip
     body = BodySender()
-    cluster = _cluster(
-        settings, metrics, namespace, lambda: blocks, lambda: reader, body, lambda: prefetch_api
+    node_view = (  # one membership for the node's workers, probed by the leader
+        LeaderDocument(cache.dir / "node" / "membership.json", leadership)
+        if settings.workers > 1
+        else None
     )
+    cluster = _cluster(settings, metrics, namespace, lambda: blocks, lambda: reader, body,
+                       lambda: prefetch_api, node_view)  # fmt: skip
     placement = cluster.placement if cluster is not None else None
     admission = (
         Doorkeeper(cache.admission, cache.admission_window) if cache.admission != "always" else None
@@ -358,6 +363,7 @@ def _cluster(
     reader: Callable[[], Reader],
     body: BodySender,
     prefetch: Callable[[], PrefetchApi],
+    node_view: LeaderDocument | None,
 ) -> ClusterNode | None:
     """This node's cluster part, or None for a single node (no peers, no DNS)."""
     if not settings.cluster.enabled:
@@ -391,7 +397,8 @@ def _cluster(
         await prefetch().on_peer(name, message)
 
     return ClusterNode(settings.cluster, port, metrics, read_block, invalidate, body,
-                       metadata=metadata, drop_all=drop_all, on_message=on_message)  # fmt: skip
+                       metadata=metadata, drop_all=drop_all, on_message=on_message,
+                       node=node_view)  # fmt: skip
 
 
 def _reload_peers(cluster: ClusterNode, reload: Callable[[], Settings]) -> None:

@@ -30,7 +30,9 @@ def available_cores(cgroup: Path = CGROUP, proc_self: Path = Path("/proc/self/cg
     return max(1, cores or 1)
 
 
-def cgroup_quota(cgroup: Path = CGROUP, proc_self: Path = Path("/proc/self/cgroup")) -> float | None:
+def cgroup_quota(
+    cgroup: Path = CGROUP, proc_self: Path = Path("/proc/self/cgroup")
+) -> float | None:
     """The CPU quota in cores (None: unlimited, or no cgroup to read)."""
     own = _own_cgroup(proc_self)
     quotas = [q for q in (_v2_quota(cgroup, own), _v1_quota(cgroup)) if q is not None]

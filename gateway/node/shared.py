@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gateway.node.leader import Leadership
+
 log = logging.getLogger(__name__)
 
 
@@ -43,3 +45,15 @@ class SharedDocument:
             log.warning("node document %s unreadable: %s", self.path, exc)
             return None
         return body if isinstance(body, dict) else None
+
+
+class LeaderDocument(SharedDocument):
+    """A shared document that the node's leader writes: ``leads`` says whether that is us."""
+
+    def __init__(self, path: Path, leadership: Leadership) -> None:
+        super().__init__(path)
+        self._leadership = leadership
+
+    @property
+    def leads(self) -> bool:
+        return self._leadership.leads
