@@ -71,7 +71,9 @@ from gateway.origins.posix import PosixOrigin
 from gateway.origins.s3 import S3Origin
 from gateway.pieces import BlockRef, Piece
 from gateway.prefetch.api import PrefetchApi
+from gateway.prefetch.node import NodePrefetch
 from gateway.prefetch.prefetcher import Prefetcher
+from gateway.prefetch.registry import Registry
 from gateway.readahead import ReadAheadPolicy
 from gateway.reader import Reader
 from gateway.s3.auth import Authenticator
@@ -249,11 +251,13 @@ def build(
     journal = Journal(cache.dir / "journal")  # what sibling workers invalidated
     router = cluster.directory if cluster is not None else None
     prefetcher = Prefetcher(settings.prefetch, lambda: reader, metrics, cache.block_size)
+    registry = Registry(cache.dir / "prefetch", settings.prefetch.max_streams)
+    node_prefetch = NodePrefetch(registry, prefetcher, leadership)  # the node's streams
     read_ahead = ReadAheadPolicy(cache.read_ahead, cache.read_ahead_max, cache.read_ahead_idle)
     reader = Reader(namespace, blocks, metadata, metrics, cache.block_size, read_ahead, store,
-                    router, observe=prefetcher.observe, journal=journal)  # fmt: skip
+                    router, observe=node_prefetch.observe, journal=journal)  # fmt: skip
     prefetch_api = PrefetchApi(
-        prefetcher, reader, settings.prefetch, cluster.announce if cluster is not None else None
+        node_prefetch, reader, settings.prefetch, cluster.announce if cluster is not None else None
     )
     auth = Authenticator(
         settings.credentials, settings.allow_anonymous, domains=settings.virtual_host_domains
@@ -300,6 +304,7 @@ def build(
         if shared:  # a scrape is answered by one worker: the others' gauges must be current
             app[GAUGES] = asyncio.create_task(_every(GAUGE_REFRESH, tier_levels))
         journal.open()
+        node_prefetch.start()
         await disk.start()
         await store.start()
         if cluster is not None:
@@ -317,7 +322,7 @@ def build(
             app[GAUGES].cancel()
         await warm.close()
         await writer.close()  # pending write-throughs, before the tiers they write to
-        await prefetcher.close()
+        await node_prefetch.close()
         if cluster is not None:
             await cluster.close()
         await blocks.close()

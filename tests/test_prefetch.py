@@ -19,7 +19,7 @@ from gateway.client.admin import AdminClient, AdminError
 from gateway.pieces import BlockRef
 from gateway.prefetch.order import Order
 from gateway.prefetch.stream import Stream
-from tests.harness import ACCESS_KEY, SECRET_KEY, HoardProcess
+from tests.harness import ACCESS_KEY, SECRET_KEY, FreshAdmin, HoardProcess
 from tests.origin_proxy import OriginProxy
 from tests.test_block_cache import hoard_config, put
 
@@ -29,21 +29,25 @@ SIZE = 96 * KiB  # two blocks per object: 64 KiB + 32 KiB
 WINDOW = 4 * SIZE
 
 
-def start(tmp_path, proxy: OriginProxy, **prefetch_config: object) -> HoardProcess:
+def start(
+    tmp_path, proxy: OriginProxy, workers: int = 1, **prefetch_config: object
+) -> HoardProcess:
     config = hoard_config(proxy, block_size="64KiB", read_ahead=0, read_ahead_max=0)
     config["prefetch"] = {"window": WINDOW, "max_window": "1MiB", **prefetch_config}
-    return HoardProcess(tmp_path, config).start()
+    return HoardProcess(tmp_path, {**config, "workers": workers}).start()
 
 
-@pytest.fixture
-def node(tmp_path, proxy) -> Iterator[HoardProcess]:
-    running = start(tmp_path, proxy)
+@pytest.fixture(params=[1, 2], ids=["workers1", "workers2"])
+def node(request, tmp_path, proxy) -> Iterator[HoardProcess]:
+    running = start(tmp_path, proxy, workers=request.param)
     yield running
     running.stop()
 
 
-def admin(node: HoardProcess) -> AdminClient:
-    return AdminClient(node.endpoint, ACCESS_KEY, SECRET_KEY, timeout=10)
+def admin(node: HoardProcess) -> FreshAdmin:
+    """A new connection per call: with workers: 2, calls reach either worker (the
+    registration one, the GETs of boto3's pooled connection another, statuses both)."""
+    return FreshAdmin(node.endpoint)
 
 
 def origin_bytes_by_key(proxy: OriginProxy, bucket: str) -> dict[str, int]:
@@ -56,7 +60,7 @@ def origin_bytes_by_key(proxy: OriginProxy, bucket: str) -> dict[str, int]:
     return sent
 
 
-def settle(client: AdminClient, stream: str, timeout: float = 20.0) -> dict:
+def settle(client: FreshAdmin, stream: str, timeout: float = 20.0) -> dict:
     """The stream's status once nothing is in flight and the window has no room left."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -89,14 +93,14 @@ class EpochSampler:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("concurrency", [1, 8])
+@pytest.mark.parametrize(("concurrency", "workers"), [(1, 1), (8, 1), (1, 2), (8, 2)])
 def test_window_is_bounded_and_reader_following_its_order_hits(
-    tmp_path, proxy, origin_client, bucket, concurrency
+    tmp_path, proxy, origin_client, bucket, concurrency, workers
 ):
     keys = [f"train/sample-{n:03d}.bin" for n in range(24)]
     for key in keys:
         put(origin_client, bucket, key, SIZE)
-    node = start(tmp_path, proxy, concurrency=concurrency)
+    node = start(tmp_path, proxy, workers, concurrency=concurrency)
     try:
         proxy.reset()
         client, s3 = admin(node), node.client()

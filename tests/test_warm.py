@@ -20,7 +20,7 @@ import pytest
 
 from gateway.client.admin import AdminClient, AdminError
 from tests.conftest import moto_origin
-from tests.harness import ACCESS_KEY, SECRET_KEY, HoardProcess
+from tests.harness import ACCESS_KEY, FreshAdmin, HoardProcess
 from tests.origin_proxy import OriginProxy
 from tests.test_faults import _children
 
@@ -37,17 +37,6 @@ def node_config(proxy: OriginProxy, **cache: str) -> dict:
                   "memory_item_max": "64KiB", **cache},
         "warm": {"concurrency": 4},
     }  # fmt: skip
-
-
-class FreshAdmin:
-    """An admin client opening a new connection per call: with several workers,
-    successive calls reach different workers, as calls of separate tools do."""
-
-    def __init__(self, endpoint: str) -> None:
-        self.endpoint = endpoint
-
-    def call(self, *args, **kwargs) -> dict:
-        return AdminClient(self.endpoint, ACCESS_KEY, SECRET_KEY).call(*args, **kwargs)
 
 
 def admin(node: HoardProcess) -> FreshAdmin:
