@@ -64,7 +64,9 @@ from gateway.metrics import Metrics, enable_multiprocess, forget_process
 from gateway.namespace import Namespace
 from gateway.node.cores import available_cores
 from gateway.node.leader import Leadership
+from gateway.node.pages import SharedPages
 from gateway.node.shared import LeaderDocument
+from gateway.node.stats import WorkerStats
 from gateway.origins.base import Origin
 from gateway.origins.guard import OriginGuard
 from gateway.origins.posix import PosixOrigin
@@ -255,7 +257,8 @@ def build(
     node_prefetch = NodePrefetch(registry, prefetcher, leadership)  # the node's streams
     read_ahead = ReadAheadPolicy(cache.read_ahead, cache.read_ahead_max, cache.read_ahead_idle)
     reader = Reader(namespace, blocks, metadata, metrics, cache.block_size, read_ahead, store,
-                    router, observe=node_prefetch.observe, journal=journal)  # fmt: skip
+                    router, observe=node_prefetch.observe, journal=journal,
+                    pages=SharedPages(cache.dir / "node" / "pages", store) if shared else None)  # fmt: skip
     prefetch_api = PrefetchApi(
         node_prefetch, reader, settings.prefetch, cluster.announce if cluster is not None else None
     )
@@ -267,9 +270,10 @@ def build(
     access = AccessLog(as_json=settings.log_format == "json", enabled=settings.access_log)
     warm = _warm(settings, reader, metrics, cluster)
     warm_http = WarmHttp(warm)
+    stats = WorkerStats(cache.dir / "node" / "stats" if shared else None, reader.stats)
     admin = Admin(
         reader, auth, metrics, cluster.snapshot if cluster is not None else None,
-        prefetch_api, warm_http,
+        prefetch_api, warm_http, stats.node,
     )  # fmt: skip
     if cluster is not None:
         cluster.server.mount("warm", warm_http.peer)
@@ -302,7 +306,8 @@ def build(
     async def start(app: web.Application) -> None:
         leadership.start()
         if shared:  # a scrape is answered by one worker: the others' gauges must be current
-            app[GAUGES] = asyncio.create_task(_every(GAUGE_REFRESH, tier_levels))
+            stats.publish()
+            app[GAUGES] = asyncio.create_task(_every(GAUGE_REFRESH, tier_levels, stats.publish))
         journal.open()
         node_prefetch.start()
         await disk.start()
@@ -320,6 +325,7 @@ def build(
     async def stop(app: web.Application) -> None:
         if GAUGES in app:
             app[GAUGES].cancel()
+            stats.forget()
         await warm.close()
         await writer.close()  # pending write-throughs, before the tiers they write to
         await node_prefetch.close()
@@ -339,13 +345,14 @@ def build(
     return app
 
 
-async def _every(interval: float, step: Callable[[], None]) -> None:
+async def _every(interval: float, *steps: Callable[[], None]) -> None:
     while True:
         await asyncio.sleep(interval)
-        try:
-            step()
-        except Exception:  # a failing round must not end the refreshes
-            log.exception("periodic refresh failed")
+        for step in steps:
+            try:
+                step()
+            except Exception:  # a failing round must not end the refreshes
+                log.exception("periodic refresh failed")
 
 
 def _warm(

@@ -20,6 +20,7 @@ import asyncio
 import dataclasses
 import math
 import os
+import time
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from gateway.invalidation import Invalidation
 from gateway.metadata.revalidate import Revalidator
 from gateway.metrics import Metrics
 from gateway.namespace import Mount, Namespace
+from gateway.node.pages import SharedPages
 from gateway.origins.base import BucketInfo, ListPage, ObjectInfo, Origin
 from gateway.pieces import BlockRef, FileSegment, Piece
 from gateway.readahead import ReadAheadPolicy, Window
@@ -171,10 +173,12 @@ class Reader:
                  metrics: Metrics, block_size: int, read_ahead: ReadAheadPolicy | None = None,
                  store: MetadataStore | None = None, router: MetadataRouter | None = None,
                  observe: Callable[[str, str], None] | None = None,
-                 journal: Journal | SoloJournal | None = None) -> None:  # fmt: skip
+                 journal: Journal | SoloJournal | None = None,
+                 pages: SharedPages | None = None) -> None:  # fmt: skip
         """``router``: in a cluster, metadata misses go to their owner node;
         ``observe(bucket, key)`` is told of every object GET (epoch-order prefetch);
-        ``journal``: the node's invalidations, shared with sibling workers."""
+        ``journal``: the node's invalidations, shared with sibling workers;
+        ``pages``: origin listing pages shared with sibling workers asking at once."""
         self.namespace = namespace
         self.journal = journal or SoloJournal()
         self.router = router  # a cluster: metadata misses go to their owner node
@@ -185,6 +189,7 @@ class Reader:
         self.block_size = block_size
         self.read_ahead = read_ahead or ReadAheadPolicy(4, 4, 10.0)
         self._observe = observe
+        self._pages = pages
         # Per object a reader streams: where its last read ended, and its read-ahead window.
         self._read_ends: OrderedDict[BlockId, tuple[int, Window]] = OrderedDict()
         self._watches: dict[tuple[str, str, str], set[Watch]] = {}
@@ -511,9 +516,18 @@ class Reader:
         return fetch_page
 
     def _origin_pages(self, origin: Origin, origin_bucket: str) -> FetchPage:
-        async def fetch_page(prefix: str, delimiter: str, after: str, limit: int) -> ListPage:
+        async def from_origin(prefix: str, delimiter: str, after: str, limit: int) -> ListPage:
             with self.metrics.origin_call(origin.name, "ListObjectsV2"):
                 return await origin.list_objects(origin_bucket, prefix, delimiter, after, limit)
+
+        if self._pages is None:
+            return from_origin
+        pages = self._pages
+
+        async def fetch_page(prefix: str, delimiter: str, after: str, limit: int) -> ListPage:
+            query = (prefix, delimiter, after, limit)
+            return await pages.fetch((origin.name, origin_bucket), query,
+                                     lambda: from_origin(*query))  # fmt: skip
 
         return fetch_page
 
@@ -564,13 +578,21 @@ class Reader:
         stored = await self._believable(scope, okey)
         if stored is not None and stored.age < mount.metadata_ttl:
             return Aged(stored.info, stored.age)
+        asked = time.time()
         async with self.store.fetch_lock(scope, okey):
             if self.store.shared:  # a sibling worker may have fetched it meanwhile
                 stored = await self._believable(scope, okey)
                 if stored is not None and stored.age < mount.metadata_ttl:
                     return Aged(stored.info, stored.age)
+                if self._pages is not None:  # or found it missing meanwhile
+                    self._pages.raise_missing(scope, okey, asked)
             learned = self.journal.seq()  # before asking: a write after it makes this suspect
-            answer = await self._known_or(mount, okey, stored, fetch)
+            try:
+                answer = await self._known_or(mount, okey, stored, fetch)
+            except errors.NotFound as missing:
+                if self._pages is not None:
+                    self._pages.leave_missing(scope, okey, missing)
+                raise
             if not isinstance(answer, Aged):  # a confirmed row was refreshed in the store
                 self.store.save(scope, okey, answer, learned)
                 if self.store.shared:
