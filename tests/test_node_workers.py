@@ -13,10 +13,14 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import aiohttp
 import pytest
 
+from gateway.cli import _parser, load
+from gateway.config import ConfigError
+from gateway.node.cores import available_cores, cgroup_quota
 from tests.harness import FreshAdmin, HoardProcess, metric
 from tests.origin_proxy import OriginProxy
 from tests.test_block_cache import hoard_config
@@ -126,3 +130,45 @@ def test_one_prober_per_node_and_a_new_leader_when_it_dies(tmp_path, proxy):
     finally:
         for n in nodes:
             n.stop()
+
+
+def _cgroup(root: Path, own: str, files: dict[str, str]) -> Path:
+    """A fake /sys/fs/cgroup with ``files`` (relative paths) and /proc/self/cgroup."""
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    proc_self = root / "proc-self-cgroup"
+    proc_self.write_text(f"0::{own}\n")
+    return proc_self
+
+
+def test_available_cores_follow_the_tightest_cgroup_quota(tmp_path):
+    affinity = len(os.sched_getaffinity(0))
+    proc = _cgroup(tmp_path, "/", {"cpu.max": "max 100000\n"})
+    assert cgroup_quota(tmp_path, proc) is None
+    assert available_cores(tmp_path, proc) == affinity
+    # v2, nested: the pod's parent allows 1.5 cores, the container itself more.
+    nested = tmp_path / "v2"
+    proc = _cgroup(nested, "/kubepods/pod1/c1", {
+        "kubepods/pod1/cpu.max": "150000 100000\n", "kubepods/pod1/c1/cpu.max": "400000 100000\n",
+    })  # fmt: skip
+    assert cgroup_quota(nested, proc) == 1.5
+    assert available_cores(nested, proc) == 1  # rounded down: one worker at full speed
+    v1 = tmp_path / "v1"
+    proc = _cgroup(v1, "/", {"cpu,cpuacct/cpu.cfs_quota_us": "-1\n",
+                             "cpu,cpuacct/cpu.cfs_period_us": "100000\n"})  # fmt: skip
+    assert cgroup_quota(v1, proc) is None
+    (v1 / "cpu,cpuacct/cpu.cfs_quota_us").write_text("100000\n")
+    assert available_cores(v1, proc) == 1
+
+
+def test_workers_auto_is_resolved_at_load(tmp_path):
+    config = tmp_path / "hoard.yaml"
+    config.write_text("workers: auto\norigins: {d: {type: posix, path: .}}\ndefault_origin: d\n")
+    args = _parser().parse_args(["serve", "--config", str(config)])
+    assert load(args).workers == available_cores()
+    args = _parser().parse_args(["serve", "--config", str(config), "--workers", "3"])
+    assert load(args).workers == 3
+    config.write_text("workers: many\n")
+    with pytest.raises(ConfigError):
+        load(_parser().parse_args(["serve", "--config", str(config)]))
