@@ -7,7 +7,9 @@ because the reader asked" can be told apart without timing anything.
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import time
 from collections.abc import Iterator
 
@@ -22,6 +24,8 @@ from gateway.prefetch.stream import Stream
 from tests.harness import ACCESS_KEY, SECRET_KEY, FreshAdmin, HoardProcess
 from tests.origin_proxy import OriginProxy
 from tests.test_block_cache import hoard_config, put
+from tests.test_faults import _children
+from tests.test_warm import lock_holder, wait_for
 
 KiB = 1024
 BLOCK = 64 * KiB
@@ -259,3 +263,34 @@ def test_a_reader_that_overtakes_prefetch_skips_what_it_read():
     assert stream.next_key == 3 and stream.pending == [] and stream.ahead_bytes == 0
     assert not stream.found(1, BLOCK, [second_block("k1", 100)])  # passed: nothing kept
     assert stream.pending == [] and stream.ahead_bytes == 0 and stream.lookups == 0
+
+
+@pytest.mark.timeout(120)
+def test_a_stream_survives_its_leader_worker_being_killed(tmp_path, proxy, origin_client, bucket):
+    """workers: 2. The worker following the node's streams is killed; a sibling leads
+    and follows the stream on from the reader's position: each block still once."""
+    keys = [f"lead/{n:02d}" for n in range(12)]
+    for key in keys:
+        put(origin_client, bucket, key, SIZE)
+    node = start(tmp_path, proxy, workers=2)
+    lock = tmp_path / "cache" / "node" / "leader"
+    try:
+        client, s3 = admin(node), node.client()
+        proxy.reset()
+        body = {"stream": "s", "bucket": bucket, "keys": keys, "window": WINDOW}
+        client.call("POST", "/_hoard/prefetch", body=body)
+        settle(client, "s")
+        leader = lock_holder(lock)
+        assert node.proc is not None and leader in _children(node.proc.pid)
+        os.kill(leader, signal.SIGKILL)
+        wait_for(lambda: leader not in _children(node.proc.pid))
+        wait_for(lambda: lock_holder(lock) not in (None, leader))
+        for key in keys:
+            assert len(s3.get_object(Bucket=bucket, Key=key)["Body"].read()) == SIZE
+            settle(client, "s")
+        final = client.call("GET", "/_hoard/prefetch/s")
+    finally:
+        node.stop()
+    assert final["position"] == len(keys) - 1
+    assert final["fetched_bytes"] > 0  # the new leader fetched ahead of the reader
+    assert proxy.gets() == 2 * len(keys)  # each block once, whoever fetched it
