@@ -18,15 +18,12 @@ import asyncio
 import functools
 import json
 import logging
-import multiprocessing
 import os
 import secrets
-import shutil
 import signal
 import socket
 import ssl
 import sys
-import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -60,13 +57,14 @@ from gateway.config import (
 )
 from gateway.invalidation import Invalidation
 from gateway.listener import bind
-from gateway.metrics import Metrics, enable_multiprocess, forget_process
+from gateway.metrics import Metrics, enable_multiprocess
 from gateway.namespace import Namespace
 from gateway.node.cores import available_cores
 from gateway.node.leader import Leadership
 from gateway.node.pages import SharedPages
 from gateway.node.shared import LeaderDocument
 from gateway.node.stats import WorkerStats
+from gateway.node.supervisor import supervise
 from gateway.origins.base import Origin
 from gateway.origins.guard import OriginGuard
 from gateway.origins.posix import PosixOrigin
@@ -470,7 +468,8 @@ def serve(settings: Settings, reload: Callable[[], Settings] | None = None) -> N
         credential = generated_credential(settings.cache.dir)
         settings = settings.model_copy(update={"credentials": [credential]})
     if settings.workers > 1:
-        supervise(settings, _banner(settings, credential), reload)
+        supervise(settings, _banner(settings, credential),
+                  lambda metrics_dir: _worker(settings, metrics_dir, reload))  # fmt: skip
         return
     sock = bind(settings.listen, reuse_port=False)
     app = build(settings, reload=reload)
@@ -498,62 +497,6 @@ def _worker(settings: Settings, metrics_dir: Path, reload: Callable[[], Settings
         signal.signal(signum, signal.SIG_DFL)  # aiohttp and build() install their own handlers
     enable_multiprocess(metrics_dir)
     _run(build(settings, metrics_dir, reload), settings, bind(settings.listen, reuse_port=True))
-
-
-def supervise(
-    settings: Settings, banner: str, reload: Callable[[], Settings] | None = None
-) -> None:
-    """Start ``workers`` processes, restart any that dies, stop them all on SIGTERM/SIGINT."""
-    bind(settings.listen, reuse_port=True).close()  # a busy port: one line, before any worker
-    metrics_dir = settings.cache.dir / f"prometheus-{os.getpid()}"
-    shutil.rmtree(metrics_dir, ignore_errors=True)
-    metrics_dir.mkdir(parents=True)
-    context = multiprocessing.get_context("fork")
-    stopping = False
-
-    def spawn(index: int) -> multiprocessing.process.BaseProcess:
-        process = context.Process(
-            target=_worker, args=(settings, metrics_dir, reload), name=f"hoard-worker-{index}"
-        )
-        process.start()
-        return process
-
-    def stop(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-        for process in workers:
-            if process.is_alive():
-                os.kill(process.pid, signal.SIGTERM)
-
-    workers = [spawn(i) for i in range(settings.workers)]
-
-    def forward(signum: int, frame: object) -> None:
-        for process in workers:  # each worker re-reads the config itself
-            if process.is_alive() and process.pid is not None:
-                os.kill(process.pid, signum)
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGHUP, forward)
-    print(f"{banner}\n  ({settings.workers} worker processes)", flush=True)
-    try:
-        while not stopping:
-            for index, process in enumerate(workers):
-                if not process.is_alive() and not stopping:
-                    log.error(
-                        "worker %s exited with %s; restarting it", process.name, process.exitcode
-                    )
-                    if process.pid is not None:
-                        forget_process(metrics_dir, process.pid)
-                    workers[index] = spawn(index)
-            time.sleep(0.2)
-        deadline = time.monotonic() + settings.shutdown_timeout + 5
-        for process in workers:
-            process.join(max(0.0, deadline - time.monotonic()))
-            if process.is_alive():
-                process.kill()
-    finally:
-        shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:

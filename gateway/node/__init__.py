@@ -3,7 +3,7 @@
 A training node has dozens of cores and one Python process serves about one,
 so ``workers: N`` (``auto``: one per core this process may use, ``cores.py``)
 runs N processes on one port (SO_REUSEPORT, started and restarted by the
-supervisor in ``cli.py``). A request reaches whichever worker the kernel
+supervisor, ``supervisor.py``). A request reaches whichever worker the kernel
 picks, so a worker is a stateless front over the node's state: everything a
 client can observe lives once per node, in ``cache.dir``, and any worker
 answers for all of it.
