@@ -132,7 +132,12 @@ def test_window_is_bounded_and_reader_following_its_order_hits(
         # window taken by farther keys' first blocks; a key's first block is always
         # there (it came with its lookup, and the window holds at least one key).
         assert all(not r.startswith("bytes=0-") for r in by_reader), reader_fetches
-    assert final["fetched_bytes"] == len(keys) * SIZE - len(by_reader) * (SIZE - BLOCK)
+    expected = len(keys) * SIZE - len(by_reader) * (SIZE - BLOCK)
+    if workers == 1:
+        assert final["fetched_bytes"] == expected
+    else:  # NOTE: a lookup's block 0 may land while its metadata is flushed to the node's
+        # store, before prefetch looks at its fill, and is then counted as cached (as in warm).
+        assert expected - len(keys) * BLOCK <= final["fetched_bytes"] <= expected
 
 
 @pytest.mark.timeout(120)

@@ -79,8 +79,8 @@ class NodePrefetch:
             self._sync()
         if not self._known:
             return
-        moved = False
-        for known in self._known.values():
+        leads = self._leadership.leads
+        for stream, known in self._known.items():
             if known.entry.bucket != bucket:
                 continue
             observed = self._registry.observed(known.entry)
@@ -90,9 +90,8 @@ class NodePrefetch:
             index = known.places.index_of(key)
             if index is not None:
                 self._registry.observe(known.entry, index)
-                moved = True
-        if moved and self._leadership.leads:
-            self._lead()
+                if leads:  # this GET's stream only: the others wait for the next round
+                    self._follow(stream, known)
 
     def register(self, order: Order, active: bool = True) -> Entry:
         """Record a registration for the node (``OrderError`` beyond ``max_streams``)."""
@@ -166,24 +165,29 @@ class NodePrefetch:
         for stream in [s for s in self._following if s not in self._known]:
             prefetcher.drop(stream)
             del self._following[stream]
-        for stream, known in self._known.items():
-            entry = known.entry
-            if self._following.get(stream) != entry.serial:
-                prefetcher.register(known.places.order, active=entry.active)
-                self._following[stream] = entry.serial
-                self._applied[stream] = 0
-            observed = self._registry.observed(entry)
-            if observed is None:
-                continue
-            seq, index, when = observed
-            if seq != self._applied[stream]:
-                prefetcher.move(stream, index, time.time() - when)
-                self._applied[stream] = seq
-            status = prefetcher.status(stream)
-            if status is None:  # expired: idle for prefetch.idle
-                self._registry.drop(stream, entry.serial)
-                continue
-            self._registry.publish(entry, seq, status)
+        for stream, known in list(self._known.items()):
+            self._follow(stream, known)
+
+    def _follow(self, stream: str, known: _Known) -> None:
+        """Move ``stream`` to its last observed GET (registering it first if it is new
+        or replaced), and publish its status; drop it from the registry if it expired."""
+        entry, prefetcher = known.entry, self._prefetcher
+        if self._following.get(stream) != entry.serial:
+            prefetcher.register(known.places.order, active=entry.active)
+            self._following[stream] = entry.serial
+            self._applied[stream] = 0
+        observed = self._registry.observed(entry)
+        if observed is None:
+            return
+        seq, index, when = observed
+        if seq != self._applied[stream]:
+            prefetcher.move(stream, index, time.time() - when)
+            self._applied[stream] = seq
+        status = prefetcher.status(stream)
+        if status is None:  # expired: idle for prefetch.idle
+            self._registry.drop(stream, entry.serial)
+            return
+        self._registry.publish(entry, seq, status)
 
 
 def _unfollowed(observed: tuple[int, int, float] | None) -> dict[str, Any]:
