@@ -19,7 +19,8 @@ from gateway.cache.block import BlockId
 from gateway.client import prefetch
 from gateway.client.admin import AdminClient, AdminError
 from gateway.pieces import BlockRef
-from gateway.prefetch.order import Order
+from gateway.prefetch.order import Order, OrderError
+from gateway.prefetch.registry import Registry
 from gateway.prefetch.stream import Stream
 from tests.harness import ACCESS_KEY, SECRET_KEY, FreshAdmin, HoardProcess
 from tests.origin_proxy import OriginProxy
@@ -299,3 +300,38 @@ def test_a_stream_survives_its_leader_worker_being_killed(tmp_path, proxy, origi
     assert final["position"] == len(keys) - 1
     assert final["fetched_bytes"] > 0  # the new leader fetched ahead of the reader
     assert proxy.gets() == 2 * len(keys)  # each block once, whoever fetched it
+
+
+def test_the_registry_is_shared_by_the_workers_of_a_node(tmp_path):
+    """Two views of one directory, as two workers have: what one registers, observes or
+    publishes, the other reads; the slots bound the streams; a damaged index is empty."""
+    a, b = Registry(tmp_path, slots=2), Registry(tmp_path, slots=2)
+    a.open()
+    b.open()
+    try:
+        seen = b.generation()
+        entry = a.register(Order("s", "bkt", ("k0", "k1", "k2"), WINDOW), active=True)
+        assert b.generation() > seen and b.entries() == {"s": entry}
+        assert b.keys(entry) == ("k0", "k1", "k2")
+        assert b.observed(entry)[:2] == (0, -1) and b.published(entry) is None
+        b.observe(entry, 2)
+        seq, index, _ = a.observed(entry)
+        assert (seq, index) == (1, 2)
+        status = {"position": 2, "next_key": 3, "ahead_bytes": 0, "in_flight_bytes": 0,
+                  "lookups": 0, "fetched_bytes": 5, "errors": 0, "active": True,
+                  "idle_seconds": 0.25}  # fmt: skip
+        a.publish(entry, seq, status)
+        assert b.published(entry) == (1, status)
+        again = b.register(Order("s", "bkt", ("k2",), WINDOW), active=False)  # next epoch
+        assert again.slot == entry.slot and again.serial > entry.serial
+        assert a.observed(entry) is None and a.keys(entry) is None  # the old one is gone
+        a.register(Order("t", "bkt", ("k",), WINDOW), active=True)
+        with pytest.raises(OrderError) as full:
+            b.register(Order("u", "bkt", ("k",), WINDOW), active=True)
+        assert full.value.code == "TooManyStreams"
+        assert a.drop("t") and not b.drop("t") and set(b.entries()) == {"s"}
+        (tmp_path / "index.json").write_text('{"s": {"slot": "x"}}')
+        assert a.entries() == {}
+    finally:
+        a.close()
+        b.close()

@@ -94,6 +94,8 @@ class Registry:
                 os.ftruncate(self._fd, self._size)
                 os.pwrite(self._fd, MAGIC + _U64.pack(1), 0)
                 self._write_index({})
+                for orphan in self._directory.glob("*.keys"):  # of the index just emptied
+                    orphan.unlink(missing_ok=True)
             self._map = mmap.mmap(self._fd, self._size)
 
     def close(self) -> None:
@@ -114,9 +116,9 @@ class Registry:
     def entries(self) -> dict[str, Entry]:
         try:
             raw = json.loads((self._directory / "index.json").read_bytes())
-        except (OSError, ValueError):
+            return {stream: Entry(stream, **body) for stream, body in raw.items()}
+        except (OSError, ValueError, TypeError, AttributeError):  # damaged: as if empty
             return {}
-        return {stream: Entry(stream, **body) for stream, body in raw.items()}
 
     def register(self, order: Order, active: bool) -> Entry:
         """Record ``order`` (replacing the stream's last one); ``OrderError`` when every
