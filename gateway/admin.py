@@ -11,7 +11,8 @@ registering prefetch are writes, so a ``readonly`` key or one whose ``buckets``
 leave the bucket out gets 403 ``AccessDenied`` and nothing is started. Job and
 stream views show only what lies in buckets the key may use; anything else is
 answered as if it did not exist. Node-wide views (stats, cluster) name no
-bucket and no object and are open to every configured key.
+bucket and no object and are open to every configured key; they are the
+node's whichever worker answers (``gateway/node/``).
 """
 
 from __future__ import annotations
@@ -42,13 +43,16 @@ class Admin:
         cluster: Callable[[], dict[str, Any]] | None = None,
         prefetch: PrefetchApi | None = None,
         warm: WarmHttp | None = None,
+        stats: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
+        """``stats``: the node's stats (summed over its workers); default this reader's."""
         self._reader = reader
         self._auth = auth
         self._metrics = metrics
         self._cluster = cluster  # the membership snapshot, in a cluster
         self._prefetch = prefetch
         self._warm = warm
+        self._stats = stats or reader.stats
 
     async def handle(self, request: web.Request, path: str) -> web.StreamResponse:
         try:
@@ -60,7 +64,7 @@ class Admin:
         if principal.anonymous:
             return web.json_response({"error": "AccessDenied"}, status=403)
         if path == "/_hoard/stats" and request.method == "GET":
-            return web.json_response(self._reader.stats())
+            return web.json_response(self._stats())
         if path == "/_hoard/cluster" and request.method == "GET":
             return web.json_response(self._cluster_view())
         if path == "/_hoard/cache" and request.method == "DELETE":
@@ -73,9 +77,9 @@ class Admin:
 
     def _cluster_view(self) -> dict[str, Any]:
         """Members, health, last-seen (this node's view) and this node's cached bytes."""
-        blocks = self._reader.blocks
-        cached = {"memory": blocks.memory.used,
-                  "disk": blocks.disk.stats().used_bytes if blocks.disk else 0}  # fmt: skip
+        stats = self._stats()
+        disk = stats.get("disk") or {}
+        cached = {"memory": stats["memory"]["used_bytes"], "disk": disk.get("used_bytes", 0)}
         if self._cluster is None:
             return {"enabled": False, "live": [], "members": [], "cache_bytes": cached}
         return {"enabled": True, **self._cluster(), "cache_bytes": cached}

@@ -18,15 +18,12 @@ import asyncio
 import functools
 import json
 import logging
-import multiprocessing
 import os
 import secrets
-import shutil
 import signal
 import socket
 import ssl
 import sys
-import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -60,15 +57,23 @@ from gateway.listener import bind
 from gateway.metadata.journal import Journal
 from gateway.metadata.memory import MetadataCache
 from gateway.metadata.store import MetadataStore
-from gateway.metrics import Metrics, enable_multiprocess, forget_process
+from gateway.metrics import Metrics, enable_multiprocess
 from gateway.namespace import Namespace
+from gateway.node.cores import available_cores
+from gateway.node.leader import Leadership
+from gateway.node.pages import SharedPages
+from gateway.node.shared import LeaderDocument
+from gateway.node.stats import WorkerStats
+from gateway.node.supervisor import supervise
 from gateway.origins.base import Origin
 from gateway.origins.guard import OriginGuard
 from gateway.origins.posix import PosixOrigin
 from gateway.origins.s3 import S3Origin
 from gateway.pieces import BlockRef, Piece
 from gateway.prefetch.api import PrefetchApi
+from gateway.prefetch.node import NodePrefetch
 from gateway.prefetch.prefetcher import Prefetcher
+from gateway.prefetch.registry import Registry
 from gateway.readahead import ReadAheadPolicy
 from gateway.reader import Reader
 from gateway.s3.auth import Authenticator
@@ -85,6 +90,8 @@ from gateway.writer import Writer
 EXIT_CONFIG = 2
 log = logging.getLogger("hoard")
 TLS_CONTEXT = web.AppKey("tls_context", ssl.SSLContext)  # HTTPS on the listen address
+GAUGES = web.AppKey("gauges", asyncio.Task)  # a worker's periodic gauge refresh
+GAUGE_REFRESH = 1.0  # seconds between a worker's refreshes of its gauges
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -98,9 +105,19 @@ def _parser() -> argparse.ArgumentParser:
         "--data-dir", type=Path, default=Path("data"),
         help="with no --config: the directory served as buckets (default ./data)",
     )  # fmt: skip
-    serve.add_argument("--workers", type=int, help="worker processes (overrides workers)")
+    serve.add_argument("--workers", type=_workers_arg,
+                       help="worker processes, or 'auto': one per core (overrides workers)")  # fmt: skip
     commands_.add_arguments(commands)
     return parser
+
+
+def _workers_arg(text: str) -> int | str:
+    if text == "auto":
+        return text
+    count = int(text)
+    if not 1 <= count <= 256:
+        raise argparse.ArgumentTypeError("between 1 and 256, or auto")
+    return count
 
 
 def run_client(args: argparse.Namespace) -> int:
@@ -150,7 +167,10 @@ def load(args: argparse.Namespace) -> Settings:
         settings = load_settings(None, embedded_defaults(args.data_dir.resolve()))
     else:
         settings = load_settings(args.config)
-    return settings.model_copy(update=_overrides(args, settings))
+    settings = settings.model_copy(update=_overrides(args, settings))
+    if settings.workers == "auto":  # resolved once, here: everything after sees a number
+        settings = settings.model_copy(update={"workers": available_cores()})
+    return settings
 
 
 def generated_credential(cache_dir: Path) -> Credential:
@@ -194,8 +214,11 @@ def build(
     cache = settings.cache
     namespace = Namespace.from_settings(settings, build_origins(settings, metrics))
     metrics.create_mount_series(namespace.labels())
+    assert isinstance(settings.workers, int)  # "auto" was resolved by load()
+    leadership = Leadership(cache.dir / "node" / "leader")  # the node's once-per-node work
+    # cache.memory bounds the node: each worker holds its share (see gateway/node/).
     memory = MemoryTier(
-        cache.memory, cache.memory_item_max,
+        cache.memory // settings.workers, cache.memory_item_max,
         on_evict=lambda n: metrics.cache_evictions.labels("memory").inc(n),
     )  # fmt: skip
     disk = DiskTier(
@@ -205,9 +228,13 @@ def build(
         packed_max=cache.packed_block_max, segment_size=cache.segment_size,
     )  # fmt: skip
     body = BodySender()
-    cluster = _cluster(
-        settings, metrics, namespace, lambda: blocks, lambda: reader, body, lambda: prefetch_api
+    node_view = (  # one membership for the node's workers, probed by the leader
+        LeaderDocument(cache.dir / "node" / "membership.json", leadership)
+        if settings.workers > 1
+        else None
     )
+    cluster = _cluster(settings, metrics, namespace, lambda: blocks, lambda: reader, body,
+                       lambda: prefetch_api, node_view)  # fmt: skip
     placement = cluster.placement if cluster is not None else None
     admission = (
         Doorkeeper(cache.admission, cache.admission_window) if cache.admission != "always" else None
@@ -226,11 +253,14 @@ def build(
     journal = Journal(cache.dir / "journal")  # what sibling workers invalidated
     router = cluster.directory if cluster is not None else None
     prefetcher = Prefetcher(settings.prefetch, lambda: reader, metrics, cache.block_size)
+    registry = Registry(cache.dir / "prefetch", settings.prefetch.max_streams)
+    node_prefetch = NodePrefetch(registry, prefetcher, leadership)  # the node's streams
     read_ahead = ReadAheadPolicy(cache.read_ahead, cache.read_ahead_max, cache.read_ahead_idle)
     reader = Reader(namespace, blocks, metadata, metrics, cache.block_size, read_ahead, store,
-                    router, observe=prefetcher.observe, journal=journal)  # fmt: skip
+                    router, observe=node_prefetch.observe, journal=journal,
+                    pages=SharedPages(cache.dir / "node" / "pages", store) if shared else None)  # fmt: skip
     prefetch_api = PrefetchApi(
-        prefetcher, reader, settings.prefetch, cluster.announce if cluster is not None else None
+        node_prefetch, reader, settings.prefetch, cluster.announce if cluster is not None else None
     )
     auth = Authenticator(
         settings.credentials, settings.allow_anonymous, domains=settings.virtual_host_domains
@@ -240,9 +270,10 @@ def build(
     access = AccessLog(as_json=settings.log_format == "json", enabled=settings.access_log)
     warm = _warm(settings, reader, metrics, cluster)
     warm_http = WarmHttp(warm)
+    stats = WorkerStats(cache.dir / "node" / "stats" if shared else None, reader.stats)
     admin = Admin(
         reader, auth, metrics, cluster.snapshot if cluster is not None else None,
-        prefetch_api, warm_http,
+        prefetch_api, warm_http, stats.node,
     )  # fmt: skip
     if cluster is not None:
         cluster.server.mount("warm", warm_http.peer)
@@ -250,11 +281,14 @@ def build(
         front, metrics, settings.virtual_host_domains, admin, access,
         cluster.server if cluster is not None else None,
     )  # fmt: skip
-    metrics.cache_limit_bytes.labels("memory").set(cache.memory)
-    metrics.cache_limit_bytes.labels("disk").set(cache.size)
+    metrics.cache_limit_bytes.labels("memory").set(memory.capacity)
 
     def tier_levels() -> None:
+        """Each worker reports its memory tier; the leader alone what is the node's (the
+        gauges are summed over live workers: see metrics.py)."""
         metrics.cache_bytes.labels("memory").set(memory.used)
+        if not leadership.leads:
+            return
         metrics.cache_bytes.labels("disk").set(disk.stats().used_bytes)
         metrics.cache_limit_bytes.labels("disk").set(disk.limit)  # lowered by a full disk
         metrics.pinned_bytes.set(disk.stats().pinned_bytes)
@@ -270,7 +304,12 @@ def build(
         on_sighup.append(functools.partial(tls.reload, app[TLS_CONTEXT], cert, key))
 
     async def start(app: web.Application) -> None:
+        leadership.start()
+        if shared:  # a scrape is answered by one worker: the others' gauges must be current
+            stats.publish()
+            app[GAUGES] = asyncio.create_task(_every(GAUGE_REFRESH, tier_levels, stats.publish))
         journal.open()
+        node_prefetch.start()
         await disk.start()
         await store.start()
         if cluster is not None:
@@ -284,9 +323,12 @@ def build(
         await warm.start()  # after the cluster: a resumed share needs to know who owns what
 
     async def stop(app: web.Application) -> None:
+        if GAUGES in app:
+            app[GAUGES].cancel()
+            stats.forget()
         await warm.close()
         await writer.close()  # pending write-throughs, before the tiers they write to
-        await prefetcher.close()
+        await node_prefetch.close()
         if cluster is not None:
             await cluster.close()
         await blocks.close()
@@ -296,10 +338,21 @@ def build(
         journal.close()
         await metadata.aclose()
         body.close()
+        await leadership.close()
 
     app.on_startup.insert(0, start)
     app.on_cleanup.append(stop)
     return app
+
+
+async def _every(interval: float, *steps: Callable[[], None]) -> None:
+    while True:
+        await asyncio.sleep(interval)
+        for step in steps:
+            try:
+                step()
+            except Exception:  # a failing round must not end the refreshes
+                log.exception("periodic refresh failed")
 
 
 def _warm(
@@ -322,6 +375,7 @@ def _cluster(
     reader: Callable[[], Reader],
     body: BodySender,
     prefetch: Callable[[], PrefetchApi],
+    node_view: LeaderDocument | None,
 ) -> ClusterNode | None:
     """This node's cluster part, or None for a single node (no peers, no DNS)."""
     if not settings.cluster.enabled:
@@ -355,7 +409,8 @@ def _cluster(
         await prefetch().on_peer(name, message)
 
     return ClusterNode(settings.cluster, port, metrics, read_block, invalidate, body,
-                       metadata=metadata, drop_all=drop_all, on_message=on_message)  # fmt: skip
+                       metadata=metadata, drop_all=drop_all, on_message=on_message,
+                       node=node_view)  # fmt: skip
 
 
 def _reload_peers(cluster: ClusterNode, reload: Callable[[], Settings]) -> None:
@@ -415,7 +470,8 @@ def serve(settings: Settings, reload: Callable[[], Settings] | None = None) -> N
         credential = generated_credential(settings.cache.dir)
         settings = settings.model_copy(update={"credentials": [credential]})
     if settings.workers > 1:
-        supervise(settings, _banner(settings, credential), reload)
+        supervise(settings, _banner(settings, credential),
+                  lambda metrics_dir: _worker(settings, metrics_dir, reload))  # fmt: skip
         return
     sock = bind(settings.listen, reuse_port=False)
     app = build(settings, reload=reload)
@@ -443,62 +499,6 @@ def _worker(settings: Settings, metrics_dir: Path, reload: Callable[[], Settings
         signal.signal(signum, signal.SIG_DFL)  # aiohttp and build() install their own handlers
     enable_multiprocess(metrics_dir)
     _run(build(settings, metrics_dir, reload), settings, bind(settings.listen, reuse_port=True))
-
-
-def supervise(
-    settings: Settings, banner: str, reload: Callable[[], Settings] | None = None
-) -> None:
-    """Start ``workers`` processes, restart any that dies, stop them all on SIGTERM/SIGINT."""
-    bind(settings.listen, reuse_port=True).close()  # a busy port: one line, before any worker
-    metrics_dir = settings.cache.dir / f"prometheus-{os.getpid()}"
-    shutil.rmtree(metrics_dir, ignore_errors=True)
-    metrics_dir.mkdir(parents=True)
-    context = multiprocessing.get_context("fork")
-    stopping = False
-
-    def spawn(index: int) -> multiprocessing.process.BaseProcess:
-        process = context.Process(
-            target=_worker, args=(settings, metrics_dir, reload), name=f"hoard-worker-{index}"
-        )
-        process.start()
-        return process
-
-    def stop(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-        for process in workers:
-            if process.is_alive():
-                os.kill(process.pid, signal.SIGTERM)
-
-    workers = [spawn(i) for i in range(settings.workers)]
-
-    def forward(signum: int, frame: object) -> None:
-        for process in workers:  # each worker re-reads the config itself
-            if process.is_alive() and process.pid is not None:
-                os.kill(process.pid, signum)
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGHUP, forward)
-    print(f"{banner}\n  ({settings.workers} worker processes)", flush=True)
-    try:
-        while not stopping:
-            for index, process in enumerate(workers):
-                if not process.is_alive() and not stopping:
-                    log.error(
-                        "worker %s exited with %s; restarting it", process.name, process.exitcode
-                    )
-                    if process.pid is not None:
-                        forget_process(metrics_dir, process.pid)
-                    workers[index] = spawn(index)
-            time.sleep(0.2)
-        deadline = time.monotonic() + settings.shutdown_timeout + 5
-        for process in workers:
-            process.join(max(0.0, deadline - time.monotonic()))
-            if process.is_alive():
-                process.kill()
-    finally:
-        shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:

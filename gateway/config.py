@@ -407,7 +407,9 @@ class Settings(BaseSettings):
 
     listen: str = "127.0.0.1:9000"
     tls: TlsConfig = Field(default_factory=TlsConfig)
-    workers: int = Field(default=1, ge=1, le=256)
+    # Worker processes on one port sharing the node's state; "auto": one per core this
+    # process may use (CPU affinity and cgroup quota; cli.py resolves it at start).
+    workers: Annotated[int, Field(ge=1, le=256)] | Literal["auto"] = 1
     cache: CacheConfig = Field(default_factory=CacheConfig)
     credentials: list[Credential] = Field(default_factory=list)
     allow_anonymous: bool = False

@@ -7,6 +7,14 @@ status, source, origin and mount names from config) — never a key, bucket or
 other client-supplied string: ``mount`` is a configured mount's bucket,
 ``default`` for any bucket passed through to ``default_origin``, and empty for
 requests outside a bucket (see ``Namespace.label``).
+
+With ``workers: N`` every worker writes its values to the node's multiprocess
+directory and a scrape of any worker sums them (``render``). Each gauge says
+how: ``livesum`` for what each live worker holds (origin requests in flight,
+its memory tier) and for what is the node's and set by the leader worker
+alone (disk bytes, pins, warm jobs: ``cli.py``'s ``tier_levels``), so it is
+counted once; ``max`` where every worker sees the same value (the cluster's
+live members, an open breaker).
 """
 
 from __future__ import annotations
@@ -239,17 +247,17 @@ class Metrics:
         )
         self.cache_bytes = Gauge(
             "hoard_cache_bytes",
-            "Bytes held by a cache tier.",
+            "Bytes held by a cache tier (memory: summed over the node's workers).",
             ["tier"],
             registry=self.registry,
-            multiprocess_mode="max",
+            multiprocess_mode="livesum",
         )
         self.cache_limit_bytes = Gauge(
             "hoard_cache_limit_bytes",
-            "Configured bound of a cache tier.",
+            "Configured bound of a cache tier (memory: cache.memory, shared by the workers).",
             ["tier"],
             registry=self.registry,
-            multiprocess_mode="max",
+            multiprocess_mode="livesum",
         )
 
         self.admission_rejections = Counter(
@@ -331,13 +339,13 @@ class Metrics:
             "Warm job shares known to this node, by state.",
             ["state"],
             registry=self.registry,
-            multiprocess_mode="max",
+            multiprocess_mode="livesum",
         )
         self.pinned_bytes = Gauge(
             "hoard_cache_pinned_bytes",
             "Disk tier bytes under a live pin (exempt from eviction).",
             registry=self.registry,
-            multiprocess_mode="max",
+            multiprocess_mode="livesum",
         )
         self._create_known_series()
 

@@ -30,7 +30,7 @@ from gateway.cluster.peers import MetadataQuery
 from gateway.invalidation import Invalidation
 from gateway.metadata.journal import Journal, SoloJournal
 from gateway.metadata.memory import MetadataCache
-from gateway.metadata.source import MetadataSource, NoOwner, origin_named, scope_of
+from gateway.metadata.source import MetadataSource, NoOwner, SharedAnswers, origin_named, scope_of
 from gateway.metadata.store import MetadataStore
 from gateway.metrics import Metrics
 from gateway.namespace import Mount, Namespace
@@ -49,10 +49,12 @@ class Reader:
                  metrics: Metrics, block_size: int, read_ahead: ReadAheadPolicy | None = None,
                  store: MetadataStore | None = None, router: MetadataRouter | None = None,
                  observe: Callable[[str, str], None] | None = None,
-                 journal: Journal | SoloJournal | None = None) -> None:  # fmt: skip
+                 journal: Journal | SoloJournal | None = None,
+                 pages: SharedAnswers | None = None) -> None:  # fmt: skip
         """``router``: in a cluster, metadata misses go to their owner node;
         ``observe(bucket, key)`` is told of every object GET (epoch-order prefetch);
-        ``journal``: the node's invalidations, shared with sibling workers."""
+        ``journal``: the node's invalidations, shared with sibling workers;
+        ``pages``: origin answers shared with sibling workers asking at once."""
         self.namespace = namespace
         self.journal = journal or SoloJournal()
         self.store = store
@@ -61,9 +63,9 @@ class Reader:
         self.metrics = metrics
         self.block_size = block_size
         owner = router if router is not None else NoOwner()
-        self.source = MetadataSource(metadata, store, owner, self.journal, metrics.revalidated)
+        self.source = MetadataSource(metadata, store, owner, self.journal,
+                                     metrics.revalidated, pages)  # fmt: skip
         self.streams = Streams(read_ahead or ReadAheadPolicy(4, 4, 10.0))
-        self.read_ahead = self.streams.policy
         self._observe = observe
         self._writes = WriteThrough(self.source, blocks, block_size, self.catch_up,
                                     metrics.write_through_bytes.inc)  # fmt: skip
@@ -332,7 +334,7 @@ class Reader:
                 # A fill this reader had to wait for, past the stream's first block:
                 # it consumes faster than read-ahead lands blocks.
                 if (i > 0 or sequential) and block_sources.keys() & {"origin", "peer"}:
-                    self.metrics.read_ahead_window.observe(self.read_ahead.caught_up(window))
+                    self.metrics.read_ahead_window.observe(self.streams.policy.caught_up(window))
         except errors.OriginChanged:
             # Every tier at once: the next read (or this one's retry) sees the new version.
             await self._invalidate(Invalidation(*scope_of(mount), key=okey))

@@ -141,3 +141,18 @@ def s3_client(
             **config,
         ),
     )
+
+
+class FreshAdmin:
+    """An admin client opening a new connection per call: with several workers,
+    successive calls reach different workers, as calls of separate tools do."""
+
+    def __init__(self, endpoint: str, timeout: float = 10.0) -> None:
+        self.endpoint = endpoint
+        self.timeout = timeout
+
+    def call(self, *args: Any, **kwargs: Any) -> Any:
+        from gateway.client.admin import AdminClient
+
+        client = AdminClient(self.endpoint, ACCESS_KEY, SECRET_KEY, timeout=self.timeout)
+        return client.call(*args, **kwargs)

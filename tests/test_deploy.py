@@ -736,7 +736,8 @@ def test_kubernetes_config_loads_with_hoards_loader(monkeypatch: pytest.MonkeyPa
     ]
     assert settings.cache.size < _quantity(cache["emptyDir"]["sizeLimit"])
     limit = _quantity(container["resources"]["limits"]["memory"])
-    assert settings.workers * settings.cache.memory <= limit // 2
+    assert settings.workers == "auto"  # one per CPU of the pod's quota
+    assert settings.cache.memory <= limit // 2  # the node's memory tier, all workers
     grace = _k8s("StatefulSet")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     assert settings.shutdown_timeout < grace
 

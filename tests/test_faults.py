@@ -228,7 +228,7 @@ def _wait_replaced(pid: int, killed: list[int]) -> None:
 
 
 def test_the_gauges_of_a_killed_worker_are_dropped(tmp_path, proxy, origin_client, bucket):
-    put(origin_client, bucket, "held", 10 * KiB)
+    held = put(origin_client, bucket, "held", 10 * KiB)
     settings = {**fault_config(proxy, retry={"hedge_after": "forever"}), "workers": 2}
     node = HoardProcess(tmp_path, settings).start()
     in_flight = 'hoard_origin_in_flight_requests{origin="moto"}'
@@ -257,5 +257,11 @@ def test_the_gauges_of_a_killed_worker_are_dropped(tmp_path, proxy, origin_clien
         node.wait_ready(30)
         # The dead worker's request in flight is no longer summed into the gauge.
         assert metric(node.endpoint, in_flight) == 0
+        # Its fill's claim went with it: the block is fetched and served again, then cached.
+        url = f"{node.endpoint}/{bucket}/held"
+        assert get_many([url] * 4) == [held] * 4
+        gets = proxy.counts["GetObject"]
+        assert get_many([url] * 4) == [held] * 4
+        assert proxy.counts["GetObject"] == gets
     finally:
         node.stop()

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 import pytest
 
 from gateway.cluster.membership import Membership, normalize_url
+from gateway.node.shared import SharedDocument
 from tests.fakes import Clock
 
 SELF = "http://10.0.0.1:9000"
@@ -247,3 +248,51 @@ def test_urls_are_validated_and_normalized():
         Membership(SELF, ["nope"], probe=FakeProbe())
     with pytest.raises(ValueError):
         Membership(SELF, probe=FakeProbe(), fail_after=0)
+
+
+class Worker:
+    """What ``gateway/node/`` gives one worker: whether it leads, and the shared view."""
+
+    def __init__(self, document: SharedDocument, leads: bool) -> None:
+        self.document = document
+        self.leads = leads
+
+    def write(self, body: dict) -> None:
+        self.document.write(body)
+
+    def read(self, max_age: float | None = None) -> dict | None:
+        return self.document.read(max_age)
+
+
+async def test_one_worker_probes_for_the_node_and_the_others_take_its_view(tmp_path):
+    document = SharedDocument(tmp_path / "membership.json")
+    leader, follower = Worker(document, True), Worker(document, False)
+    a, probe_a = _membership(node=leader, rejoin_after=2)
+    b, probe_b = _membership(node=follower, rejoin_after=2)
+    probe_a.up = {B: True, C: False}
+    await a._round()
+    await b._round()
+    assert a.live() == b.live() == [SELF, B]
+    assert probe_b.calls == [] and len(probe_a.calls) == 2
+    assert b.snapshot()["members"] == a.snapshot()["members"]
+    probe_a.up = {B: False, C: True}
+    for _ in range(2):  # fail_after=2: B leaves
+        await a._round()
+    await b._round()
+    assert a.live() == b.live() == [SELF, C]
+    # The leader dies; b leads from the shared view: B, which left, needs two successes.
+    follower.leads = True
+    probe_b.up = {B: True, C: True}
+    await b._round()
+    assert b.live() == [SELF, C]
+    await b._round()
+    assert b.live() == [SELF, B, C]
+    assert len(probe_b.calls) == 4
+
+
+async def test_a_worker_without_the_leaders_view_probes_by_itself_at_start(tmp_path):
+    follower = Worker(SharedDocument(tmp_path / "membership.json"), False)
+    membership, probe = _membership(node=follower)
+    probe.up = {B: True, C: True}
+    await membership.refresh()
+    assert membership.live() == [SELF, B, C] and len(probe.calls) == 2

@@ -7,7 +7,9 @@ because the reader asked" can be told apart without timing anything.
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import time
 from collections.abc import Iterator
 
@@ -17,11 +19,14 @@ from gateway.cache.block import BlockId
 from gateway.client import prefetch
 from gateway.client.admin import AdminClient, AdminError
 from gateway.pieces import BlockRef
-from gateway.prefetch.order import Order
+from gateway.prefetch.order import Order, OrderError
+from gateway.prefetch.registry import Registry
 from gateway.prefetch.stream import Stream
-from tests.harness import ACCESS_KEY, SECRET_KEY, HoardProcess
+from tests.harness import ACCESS_KEY, SECRET_KEY, FreshAdmin, HoardProcess
 from tests.origin_proxy import OriginProxy
 from tests.test_block_cache import hoard_config, put
+from tests.test_faults import _children
+from tests.test_warm import lock_holder, wait_for
 
 KiB = 1024
 BLOCK = 64 * KiB
@@ -29,21 +34,25 @@ SIZE = 96 * KiB  # two blocks per object: 64 KiB + 32 KiB
 WINDOW = 4 * SIZE
 
 
-def start(tmp_path, proxy: OriginProxy, **prefetch_config: object) -> HoardProcess:
+def start(
+    tmp_path, proxy: OriginProxy, workers: int = 1, **prefetch_config: object
+) -> HoardProcess:
     config = hoard_config(proxy, block_size="64KiB", read_ahead=0, read_ahead_max=0)
     config["prefetch"] = {"window": WINDOW, "max_window": "1MiB", **prefetch_config}
-    return HoardProcess(tmp_path, config).start()
+    return HoardProcess(tmp_path, {**config, "workers": workers}).start()
 
 
-@pytest.fixture
-def node(tmp_path, proxy) -> Iterator[HoardProcess]:
-    running = start(tmp_path, proxy)
+@pytest.fixture(params=[1, 2], ids=["workers1", "workers2"])
+def node(request, tmp_path, proxy) -> Iterator[HoardProcess]:
+    running = start(tmp_path, proxy, workers=request.param)
     yield running
     running.stop()
 
 
-def admin(node: HoardProcess) -> AdminClient:
-    return AdminClient(node.endpoint, ACCESS_KEY, SECRET_KEY, timeout=10)
+def admin(node: HoardProcess) -> FreshAdmin:
+    """A new connection per call: with workers: 2, calls reach either worker (the
+    registration one, the GETs of boto3's pooled connection another, statuses both)."""
+    return FreshAdmin(node.endpoint)
 
 
 def origin_bytes_by_key(proxy: OriginProxy, bucket: str) -> dict[str, int]:
@@ -56,7 +65,7 @@ def origin_bytes_by_key(proxy: OriginProxy, bucket: str) -> dict[str, int]:
     return sent
 
 
-def settle(client: AdminClient, stream: str, timeout: float = 20.0) -> dict:
+def settle(client: FreshAdmin, stream: str, timeout: float = 20.0) -> dict:
     """The stream's status once nothing is in flight and the window has no room left."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -89,14 +98,14 @@ class EpochSampler:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("concurrency", [1, 8])
+@pytest.mark.parametrize(("concurrency", "workers"), [(1, 1), (8, 1), (1, 2), (8, 2)])
 def test_window_is_bounded_and_reader_following_its_order_hits(
-    tmp_path, proxy, origin_client, bucket, concurrency
+    tmp_path, proxy, origin_client, bucket, concurrency, workers
 ):
     keys = [f"train/sample-{n:03d}.bin" for n in range(24)]
     for key in keys:
         put(origin_client, bucket, key, SIZE)
-    node = start(tmp_path, proxy, concurrency=concurrency)
+    node = start(tmp_path, proxy, workers, concurrency=concurrency)
     try:
         proxy.reset()
         client, s3 = admin(node), node.client()
@@ -124,7 +133,12 @@ def test_window_is_bounded_and_reader_following_its_order_hits(
         # window taken by farther keys' first blocks; a key's first block is always
         # there (it came with its lookup, and the window holds at least one key).
         assert all(not r.startswith("bytes=0-") for r in by_reader), reader_fetches
-    assert final["fetched_bytes"] == len(keys) * SIZE - len(by_reader) * (SIZE - BLOCK)
+    expected = len(keys) * SIZE - len(by_reader) * (SIZE - BLOCK)
+    if workers == 1:
+        assert final["fetched_bytes"] == expected
+    else:  # NOTE: a lookup's block 0 may land while its metadata is flushed to the node's
+        # store, before prefetch looks at its fill, and is then counted as cached (as in warm).
+        assert expected - len(keys) * BLOCK <= final["fetched_bytes"] <= expected
 
 
 @pytest.mark.timeout(120)
@@ -255,3 +269,69 @@ def test_a_reader_that_overtakes_prefetch_skips_what_it_read():
     assert stream.next_key == 3 and stream.pending == [] and stream.ahead_bytes == 0
     assert not stream.found(1, BLOCK, [second_block("k1", 100)])  # passed: nothing kept
     assert stream.pending == [] and stream.ahead_bytes == 0 and stream.lookups == 0
+
+
+@pytest.mark.timeout(120)
+def test_a_stream_survives_its_leader_worker_being_killed(tmp_path, proxy, origin_client, bucket):
+    """workers: 2. The worker following the node's streams is killed; a sibling leads
+    and follows the stream on from the reader's position: each block still once."""
+    keys = [f"lead/{n:02d}" for n in range(12)]
+    for key in keys:
+        put(origin_client, bucket, key, SIZE)
+    node = start(tmp_path, proxy, workers=2)
+    lock = tmp_path / "cache" / "node" / "leader"
+    try:
+        client, s3 = admin(node), node.client()
+        proxy.reset()
+        body = {"stream": "s", "bucket": bucket, "keys": keys, "window": WINDOW}
+        client.call("POST", "/_hoard/prefetch", body=body)
+        settle(client, "s")
+        leader = lock_holder(lock)
+        assert node.proc is not None and leader in _children(node.proc.pid)
+        os.kill(leader, signal.SIGKILL)
+        wait_for(lambda: leader not in _children(node.proc.pid))
+        wait_for(lambda: lock_holder(lock) not in (None, leader))
+        for key in keys:
+            assert len(s3.get_object(Bucket=bucket, Key=key)["Body"].read()) == SIZE
+            settle(client, "s")
+        final = client.call("GET", "/_hoard/prefetch/s")
+    finally:
+        node.stop()
+    assert final["position"] == len(keys) - 1
+    assert final["fetched_bytes"] > 0  # the new leader fetched ahead of the reader
+    assert proxy.gets() == 2 * len(keys)  # each block once, whoever fetched it
+
+
+def test_the_registry_is_shared_by_the_workers_of_a_node(tmp_path):
+    """Two views of one directory, as two workers have: what one registers, observes or
+    publishes, the other reads; the slots bound the streams; a damaged index is empty."""
+    a, b = Registry(tmp_path, slots=2), Registry(tmp_path, slots=2)
+    a.open()
+    b.open()
+    try:
+        seen = b.generation()
+        entry = a.register(Order("s", "bkt", ("k0", "k1", "k2"), WINDOW), active=True)
+        assert b.generation() > seen and b.entries() == {"s": entry}
+        assert b.keys(entry) == ("k0", "k1", "k2")
+        assert b.observed(entry)[:2] == (0, -1) and b.published(entry) is None
+        b.observe(entry, 2)
+        seq, index, _ = a.observed(entry)
+        assert (seq, index) == (1, 2)
+        status = {"position": 2, "next_key": 3, "ahead_bytes": 0, "in_flight_bytes": 0,
+                  "lookups": 0, "fetched_bytes": 5, "errors": 0, "active": True,
+                  "idle_seconds": 0.25}  # fmt: skip
+        a.publish(entry, seq, status)
+        assert b.published(entry) == (1, status)
+        again = b.register(Order("s", "bkt", ("k2",), WINDOW), active=False)  # next epoch
+        assert again.slot == entry.slot and again.serial > entry.serial
+        assert a.observed(entry) is None and a.keys(entry) is None  # the old one is gone
+        a.register(Order("t", "bkt", ("k",), WINDOW), active=True)
+        with pytest.raises(OrderError) as full:
+            b.register(Order("u", "bkt", ("k",), WINDOW), active=True)
+        assert full.value.code == "TooManyStreams"
+        assert a.drop("t") and not b.drop("t") and set(b.entries()) == {"s"}
+        (tmp_path / "index.json").write_text('{"s": {"slot": "x"}}')
+        assert a.entries() == {}
+    finally:
+        a.close()
+        b.close()

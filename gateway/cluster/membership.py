@@ -14,6 +14,15 @@ healthy joins on its first success: admitting it moves nothing back.
 
 ``live()`` is the sorted list of live URLs and ``version`` counts its changes, so
 a caller rebuilds its ``Ranking`` only when the version moved.
+
+One prober per node. With ``workers: N``, every worker needs the view (it
+places blocks by it) but only the node's leader (``gateway/node/leader.py``)
+probes and resolves DNS: after each round it writes its whole view, health
+counters included, to a shared document (``node``); the other workers adopt
+that document each round instead of probing. A new leader starts from the
+last document, so the hysteresis carries over a change of leader. A worker's
+passive reports count in its own view until the leader's next round. With no
+``node`` (one process), the membership probes by itself.
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 log = logging.getLogger(__name__)
@@ -32,6 +41,17 @@ log = logging.getLogger(__name__)
 Probe = Callable[[str], Awaitable[bool]]  # True if the peer at this URL answers healthy
 Resolver = Callable[[str], Awaitable[Iterable[str]]]  # a DNS name → its IP addresses
 Listener = Callable[[list[str]], None]  # called with the new live list
+
+
+class NodeShare(Protocol):
+    """How the workers of a node share one membership (``gateway/node/``)."""
+
+    @property
+    def leads(self) -> bool: ...
+
+    def write(self, body: dict[str, Any]) -> None: ...
+
+    def read(self, max_age: float | None = None) -> dict[str, Any] | None: ...
 
 
 def normalize_url(url: str) -> str:
@@ -77,6 +97,7 @@ class Membership:
         dns_interval: float = 5.0,
         fail_after: int = 2,
         rejoin_after: int = 3,
+        node: NodeShare | None = None,
     ) -> None:
         if fail_after < 1 or rejoin_after < 1:
             raise ValueError("fail_after and rejoin_after must be at least 1")
@@ -99,6 +120,9 @@ class Membership:
         self.version = 0  # bumped each time live() changes
         self._listeners: list[Listener] = []
         self._tasks: set[asyncio.Task[None]] = set()  # strong references to the loops
+        self._node = node
+        self._leading = False  # whether the last round was this worker's as the node's leader
+        self._seen: list[Callable[[str], None]] = []
         self.update_static(static_peers)
 
     # -- the view -------------------------------------------------------------
@@ -113,6 +137,10 @@ class Membership:
     def on_change(self, listener: Listener) -> None:
         """Call ``listener(live)`` after every change of the live set."""
         self._listeners.append(listener)
+
+    def on_seen(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(url)`` whenever a peer answered (here, or in the leader's round)."""
+        self._seen.append(listener)
 
     def snapshot(self) -> dict[str, Any]:
         """Everything ``GET /_hoard/cluster`` shows about membership, JSON-ready."""
@@ -193,9 +221,56 @@ class Membership:
         self._publish()
 
     async def refresh(self) -> None:
-        """One DNS resolution and one probe round: await it for a first view at start-up."""
+        """One DNS resolution and one probe round: await it for a first view at start-up
+        (a worker that finds the leader's view takes it instead)."""
+        if self._node is not None and self._adopt(self._node.read(self._max_age())):
+            return
         await self.refresh_dns()
         await self.probe_all()
+
+    async def _round(self) -> None:
+        """A probe round by the node's leader (sharing its view), else the leader's view."""
+        node = self._node
+        if node is None:
+            await self.probe_all()
+            return
+        if not node.leads:
+            self._leading = False
+            self._adopt(node.read(self._max_age()))
+            return
+        if not self._leading:  # just became the leader: carry on from the last view
+            self._leading = True
+            self._adopt(node.read())
+            await self.refresh_dns()
+        await self.probe_all()
+        ever = [m.url for m in self._members.values() if m.ever_healthy]
+        node.write({**self.snapshot(), "ever_healthy": ever})
+
+    async def _dns_round(self) -> None:
+        if self._node is None or self._node.leads:
+            await self.refresh_dns()
+
+    def _max_age(self) -> float:
+        """How old the leader's view may be before it is not believed (the leader is gone)."""
+        return 3 * self.probe_interval + self.probe_timeout
+
+    def _adopt(self, view: dict[str, Any] | None) -> bool:
+        """Take the leader's view (members, sources, health) as this worker's."""
+        if view is None or view.get("self") != self.self_url:
+            return False
+        members, ever = {}, set(view.get("ever_healthy", []))
+        for shown in view.get("members", []):
+            member = _Member(shown["url"], set(shown["sources"]), shown["healthy"],
+                             shown["url"] in ever, shown["consecutive_failures"],
+                             shown["consecutive_successes"], shown["last_seen"])  # fmt: skip
+            members[member.url] = member
+            if member.successes and member.url != self.self_url:
+                for listener in self._seen:
+                    listener(member.url)
+        members[self.self_url] = self._members[self.self_url]
+        self._members = members
+        self._publish()
+        return True
 
     async def _probe_one(self, url: str) -> bool:
         try:
@@ -209,6 +284,8 @@ class Membership:
         if member is None or member.url == self.self_url:
             return  # a report about a peer removed meanwhile, or about ourselves
         if ok:
+            for listener in self._seen:
+                listener(member.url)
             member.failures, member.successes = 0, member.successes + 1
             member.last_seen = self._clock()
             needed = self.rejoin_after if member.ever_healthy else 1
@@ -241,9 +318,9 @@ class Membership:
         if self._tasks:
             return
         loop = asyncio.get_running_loop()
-        self._tasks.add(loop.create_task(self._every(self.probe_interval, self.probe_all)))
+        self._tasks.add(loop.create_task(self._every(self.probe_interval, self._round)))
         if self._dns_name:
-            self._tasks.add(loop.create_task(self._every(self.dns_interval, self.refresh_dns)))
+            self._tasks.add(loop.create_task(self._every(self.dns_interval, self._dns_round)))
 
     async def close(self) -> None:
         """Stop the background tasks and wait until they are gone."""

@@ -33,7 +33,7 @@ import aiohttp
 from gateway import tls
 from gateway.cluster.backlog import Backlog
 from gateway.cluster.directory import MetadataRouter
-from gateway.cluster.membership import Membership
+from gateway.cluster.membership import Membership, NodeShare
 from gateway.cluster.peer_client import PeerClient
 from gateway.cluster.peer_server import PeerServer, PieceSender
 from gateway.cluster.peers import MetadataQuery
@@ -58,8 +58,10 @@ class ClusterNode:
         metadata: Callable[[MetadataQuery], Awaitable[Any]] | None = None,
         drop_all: Callable[[], Awaitable[None]] | None = None,
         on_message: Callable[[str, bytes], Awaitable[None]] | None = None,
+        node: NodeShare | None = None,
     ) -> None:
-        """``on_message(name, body)`` takes other nodes' ``announce`` calls."""
+        """``on_message(name, body)`` takes other nodes' ``announce`` calls; ``node``
+        shares one membership among the workers of this node."""
         assert config.secret is not None
         secret = config.secret.get_secret_value()
         self.config = config
@@ -68,7 +70,7 @@ class ClusterNode:
         self.membership = Membership(
             config.self, config.peers, config.dns, port, probe=self._probe,
             probe_interval=config.probe_interval, probe_timeout=config.probe_timeout,
-            fail_after=config.fail_after, rejoin_after=config.rejoin_after,
+            fail_after=config.fail_after, rejoin_after=config.rejoin_after, node=node,
         )  # fmt: skip
         self._ssl = tls.client_context(config.ca_bundle)  # for https:// peers
         self.client = PeerClient(secret, read_timeout=config.peer_read_timeout, ssl=self._ssl)
@@ -90,6 +92,7 @@ class ClusterNode:
         self.backlog = Backlog(config.replay_limit)
         self._replays: dict[str, asyncio.Task[None]] = {}  # running deliveries, by peer
         self.membership.on_change(self._changed)
+        self.membership.on_seen(self._seen)
 
     def _changed(self, live: list[str]) -> None:
         self.metrics.membership_changes.inc()
@@ -103,12 +106,14 @@ class ClusterNode:
                 timeout=aiohttp.ClientTimeout(total=self.config.probe_timeout),
             )
         async with self._probe_session.get(f"{url}/_hoard/health") as answer:
-            healthy = answer.status == 200
-        if healthy and url in self.backlog and url not in self._replays:
+            return answer.status == 200
+
+    def _seen(self, url: str) -> None:
+        """``url`` answered (this worker's probe, or the node leader's round)."""
+        if url in self.backlog and url not in self._replays:
             # At the first sign of life, before it rejoins the live set: the sooner
             # a restarted peer drops what it missed, the shorter it serves it.
             self._replays[url] = asyncio.ensure_future(self._replay(url))
-        return healthy
 
     async def _replay(self, url: str) -> None:
         """Deliver what ``url`` missed; on failure keep it for the next probe."""

@@ -27,6 +27,7 @@ place that names every tier a change reaches, blocks included.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Protocol
 
@@ -87,17 +88,33 @@ class NoOwner:
         pass
 
 
+class SharedAnswers(Protocol):
+    """Origin answers shared with sibling workers that asked at the same time
+    (``node/pages.py``): listing pages, and keys found missing."""
+
+    async def fetch(
+        self, scope: Scope, query: tuple[str, str, str, int], ask: Callable[[], Awaitable[ListPage]]
+    ) -> ListPage: ...
+
+    def leave_missing(self, scope: Scope, key: str, missing: errors.NotFound) -> None: ...
+
+    def raise_missing(self, scope: Scope, key: str, asked: float) -> None: ...
+
+
 class MetadataSource:
     """Object heads and listing pages of mounts, through the metadata tiers."""
 
     def __init__(self, memory: MetadataCache, store: MetadataStore | None,
                  owner: OwnerNode, journal: Journal | SoloJournal,
-                 on_revalidated: Callable[[str, str], None]) -> None:  # fmt: skip
+                 on_revalidated: Callable[[str, str], None],
+                 shared: SharedAnswers | None = None) -> None:  # fmt: skip
         """``on_revalidated(outcome, mount)``: a bulk revalidation's end (origin requests
-        are observed by each origin's guard, ``origins/guard.py``)."""
+        are observed by each origin's guard, ``origins/guard.py``); ``shared``: answers
+        shared with sibling workers asking at once (None: one worker)."""
         self.memory = memory
         self.store = store
         self.owner = owner
+        self._shared = shared
         self.journal = journal
         self._revalidator = Revalidator(memory, store, self._believable, on_revalidated)
 
@@ -224,13 +241,21 @@ class MetadataSource:
         stored = await self._believable(scope, okey)
         if stored is not None and stored.age < mount.metadata_ttl:
             return Aged(stored.info, stored.age)
+        asked = time.time()
         async with self.store.fetch_lock(scope, okey):
             if self.store.shared:  # a sibling worker may have fetched it meanwhile
                 stored = await self._believable(scope, okey)
                 if stored is not None and stored.age < mount.metadata_ttl:
                     return Aged(stored.info, stored.age)
+                if self._shared is not None:  # or found it missing meanwhile
+                    self._shared.raise_missing(scope, okey, asked)
             learned = self.journal.seq()  # before asking: a write after it makes this suspect
-            answer = await self._known_or(mount, okey, stored, fetch)
+            try:
+                answer = await self._known_or(mount, okey, stored, fetch)
+            except errors.NotFound as missing:
+                if self._shared is not None:
+                    self._shared.leave_missing(scope, okey, missing)
+                raise
             if not isinstance(answer, Aged):  # a confirmed row was refreshed in the store
                 self.store.save(scope, okey, answer, learned)
                 if self.store.shared:
@@ -273,8 +298,17 @@ class MetadataSource:
         return fetch_page
 
     def _origin_pages(self, origin: Origin, origin_bucket: str) -> FetchPage:
-        async def fetch_page(prefix: str, delimiter: str, after: str, limit: int) -> ListPage:
+        async def from_origin(prefix: str, delimiter: str, after: str, limit: int) -> ListPage:
             return await origin.list_objects(origin_bucket, prefix, delimiter, after, limit)
+
+        if self._shared is None:
+            return from_origin
+        shared = self._shared
+
+        async def fetch_page(prefix: str, delimiter: str, after: str, limit: int) -> ListPage:
+            query = (prefix, delimiter, after, limit)
+            return await shared.fetch((origin.name, origin_bucket), query,
+                                      lambda: from_origin(*query))  # fmt: skip
 
         return fetch_page
 

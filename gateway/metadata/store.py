@@ -50,7 +50,7 @@ _Row = tuple[str, float, int, str, int, int | None]
 log = logging.getLogger(__name__)
 # Stripes of fetch_lock per kind: byte offsets of one lock file, so no file each.
 _STRIPES = 1 << 16
-_KINDS = {"meta": 0, "list": 1}
+_KINDS = {"meta": 0, "list": 1, "page": 2}  # a HEAD, a directory walk, a shared origin page
 
 # Rows are keyed by a 64-bit hash of (origin, bucket, key), the table's rowid:
 # a text primary key would be a second copy of every key in its index (~100

@@ -9,8 +9,18 @@ cached instead of waiting on the origin for each one.
 
 - ``order.py``: what a registration is, and its bounds (400 beyond them).
 - ``stream.py``: the position and window accounting of one stream (pure).
-- ``prefetcher.py``: the streams of a process and the task fetching for each.
+- ``prefetcher.py``: the streams the node's leader follows, the task fetching for each.
+- ``registry.py``, ``node.py``: the node's streams, shared by its workers (below).
 - ``api.py``: the admin endpoints and the peer messages of a cluster.
+
+Where a stream lives in a node. With ``workers: N`` a registration, a GET
+and a status call may each reach a different worker. The registration is
+the node's: written to ``cache.dir/prefetch`` by whichever worker takes it;
+each worker places the GETs it serves in the orders it knows and writes the
+position to the stream's mapped slot; the node's leader worker alone follows
+the streams, fetching ahead into the node's disk tier, and publishes their
+status for the others (``node.py``). So the node holds one window per
+stream, whichever workers the reader's connections reach.
 
 Where a stream lives in a cluster. A GET may reach any node, and blocks live
 on their owners (rendezvous hashing). The registration is therefore broadcast
@@ -29,9 +39,6 @@ Not guaranteed: that the window is exact when GETs of one stream are spread
 over several nodes (each keeps its own position and window, so the cluster
 may hold up to one window per node ahead); that a registration reaches a node
 that is down when it is made (that node starts the stream when re-registered:
-the next epoch); prefetch across worker processes of one node: each worker
-follows the GETs it serves, and the registration reaches only the worker that
-accepted it (run ``workers: 1`` where prefetch matters; a registration shared
-through the cache directory would lift this). Prefetched blocks are admitted to
-disk whatever the admission policy says: the client declared it will read them.
+the next epoch). Prefetched blocks are admitted to disk whatever the admission
+policy says: the client declared it will read them.
 """

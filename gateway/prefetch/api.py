@@ -27,8 +27,8 @@ from aiohttp import web
 from gateway import errors
 from gateway.access import denied, json_error
 from gateway.config import PrefetchConfig
+from gateway.prefetch.node import NodePrefetch
 from gateway.prefetch.order import Order, OrderError, manifest_keys, parse_request
-from gateway.prefetch.prefetcher import Prefetcher
 from gateway.s3.auth import Principal
 
 if TYPE_CHECKING:
@@ -46,12 +46,12 @@ Announce = Callable[[str, bytes], Awaitable[None]]
 class PrefetchApi:
     def __init__(
         self,
-        prefetcher: Prefetcher,
+        node: NodePrefetch,
         reader: Reader,
         config: PrefetchConfig,
         announce: Announce | None = None,
     ) -> None:
-        self._prefetcher = prefetcher
+        self._node = node
         self._reader = reader
         self._config = config
         self._announce = announce  # tells the other live nodes, in a cluster
@@ -65,7 +65,7 @@ class PrefetchApi:
                 return await self._register(request, principal)
             stream_id = path.removeprefix(PATH + "/")
             if path.startswith(PATH + "/") and request.method in ("GET", "DELETE"):
-                found = self._prefetcher.status(stream_id)
+                found = await self._node.status(stream_id)
                 if found is None or not principal.may_use(found["bucket"]):
                     return _no_stream(stream_id)
                 if request.method == "GET":
@@ -83,8 +83,8 @@ class PrefetchApi:
             if isinstance(exc, OrderError):
                 raise
             raise OrderError("InvalidRequest", f"the body is not JSON: {exc}") from None
-        replaced = self._prefetcher.status(asked.stream)
-        for bucket in (asked.bucket, replaced["bucket"] if replaced else asked.bucket):
+        replaced = self._node.bucket_of(asked.stream)
+        for bucket in (asked.bucket, replaced or asked.bucket):
             refused = denied(principal, bucket, mutating=True)
             if refused is not None:
                 return refused
@@ -93,13 +93,13 @@ class PrefetchApi:
             assert asked.manifest is not None
             keys = manifest_keys(await self._manifest(asked.bucket, asked.manifest), self._config)
         order = Order(asked.stream, asked.bucket, keys, asked.window)
-        stream = self._prefetcher.register(order)
+        self._node.register(order)
         if self._announce is not None:
             await self._announce(PEER_REGISTER, json.dumps(order.as_json()).encode())
-        return web.json_response(stream.status(stream.last_used))
+        return web.json_response(await self._node.status(order.stream) or {})
 
     async def _drop(self, stream_id: str) -> web.StreamResponse:
-        dropped = self._prefetcher.drop(stream_id)
+        dropped = self._node.drop(stream_id)
         if self._announce is not None:
             await self._announce(PEER_DROP, json.dumps({"stream": stream_id}).encode())
         return web.json_response({"stream": stream_id, "dropped": True}) if dropped else (
@@ -122,9 +122,9 @@ class PrefetchApi:
         if name == PEER_REGISTER:
             keys = tuple(data["keys"])
             order = Order(data["stream"], data["bucket"], keys, int(data["window"]))
-            self._prefetcher.register(order, active=False)
+            self._node.register(order, active=False)
         elif name == PEER_DROP:
-            self._prefetcher.drop(data["stream"])
+            self._node.drop(data["stream"])
 
 
 async def _read_bounded(request: web.Request) -> bytes:

@@ -1,7 +1,8 @@
-"""The streams of one process and the work fetching ahead of each.
+"""The streams the node's leader worker follows, and the work fetching ahead of each.
 
-``observe`` is called by the reader for every object GET; it moves the
-position of each stream whose order holds the key. Each stream starts work
+``observe`` is called for every object GET (``move`` for one another worker
+of the node served: ``node.py``); it moves the position of each stream whose
+order holds the key. Each stream starts work
 in its order while the window has room and it has a free slot, whenever
 either may have changed (a GET, a registration, a piece of work ending): the
 blocks of keys already looked up first (they are nearer the reader), then
@@ -118,6 +119,16 @@ class Prefetcher:
             stream.move(index, now)
             stream.active = True
             self._pump(running)
+
+    def move(self, stream_id: str, index: int, ago: float = 0.0) -> None:
+        """The reader of ``stream_id`` asked for the key at ``index``, ``ago`` seconds ago
+        (a GET another worker of the node served: see ``node.py``)."""
+        running = self._streams.get(stream_id)
+        if running is None:
+            return
+        running.stream.move(index, self._clock() - max(0.0, ago))
+        running.stream.active = True
+        self._pump(running)
 
     async def close(self) -> None:
         for running in list(self._streams.values()):

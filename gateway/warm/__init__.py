@@ -13,8 +13,16 @@ Pinning (``pin: true``) pins each block before filling it (``cache/disk_pins.py`
 within ``cache.pin_quota`` per node; a job that would go over fails, naming the
 quota, and a prefix job that clearly cannot fit is refused before it starts.
 
+A job is the node's, not a worker's: its files in ``cache.dir/warm`` are the
+state, so any worker of the node accepts, answers and cancels any job. One
+worker runs each share, the one holding its claim (a ``flock``, which the
+kernel drops however the worker dies); a cancel asked through another worker
+is left as a file the runner looks for every ``jobs.WATCH`` seconds, and a
+share whose runner died is adopted within a second or two by a sibling (or by
+the replacement worker as it starts) and resumed from its last checkpoint.
+
 Not guaranteed: one fetch per block while the nodes' views of the live set
 disagree; that a job sees objects added under its prefix after it listed them;
-that every process of a node (``workers > 1``) knows a job: each worker has its
-own jobs, and a GET must reach the worker that accepted it (see the README).
+progress read through a worker that does not run the share is its last
+checkpoint (``share._CHECKPOINT_EVERY``, a second old at most).
 """

@@ -35,6 +35,7 @@ from gateway.access import denied, json_error
 from gateway.s3.auth import Principal
 from gateway.warm.jobs import PinRefused, WarmJobs
 from gateway.warm.spec import WarmSpec
+from gateway.warm.store import valid_id
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ class WarmHttp:
                 {"jobs": [job for job in jobs if principal.may_use(job["spec"]["bucket"])]}
             )
         if job_id and method in ("GET", "DELETE"):
-            bucket = self._jobs.bucket_of(job_id)
+            bucket = await self._jobs.bucket_of(job_id) if valid_id(job_id) else None
             if bucket is None or not principal.may_use(bucket):
                 return _no_job(job_id)
             if method == "DELETE":
@@ -108,8 +109,8 @@ class WarmHttp:
     async def peer(self, request: web.Request, rest: str, body: bytes) -> web.StreamResponse:
         """A signed peer request under ``/_hoard/peer/warm/``: this node's share of a job."""
         job_id = rest.strip("/")
-        if not job_id:
-            return json_error(404, "NoSuchJob", "no job id")
+        if not valid_id(job_id):
+            return json_error(404, "NoSuchJob", f"no warm job {job_id!r}")
         answer: dict[str, Any] | None
         if request.method == "POST":
             try:

@@ -5,11 +5,15 @@ live node at that moment: this node's share runs here, the others are asked
 to run theirs (``fanout.ShareClient``). A GET of the job sums the shares'
 progress; a DELETE cancels every share. A single node is a job with one share.
 
-Restart: a share whose file says queued or running when the process starts
-is resumed from its cursor (``share.py``); one that cannot be (its file or key
-list is unreadable) is marked failed with the reason. A share interrupted by
-a shutdown stays "running" on disk, so the next start resumes it. A job's
-other shares run on their own nodes and keep going while this one restarts.
+The workers of a node share the job store (``store.py``): every answer is read
+from it, except the live progress of a share the answering worker runs itself.
+Restart, or a worker's death: a share whose file says queued or running and
+whose claim nobody holds is resumed from its cursor (``share.py``) by the first
+worker to take the claim (at start, then every ``ADOPT_EVERY`` watch rounds);
+one that cannot be (its file or key list is unreadable) is marked failed with
+the reason. A share interrupted by a shutdown stays "running" on disk, so the
+next start resumes it. A job's other shares run on their own nodes and keep
+going while this one restarts.
 
 Shares run at background priority (``gateway.priority``), at most
 ``warm.max_running`` at once per node; the others wait, queued.
@@ -25,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import secrets
 import time
 from typing import Any
 
@@ -36,13 +39,18 @@ from gateway.reader import Reader
 from gateway.warm.fanout import ShareClient
 from gateway.warm.share import ShareRun, list_prefix
 from gateway.warm.spec import FINISHED, STATES, Progress, WarmSpec
-from gateway.warm.store import JobStore
+from gateway.warm.store import JobStore, new_id
 
 log = logging.getLogger(__name__)
 
 
 class PinRefused(Exception):
     """A pinning job that cannot fit the pin quota; refused before it starts."""
+
+
+WATCH = 0.2  # seconds between looks for cancellations asked through a sibling worker
+ADOPT_EVERY = 5  # watch rounds between looks for shares no worker runs (one died)
+CANCEL_WAIT = 10.0  # seconds a cancel waits for the sibling running the share to stop it
 
 
 class WarmJobs:
@@ -54,25 +62,66 @@ class WarmJobs:
         self._config = config
         self.pin_quota = pin_quota
         self._peers = peers
-        self._shares: dict[str, ShareRun] = {}
+        self._runs: dict[str, ShareRun] = {}  # the shares this worker runs (it holds the claim)
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._jobs: dict[str, dict[str, Any]] = {}  # accepted here: spec, nodes, cancelled
         self._last: dict[tuple[str, str], dict[str, Any]] = {}  # (job, node): last answer
         self._slots = asyncio.Semaphore(config.max_running)
         self._claims: dict[str, int] = {}  # job id: the locked descriptor of a running share
+        self._counts = dict.fromkeys(STATES, 0)  # the node's shares by state, at the last look
+        self._watcher: asyncio.Task[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Load the jobs and shares on disk; resume the shares that were not finished."""
+        """Resume the shares no worker runs; then keep watching for cancels and orphans."""
         await self._store.start()
-        for job_id, body in (await self._store.load_all("job")).items():
-            if body is not None:
-                self._jobs[job_id] = body
+        await self._adopt()
+        self._watcher = asyncio.create_task(self._watch())
+
+    async def close(self) -> None:
+        """Stop running shares without cancelling them: they resume on the next start."""
+        if self._watcher is not None:
+            self._watcher.cancel()
+            await asyncio.gather(self._watcher, return_exceptions=True)
+        for run in self._runs.values():
+            run.interrupted = True
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _watch(self) -> None:
+        rounds = 0
+        while True:
+            await asyncio.sleep(WATCH)
+            rounds += 1
+            try:
+                for job_id in [j for j in self._runs if self._store.cancel_asked(j)]:
+                    await self._stop(job_id)
+                if rounds % ADOPT_EVERY == 0:
+                    await self._adopt()
+            except Exception:  # the watch must outlive one bad round (a full disk, say)
+                log.exception("warm jobs: watching the node's shares failed")
+
+    async def _adopt(self) -> None:
+        """Run every unfinished share that no worker runs: after a restart, or after the
+        worker running it died (the kernel dropped its claim). Also counts the node's
+        shares by state, for the jobs gauge."""
+        counts = dict.fromkeys(STATES, 0)
         for job_id, body in (await self._store.load_all("share")).items():
-            self._restore(job_id, body)
+            state = _state(body)
+            counts[state if state in counts else "failed"] += 1
+            if job_id in self._runs or state in FINISHED or not self._claim(job_id):
+                continue
+            # Read again under the claim: its last holder may have finished it meanwhile.
+            if self._store.exists(job_id, "share"):
+                self._restore(job_id, await self._store.load(job_id, "share"))
+            else:
+                self._release(job_id)
+        self._counts = counts
 
     def _restore(self, job_id: str, body: dict[str, Any] | None) -> None:
+        """Resume a share whose claim this worker just took (or mark it failed)."""
         try:
             assert body is not None
             spec = WarmSpec.from_json(body["spec"])
@@ -81,27 +130,23 @@ class WarmJobs:
             log.error("warm job %s cannot resume: its file is damaged (%r)", job_id, exc)
             progress = Progress()
             progress.finish("failed", f"cannot resume after a restart: job file damaged ({exc})")
-            spec = WarmSpec(bucket="?", prefix="")
-            self._shares[job_id] = self._run(job_id, spec, progress)
-            self._spawn(self._shares[job_id].save())
+            run = self._run(job_id, WarmSpec(bucket="?", prefix=""), progress)
+            self._spawn(self._saved_then_released(run))
             return
-        if progress.state not in FINISHED and not self._claim(job_id):
-            return  # another worker process of this node runs it
-        self._shares[job_id] = run = self._run(job_id, spec, progress)
-        if progress.state not in FINISHED:
-            log.info("warm job %s: resuming at object %d", job_id, progress.cursor)
-            progress.resume()
-            progress.state = "queued"
-            self._launch(run)
+        if progress.state in FINISHED:
+            self._release(job_id)
+            return
+        self._runs[job_id] = run = self._run(job_id, spec, progress)
+        log.info("warm job %s: resuming at object %d", job_id, progress.cursor)
+        progress.resume()
+        progress.state = "queued"
+        self._launch(run)
 
-    async def close(self) -> None:
-        """Stop running shares without cancelling them: they resume on the next start."""
-        for run in self._shares.values():
-            run.interrupted = True
-        tasks = list(self._tasks.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    async def _saved_then_released(self, run: ShareRun) -> None:
+        try:
+            await run.save()
+        finally:
+            self._release(run.job_id)
 
     # -- this node's shares ------------------------------------------------------------
 
@@ -125,7 +170,8 @@ class WarmJobs:
             try:
                 async with self._slots:
                     await run.run()
-            finally:
+            finally:  # the share's last state is saved: siblings read it from now on
+                self._runs.pop(run.job_id, None)
                 self._release(run.job_id)
 
         with priority.background():  # the task copies this context: its origin calls wait
@@ -139,23 +185,46 @@ class WarmJobs:
         task.add_done_callback(lambda _: self._tasks.pop(f"save-{id(task)}", None))
 
     async def add_share(self, job_id: str, spec: WarmSpec, created: float) -> dict[str, Any]:
-        """Start this node's share of ``job_id`` (idempotent: a known share is left alone)."""
-        if job_id not in self._shares and self._claim(job_id):
-            run = self._run(job_id, spec, Progress(created=created))
-            self._shares[job_id] = run
-            await run.save()
-            self._launch(run)
-            await self._trim()
+        """Start this node's share of ``job_id`` (idempotent: a known share is left alone,
+        whichever worker of the node runs it)."""
+        if job_id not in self._runs and self._claim(job_id):
+            if self._store.exists(job_id, "share"):
+                self._release(job_id)  # known: finished, or an orphan the watch adopts
+            else:
+                run = self._run(job_id, spec, Progress(created=created))
+                self._runs[job_id] = run
+                await run.save()
+                self._launch(run)
+                await self._trim()
         return await self.share_status(job_id) or {}
 
     async def share_status(self, job_id: str) -> dict[str, Any] | None:
-        run = self._shares.get(job_id)
-        return None if run is None else await run.save_shown()
+        """This node's share: live from the worker running it, else its last checkpoint."""
+        run = self._runs.get(job_id)
+        if run is not None:
+            return await run.save_shown()
+        body = await self._store.load(job_id, "share")
+        return None if body is None else body.get("progress")
 
     async def cancel_share(self, job_id: str, unpin: bool) -> dict[str, Any] | None:
-        run = self._shares.get(job_id)
-        if run is None:
-            return None
+        """Cancel this node's share, whichever worker runs it (or none does)."""
+        if job_id in self._runs:
+            shown: dict[str, Any] | None = await self._stop(job_id)
+        elif self._claim(job_id):  # no worker runs it: finished, or not resumed yet
+            try:
+                shown = await self._cancel_stored(job_id)
+            finally:
+                self._release(job_id)
+        else:
+            await self._store.ask_cancel(job_id)
+            shown = await self._stopped_by_sibling(job_id)
+        if shown is not None and unpin and self._reader.blocks.disk is not None:
+            await self._reader.blocks.disk.unpin(job_id)
+        return shown
+
+    async def _stop(self, job_id: str) -> dict[str, Any]:
+        """Cancel a share this worker runs: its fills in flight finish, nothing new starts."""
+        run = self._runs[job_id]
         task = self._tasks.get(job_id)
         if task is not None:
             task.cancel()
@@ -163,11 +232,28 @@ class WarmJobs:
         if run.progress.state not in FINISHED:  # cancelled while queued
             run.progress.finish("cancelled", "cancelled")
             await run.save()
-        if unpin and self._reader.blocks.disk is not None:
-            await self._reader.blocks.disk.unpin(job_id)
         return run.progress.to_json()
 
-    # -- jobs accepted here --------------------------------------------------------------
+    async def _cancel_stored(self, job_id: str) -> dict[str, Any] | None:
+        body = await self._store.load(job_id, "share")
+        if body is None:
+            return None
+        progress = Progress.from_json(body["progress"])
+        if progress.state not in FINISHED:
+            progress.finish("cancelled", "cancelled")
+            await self._store.save(job_id, "share", {**body, "progress": progress.to_json()})
+        return progress.to_json()
+
+    async def _stopped_by_sibling(self, job_id: str) -> dict[str, Any] | None:
+        """The share's state once the sibling running it has stopped it (or the wait ends)."""
+        deadline = time.monotonic() + CANCEL_WAIT
+        while True:
+            shown = await self.share_status(job_id)
+            if shown is None or shown.get("state") in FINISHED or time.monotonic() > deadline:
+                return shown
+            await asyncio.sleep(WATCH / 4)
+
+    # -- jobs accepted by this node ------------------------------------------------------
 
     async def submit(self, spec: WarmSpec) -> str:
         """Accept a job: check the bucket and the pin quota, start the shares.
@@ -178,10 +264,9 @@ class WarmJobs:
         nodes = self._peers.others() if self._peers is not None else []
         if spec.pin:
             await self._check_pin(spec, 1 + len(nodes))
-        job_id = secrets.token_hex(8)
+        job_id = new_id()
         created = time.time()
         record = {"spec": spec.to_json(), "nodes": nodes, "cancelled": False, "created": created}
-        self._jobs[job_id] = record
         await self._store.save(job_id, "job", record)
         await self.add_share(job_id, spec, created)
         if self._peers is not None:
@@ -212,10 +297,10 @@ class WarmJobs:
             )
 
     async def cancel(self, job_id: str, unpin: bool) -> dict[str, Any] | None:
-        record = self._jobs.get(job_id)
+        record = await self._store.load(job_id, "job")
         if record is None:
             return None
-        record["cancelled"] = record["cancelled"] or not self._finished(job_id)
+        record["cancelled"] = record["cancelled"] or not await self._finished(job_id, record)
         record["unpinned"] = record.get("unpinned", False) or unpin
         await self._store.save(job_id, "job", record)
         await self.cancel_share(job_id, unpin)
@@ -224,27 +309,28 @@ class WarmJobs:
             await asyncio.gather(*(peers.cancel(url, job_id, unpin) for url in record["nodes"]))
         return await self.status(job_id)
 
-    def _finished(self, job_id: str) -> bool:
-        local = self._shares.get(job_id)
+    async def _finished(self, job_id: str, record: dict[str, Any]) -> bool:
+        local = await self.share_status(job_id)
         return (
             local is not None
-            and local.progress.state in FINISHED
+            and local.get("state") in FINISHED
             and all(
                 self._last.get((job_id, url), {}).get("state") in FINISHED
-                for url in self._jobs[job_id]["nodes"]
+                for url in record["nodes"]
             )
         )
 
-    def bucket_of(self, job_id: str) -> str | None:
-        """The bucket a job accepted here warms (None: no such job), for authorization."""
-        record = self._jobs.get(job_id)
+    async def bucket_of(self, job_id: str) -> str | None:
+        """The bucket a job accepted by this node warms (None: no such job), for authorization."""
+        record = await self._store.load(job_id, "job")
         return None if record is None else str(record["spec"]["bucket"])
 
     async def status(self, job_id: str) -> dict[str, Any] | None:
         """The job as its shares report it, summed (a node that does not answer: its last)."""
-        record = self._jobs.get(job_id)
-        if record is None:
-            return None
+        record = await self._store.load(job_id, "job")
+        return None if record is None else await self._status(job_id, record)
+
+    async def _status(self, job_id: str, record: dict[str, Any]) -> dict[str, Any]:
         here = self._peers.self_url if self._peers else "local"
         shares = {here: await self.share_status(job_id)}
         if self._peers is not None and record["nodes"]:
@@ -258,23 +344,31 @@ class WarmJobs:
         return summarize(job_id, record, shares)
 
     async def jobs(self) -> list[dict[str, Any]]:
-        return [s for s in await asyncio.gather(*map(self.status, list(self._jobs))) if s]
+        records = await self._store.load_all("job")
+        found = [(i, r) for i, r in records.items() if r is not None]
+        return list(await asyncio.gather(*(self._status(i, r) for i, r in found)))
 
     async def _trim(self) -> None:
-        """Forget the oldest finished jobs beyond ``warm.history``."""
-        done = [i for i, run in self._shares.items() if run.progress.state in FINISHED]
-        done.sort(key=lambda i: self._shares[i].progress.created)
-        for job_id in done[: max(0, len(done) - self._config.history)]:
-            self._shares.pop(job_id, None)
-            self._jobs.pop(job_id, None)
+        """Forget the node's oldest finished jobs beyond ``warm.history``."""
+        shares = await self._store.load_all("share")
+        done = [(_created(body), i) for i, body in shares.items() if _state(body) in FINISHED]
+        done.sort()
+        for _, job_id in done[: max(0, len(done) - self._config.history)]:
             await self._store.remove(job_id)
 
     def counts(self) -> dict[str, int]:
-        """This node's shares by state (for the jobs gauge)."""
-        counts = dict.fromkeys(STATES, 0)
-        for run in self._shares.values():
-            counts[run.progress.state] += 1
-        return counts
+        """The node's shares by state (for the jobs gauge), as of the last look (~1 s)."""
+        return dict(self._counts)
+
+
+def _state(body: dict[str, Any] | None) -> str | None:
+    progress = body.get("progress") if body else None
+    return progress.get("state") if isinstance(progress, dict) else None
+
+
+def _created(body: dict[str, Any] | None) -> float:
+    progress = body.get("progress") if body else None
+    return float(progress.get("created") or 0) if isinstance(progress, dict) else 0.0
 
 
 def summarize(job_id: str, record: dict[str, Any], shares: dict[str, Any]) -> dict[str, Any]:

@@ -98,22 +98,28 @@ class ShareRun:
         elif progress.finished is None:
             progress.finish("done")
 
-    async def save(self) -> None:
+    async def save(self) -> dict[str, Any]:
+        """Checkpoint the progress; what was saved (a status may show no more than that:
+        a sibling worker answers from the file)."""
         # One write at a time: a slower older snapshot must not land over a newer one.
         async with self._saving:
             if self._reader.store is not None:
                 # What the checkpoint calls done must be known after a kill -9 too: a
                 # metadata row still pending would cost a GET per object after a restart.
                 await self._reader.store.flush()
+            counts = (self.progress.objects_done, self.progress.bytes_done)
+            shown = self.progress.to_json()
+            await self._store.save(self.job_id, "share", {"spec": self.spec.to_json(),
+                                                          "progress": shown})  # fmt: skip
             self._saved = time.monotonic()
-            self._saved_counts = (self.progress.objects_done, self.progress.bytes_done)
-            body = {"spec": self.spec.to_json(), "progress": self.progress.to_json()}
-            await self._store.save(self.job_id, "share", body)
+            self._saved_counts = counts  # only once on disk: see save_shown
+            return shown
 
     async def save_shown(self) -> dict[str, Any]:
-        """The progress, saved first if it moved: what was shown survives even a kill -9."""
+        """The progress, saved first if it moved: what was shown survives even a kill -9,
+        and a sibling worker reading the file never shows less."""
         if (self.progress.objects_done, self.progress.bytes_done) != self._saved_counts:
-            await self.save()
+            return await self.save()
         return self.progress.to_json()
 
     # -- enumeration -------------------------------------------------------------------

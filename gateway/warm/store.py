@@ -6,6 +6,12 @@ Layout::
     warm/<id>.share.json   this node's share of a job: spec, progress (spec.Progress)
     warm/<id>.keys         the share's enumerated objects, one JSON [key, size] a line
     warm/<id>.lock         flock'ed by the process running the share (``claim``)
+    warm/<id>.cancel       a cancellation asked by a worker that does not run the share
+
+The directory is the node's: every worker of a node reads it, so any of them
+answers for every job (``jobs.py``). Only the worker holding a share's claim
+writes its share file; a job file is written when the job is accepted and when
+it is cancelled, by whichever worker is asked.
 
 A file is written to ``<name>.tmp`` and renamed over the old one, so a crash
 leaves the old version or the new one, never half of either. The key list is
@@ -23,6 +29,7 @@ import fcntl
 import json
 import logging
 import os
+import secrets
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -38,12 +45,31 @@ class JobStore:
         await asyncio.to_thread(self.directory.mkdir, parents=True, exist_ok=True)
 
     def _path(self, job_id: str, kind: str) -> Path:
+        if not valid_id(job_id):  # ids come from URLs: never a path of their own
+            raise ValueError(f"not a warm job id: {job_id!r}")
         return self.directory / f"{job_id}.{kind}"
+
+    def exists(self, job_id: str, kind: str) -> bool:
+        return self._path(job_id, f"{kind}.json").exists()
 
     async def save(self, job_id: str, kind: str, body: dict[str, Any]) -> None:
         """Replace ``<id>.<kind>.json`` with ``body`` (``kind``: job or share)."""
         data = json.dumps(body, separators=(",", ":")).encode()
         await asyncio.to_thread(_replace, self._path(job_id, f"{kind}.json"), data)
+
+    async def load(self, job_id: str, kind: str) -> dict[str, Any] | None:
+        """``<id>.<kind>.json``, or None if there is none (or it cannot be read)."""
+        return await asyncio.to_thread(self._load, self._path(job_id, f"{kind}.json"))
+
+    def _load(self, path: Path) -> dict[str, Any] | None:
+        try:
+            body = json.loads(path.read_bytes())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            log.error("warm job file %s is unreadable: %s", path, exc)
+            return None
+        return body if isinstance(body, dict) else None
 
     async def load_all(self, kind: str) -> dict[str, dict[str, Any] | None]:
         """Every ``<id>.<kind>.json``: its body, or None where the file cannot be read."""
@@ -53,6 +79,8 @@ class JobStore:
         found: dict[str, dict[str, Any] | None] = {}
         for path in sorted(self.directory.glob(f"*.{kind}.json")):
             job_id = path.name.removesuffix(f".{kind}.json")
+            if not valid_id(job_id):
+                continue
             try:
                 found[job_id] = json.loads(path.read_bytes())
             except (OSError, ValueError) as exc:
@@ -90,9 +118,25 @@ class JobStore:
             return None
         return fd
 
+    async def ask_cancel(self, job_id: str) -> None:
+        """Ask the worker running the share to cancel it (it looks for this file often)."""
+        await asyncio.to_thread(_replace, self._path(job_id, "cancel"), b"")
+
+    def cancel_asked(self, job_id: str) -> bool:
+        return self._path(job_id, "cancel").exists()
+
     async def remove(self, job_id: str) -> None:
-        for kind in ("job.json", "share.json", "keys", "lock"):
+        for kind in ("job.json", "share.json", "keys", "lock", "cancel"):
             await asyncio.to_thread(self._path(job_id, kind).unlink, missing_ok=True)
+
+
+def valid_id(job_id: str) -> bool:
+    """Whether ``job_id`` is one ``new_id`` could have made (16 lowercase hex digits)."""
+    return len(job_id) == 16 and all(c in "0123456789abcdef" for c in job_id)
+
+
+def new_id() -> str:
+    return secrets.token_hex(8)
 
 
 def _replace(path: Path, data: bytes) -> None:

@@ -1,0 +1,125 @@
+"""One origin request per node for a storm of identical metadata misses over its workers.
+
+Each worker coalesces its own identical misses (``cache/metadata.py``'s
+flights); across workers, a listing page fetched by one is handed to the
+others that asked for the same page meanwhile, as a flight is joined: under
+the node's striped fetch lock for the page (``MetadataStore.fetch_lock``,
+kind ``page``), a worker first looks for the page a sibling finished after
+it asked, and only then asks the origin and leaves the page in
+``cache.dir/node/pages/`` for the siblings waiting behind it.
+
+A HEAD of a key is coalesced by the same lock (``Reader._stored_or``), and a
+found object is then in the node's metadata store; a missing one is not, so
+the worker that learned it is missing leaves that here too (``leave_missing``)
+and a sibling that asked meanwhile answers the same 404 (``raise_missing``).
+
+An answer found is exactly what joining the sibling's flight would have given:
+it was still being fetched when this worker asked. Older pages are never
+used (they are the metadata cache's business, with its TTLs), and files
+older than ``KEEP`` seconds are removed now and then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from gateway import errors
+from gateway.metadata import codec
+from gateway.metadata.store import MetadataStore
+from gateway.origins.base import ListPage
+
+KEEP = 30.0  # seconds a page file stays for siblings (they only want it while they wait)
+SWEEP_EVERY = 64  # pages written between sweeps of old files
+
+
+class SharedPages:
+    def __init__(self, directory: Path, store: MetadataStore) -> None:
+        self._directory = directory
+        self._store = store
+        self._written = 0
+
+    async def fetch(
+        self, scope: tuple[str, str], query: tuple[str, str, str, int],
+        fetch: Callable[[], Awaitable[ListPage]],
+    ) -> ListPage:  # fmt: skip
+        """The page ``query`` (prefix, delimiter, start after, max keys) of ``scope``."""
+        name = "\0".join((*scope, *map(str, query)))
+        path = self._path(name)
+        asked = time.time()
+        async with self._store.fetch_lock(scope, name, kind="page"):
+            found = await asyncio.to_thread(_read, path, name, asked)
+            if found is not None:
+                return found
+            page = await fetch()
+            await asyncio.to_thread(self._write, path, name, codec.jsonable(page))
+            return page
+
+    def leave_missing(self, scope: tuple[str, str], key: str, missing: errors.NotFound) -> None:
+        """``key`` was just found missing (under its fetch lock): tell the siblings."""
+        name = "\0".join((*scope, key, "missing"))
+        if isinstance(missing, errors.NoSuchBucket):
+            answer = {"bucket": missing.bucket}
+        elif isinstance(missing, errors.NoSuchKey):
+            answer = {"key": missing.key, "headers": missing.headers}
+        else:
+            return
+        self._write(self._path(name), name, answer)
+
+    def raise_missing(self, scope: tuple[str, str], key: str, asked: float) -> None:
+        """Raise the 404 a sibling learned of ``key`` after ``asked``, if it did."""
+        name = "\0".join((*scope, key, "missing"))
+        body = _body(self._path(name), name, asked)
+        if body is None:
+            return
+        if "bucket" in body:
+            raise errors.NoSuchBucket(body["bucket"])
+        raise errors.NoSuchKey(body["key"], body["headers"])
+
+    def _path(self, name: str) -> Path:
+        digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
+        return self._directory / f"{digest[:32]}.json"
+
+    def _write(self, path: Path, name: str, answer: object) -> None:
+        self._directory.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"name": name, "done": time.time(), "answer": answer}))
+        os.replace(tmp, path)
+        self._written += 1
+        if self._written % SWEEP_EVERY == 0:
+            _sweep(self._directory, time.time() - KEEP)
+
+
+def _read(path: Path, name: str, asked: float) -> ListPage | None:
+    """The page a sibling finished fetching after ``asked``, if there is one."""
+    body = _body(path, name, asked)
+    try:
+        return None if body is None else codec.page_from(body)
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _body(path: Path, name: str, asked: float) -> Any:
+    """The answer to ``name`` a sibling left after ``asked``, if there is one."""
+    try:
+        body = json.loads(path.read_bytes())
+        if body["name"] != name or body["done"] < asked:
+            return None
+        return body["answer"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _sweep(directory: Path, before: float) -> None:
+    for path in directory.glob("*.json"):
+        try:
+            if path.stat().st_mtime < before:
+                path.unlink()
+        except OSError:  # removed by a sibling's sweep meanwhile
+            continue

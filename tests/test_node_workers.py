@@ -1,0 +1,174 @@
+"""One node, two workers, one state: storms, stats, metrics and membership are the node's.
+
+Real Hoard processes with ``workers: 2`` (moto behind the counting proxy);
+every request opens its own connection, so requests reach both workers, and
+what reaches the origin is counted there. The warm and prefetch cases with
+two workers are in test_warm.py and test_prefetch.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from gateway.cli import _parser, load
+from gateway.config import ConfigError
+from gateway.node.cores import available_cores, cgroup_quota
+from tests.harness import FreshAdmin, HoardProcess, metric
+from tests.origin_proxy import OriginProxy
+from tests.test_block_cache import hoard_config
+from tests.test_cluster import cluster_config
+from tests.test_faults import _children
+from tests.test_warm import lock_holder, wait_for
+
+MiB = 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def proxy(moto_endpoint) -> Iterator[OriginProxy]:
+    running = OriginProxy(moto_endpoint).start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory, proxy) -> Iterator[HoardProcess]:
+    config = {**hoard_config(proxy, memory="64MiB"), "workers": 2}
+    running = HoardProcess(tmp_path_factory.mktemp("workers"), config).start()
+    yield running
+    assert running.stop() == 0, running.log()
+
+
+async def _storm(method: str, urls: list[str]) -> list[int]:
+    """Every request at once, each on its own connection; the statuses, in order."""
+    connector = aiohttp.TCPConnector(force_close=True, limit=0)
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+
+        async def one(url: str) -> int:
+            async with session.request(method, url) as answer:
+                await answer.read()
+                return answer.status
+
+        return await asyncio.gather(*(one(url) for url in urls))
+
+
+def test_list_and_head_storms_cost_one_origin_request_per_node(node, proxy, origin_client, bucket):
+    for i in range(20):
+        origin_client.put_object(Bucket=bucket, Key=f"storm/{i:03d}.bin", Body=b"x" * i)
+    proxy.reset()
+    lists = [f"{node.endpoint}/{bucket}?list-type=2&prefix=storm/"] * 64
+    assert asyncio.run(_storm("GET", lists)) == [200] * 64
+    print(f"64 identical LISTs over 2 workers: {dict(proxy.counts)}")
+    assert proxy.counts == {"ListObjects": 1}, proxy.counts
+    for name, status, origin in (
+        ("storm/007.bin", 200, {"HeadObject": 1}),
+        ("storm/missing.bin", 404, {"HeadObject": 1, "HeadBucket": 1}),
+    ):
+        proxy.reset()
+        heads = [f"{node.endpoint}/{bucket}/{name}"] * 64
+        assert asyncio.run(_storm("HEAD", heads)) == [status] * 64
+        print(f"64 HEADs of one key ({status}) over 2 workers: {dict(proxy.counts)}")
+        assert proxy.counts == origin, proxy.counts
+
+
+def test_stats_and_metrics_are_the_nodes_from_either_worker(node, origin_client, bucket):
+    origin_client.put_object(Bucket=bucket, Key="stats/one", Body=os.urandom(MiB))
+    asyncio.run(_storm("GET", [f"{node.endpoint}/{bucket}/stats/one"] * 8))
+    client = FreshAdmin(node.endpoint)
+    stored = MiB + 64  # the block and its header
+
+    def views() -> list[dict]:
+        return [client.call("GET", "/_hoard/stats") for _ in range(8)]
+
+    # A worker sees the disk index's totals as of its last look (each second).
+    wait_for(lambda: all(v["workers"] == 2 and v["disk"]["used_bytes"] == stored
+                         for v in views()))  # fmt: skip
+    # cache.memory bounds the node: each worker holds half of it.
+    assert {v["memory"]["capacity"] for v in views()} == {64 * MiB}
+    wait_for(lambda: metric(node.endpoint, 'hoard_cache_bytes{tier="disk"}') == stored)
+    for _ in range(4):  # each scrape reaches either worker: the disk is counted once
+        assert metric(node.endpoint, 'hoard_cache_limit_bytes{tier="memory"}') == 64 * MiB
+        assert metric(node.endpoint, 'hoard_cache_bytes{tier="disk"}') == stored
+        assert metric(node.endpoint, 'hoard_cache_limit_bytes{tier="disk"}') == 1024 * MiB
+
+
+@pytest.mark.timeout(120)
+def test_one_prober_per_node_and_a_new_leader_when_it_dies(tmp_path, proxy):
+    """A 2-node cluster of 2 workers each: every worker of a node shows the same view;
+    the leader worker is killed; its successor notices a peer going away."""
+    nodes = [HoardProcess(tmp_path / f"n{i}", {**hoard_config(proxy), "workers": 2})
+             for i in range(2)]  # fmt: skip
+    peers = [n.endpoint for n in nodes]
+    for n in nodes:
+        n.config["cluster"] = cluster_config(n, peers)
+    try:
+        for n in nodes:
+            n.start()
+        first = FreshAdmin(nodes[0].endpoint)
+        wait_for(lambda: all(len(first.call("GET", "/_hoard/cluster")["live"]) == 2
+                             for _ in range(6)))  # fmt: skip
+        assert (tmp_path / "n0" / "cache" / "node" / "membership.json").exists()
+        leader = lock_holder(tmp_path / "n0" / "cache" / "node" / "leader")
+        assert nodes[0].proc is not None and leader in _children(nodes[0].proc.pid)
+        os.kill(leader, signal.SIGKILL)
+        wait_for(lambda: leader not in _children(nodes[0].proc.pid))
+        wait_for(lambda: lock_holder(tmp_path / "n0" / "cache" / "node" / "leader")
+                 not in (None, leader))  # fmt: skip
+        nodes[1].stop()
+        started = time.monotonic()
+        wait_for(lambda: all(first.call("GET", "/_hoard/cluster")["live"] == [peers[0]]
+                             for _ in range(6)))  # fmt: skip
+        print(f"peer dropped by the new leader's view in {time.monotonic() - started:.1f}s")
+    finally:
+        for n in nodes:
+            n.stop()
+
+
+def _cgroup(root: Path, own: str, files: dict[str, str]) -> Path:
+    """A fake /sys/fs/cgroup with ``files`` (relative paths) and /proc/self/cgroup."""
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    proc_self = root / "proc-self-cgroup"
+    proc_self.write_text(f"0::{own}\n")
+    return proc_self
+
+
+def test_available_cores_follow_the_tightest_cgroup_quota(tmp_path):
+    affinity = len(os.sched_getaffinity(0))
+    proc = _cgroup(tmp_path, "/", {"cpu.max": "max 100000\n"})
+    assert cgroup_quota(tmp_path, proc) is None
+    assert available_cores(tmp_path, proc) == affinity
+    # v2, nested: the pod's parent allows 1.5 cores, the container itself more.
+    nested = tmp_path / "v2"
+    proc = _cgroup(nested, "/kubepods/pod1/c1", {
+        "kubepods/pod1/cpu.max": "150000 100000\n", "kubepods/pod1/c1/cpu.max": "400000 100000\n",
+    })  # fmt: skip
+    assert cgroup_quota(nested, proc) == 1.5
+    assert available_cores(nested, proc) == 1  # rounded down: one worker at full speed
+    v1 = tmp_path / "v1"
+    proc = _cgroup(v1, "/", {"cpu,cpuacct/cpu.cfs_quota_us": "-1\n",
+                             "cpu,cpuacct/cpu.cfs_period_us": "100000\n"})  # fmt: skip
+    assert cgroup_quota(v1, proc) is None
+    (v1 / "cpu,cpuacct/cpu.cfs_quota_us").write_text("100000\n")
+    assert available_cores(v1, proc) == 1
+
+
+def test_workers_auto_is_resolved_at_load(tmp_path):
+    config = tmp_path / "hoard.yaml"
+    config.write_text("workers: auto\norigins: {d: {type: posix, path: .}}\ndefault_origin: d\n")
+    args = _parser().parse_args(["serve", "--config", str(config)])
+    assert load(args).workers == available_cores()
+    args = _parser().parse_args(["serve", "--config", str(config), "--workers", "3"])
+    assert load(args).workers == 3
+    config.write_text("workers: many\n")
+    with pytest.raises(ConfigError):
+        load(_parser().parse_args(["serve", "--config", str(config)]))
