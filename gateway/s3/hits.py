@@ -50,7 +50,7 @@ from gateway.reader import Reader
 from gateway.s3.body import BodySender
 from gateway.s3.errors import S3Error
 from gateway.s3.front import S3Front
-from gateway.s3.objects import cut_reason, object_headers
+from gateway.s3.objects import OVERRIDES, cut_reason, object_headers
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,8 @@ class HitPath:
             call, served = self._front.admit(request, request_id)
             if not served or call.route.operation != "GetObject":
                 return None
+            if any(param in call.query for param in OVERRIDES):
+                return None  # response-* overrides: the general path checks and applies them
             held = await self._reader.held(call.bucket, call.key)
         except (S3Error, errors.HoardError):
             return None  # the general path answers the error, as it would have
@@ -171,9 +173,7 @@ def _plain(request: web.Request) -> bool:
     if not request.keep_alive or request.raw_path.startswith(("/_hoard/", "/metrics")):
         return False
     headers = request.headers
-    if any(name in headers for name in _GENERAL_HEADERS):
-        return False
-    return "response-" not in request.query_string
+    return not any(name in headers for name in _GENERAL_HEADERS)
 
 
 def _cut(request: web.Request, exc: Exception, sent: int) -> None:

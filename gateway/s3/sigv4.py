@@ -20,6 +20,7 @@ SigV4a, nor browser POST policies.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import re
@@ -404,11 +405,12 @@ def _check_signature(req: RequestView, claim: _Claim, key: bytes) -> None:
     )
 
 
-def _candidate_uris(raw_path: str) -> list[str]:
+@functools.lru_cache(maxsize=65_536)  # pure; a header-signed hit re-reads the same paths
+def _candidate_uris(raw_path: str) -> tuple[str, ...]:
     """S3's form first (decode, then encode once); then the path exactly as sent."""
     raw_path = raw_path or "/"
     canonical = _uri_encode(raw_path, safe="/")
-    return [canonical] if canonical == raw_path else [canonical, raw_path]
+    return (canonical,) if canonical == raw_path else (canonical, raw_path)
 
 
 def _canonical_query(raw_query: str, *, presigned: bool) -> str:
