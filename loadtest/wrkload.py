@@ -23,7 +23,8 @@ carry ``X-Cache-Status`` and one more pass counts them (all HIT, or the peer
 is not measured at its best). wrk then runs ``wrk_repeats`` times; the row is
 the median run by req/s, with the median server CPU per request: user +
 system time of the server's processes (``/proc/PID/stat``) over the run,
-divided by the requests answered. On a shared machine that figure is the
+divided by the requests answered (and by the MiB sent: a run of 256 MiB
+answers completes few). On a shared machine that figure is the
 robust one: other load slows a server, but does not make each request cost
 more of its own CPU. For several nodes, wrk drives the first.
 """
@@ -195,12 +196,15 @@ def _summarise(runs: list[dict], connections: int) -> dict[str, Any]:
     ordered = sorted(runs, key=rate)
     median = ordered[len(ordered) // 2]
     cpu = [1e6 * r["cpu_s"] / r["requests"] for r in runs if r["requests"]]
+    # Per MiB too: a 10 s run of 256 MiB answers completes a few, but its CPU moved every byte.
+    per_mib = [1e6 * r["cpu_s"] / (r["bytes"] / 1024**2) for r in runs if r["bytes"]]
     return {
         "wall": median["duration_us"] / 1e6, "objects": median["requests"] - errors(median),
         "bytes": median["bytes"], "errors": errors(median),
         "p50_s": median["p50_us"] / 1e6, "p99_s": median["p99_us"] / 1e6,
         "connections": connections,
         "cpu_us_per_req": statistics.median(cpu) if cpu else 0.0,
+        "cpu_us_per_mib": statistics.median(per_mib) if per_mib else 0.0,
         "runs_req_s": "/".join(f"{rate(r):.0f}" for r in runs),
     }  # fmt: skip
 
