@@ -17,8 +17,9 @@ it does not take goes to the general path untouched, which then answers as if
 the hit path did not exist: anything but a GET over HTTP/1.1 with
 keep-alive (HEAD too: it reads no block, and the general path answers it
 from metadata alone); ``Range``, conditionals (``If-*``),
-``x-amz-checksum-mode``, ``response-*`` overrides; anything the front refuses (a bad signature, a
-denied key: the general path answers the S3 error); objects larger than one
+``x-amz-checksum-mode``, ``Expect``, ``response-*`` overrides; anything the
+front refuses (a bad signature, a denied key: the general path answers the
+S3 error); objects larger than one
 block, empty ones, ones not held in memory or on disk (a miss fills through
 the general path), and mounts with a TTL of 0. The answer is the general
 path's byte for byte but for the order of header lines: the same headers from
@@ -57,7 +58,7 @@ log = logging.getLogger(__name__)
 # A request carrying any of these is answered by the general path.
 _GENERAL_HEADERS = (
     "Range", "If-Match", "If-None-Match", "If-Modified-Since", "If-Unmodified-Since",
-    "x-amz-checksum-mode", "x-amz-copy-source",
+    "x-amz-checksum-mode", "x-amz-copy-source", "Expect",
 )  # fmt: skip
 _HEADER_BLOCKS = 16_384  # objects whose rendered header block is kept
 # Set per request, never from the object (the general path's prepare hook sets them too).
