@@ -297,6 +297,7 @@ def _parse_expires(value: str) -> int:
     return expires
 
 
+@functools.lru_cache(maxsize=4096)  # pure: clients repeat credentials, dates and header lists
 def _parse_credential(value: str, fail: Callable[[str], S3Error]) -> tuple[str, str, str]:
     """'AK/YYYYMMDD/region/s3/aws4_request' -> (AK, date, region); any region is accepted."""
     parts = value.split("/")
@@ -320,6 +321,7 @@ def _parse_credential(value: str, fail: Callable[[str], S3Error]) -> tuple[str, 
     return access_key, date, region
 
 
+@functools.lru_cache(maxsize=4096)  # pure: clients repeat credentials, dates and header lists
 def _signed_headers(value: str) -> tuple[str, ...]:
     return tuple(n.strip().lower() for n in value.split(";") if n.strip())
 
@@ -350,6 +352,7 @@ def _request_time(req: RequestView) -> float:
     return timestamp
 
 
+@functools.lru_cache(maxsize=4096)  # pure: clients repeat credentials, dates and header lists
 def _parse_amz_date(value: str) -> float | None:
     # Slicing, not strptime: this runs for every request and strptime is slow.
     if not _AMZ_DATE.fullmatch(value):
@@ -473,6 +476,7 @@ def _scope(claim: _Claim) -> str:
     return f"{claim.date}/{claim.region}/s3/aws4_request"
 
 
+@functools.lru_cache(maxsize=4096)  # pure: clients repeat credentials, dates and header lists
 def _format_amz_date(timestamp: float) -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(timestamp))
 
