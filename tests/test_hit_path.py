@@ -13,6 +13,7 @@ the object is hot, and must not be counted as hits.
 
 from __future__ import annotations
 
+import http.client
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +23,7 @@ import pytest
 from tests.conftest import moto_origin
 from tests.harness import HoardProcess, logged, metric
 from tests.origin_proxy import OriginProxy
-from tests.rawhttp import RawResponse, presign, send, signed_send
+from tests.rawhttp import RawResponse, presign, send, sign_headers, signed_send
 
 SMALL = os.urandom(100 * 1024)
 BIG = os.urandom(1024 * 1024 + 5)  # two blocks of 1 MiB
@@ -107,6 +108,27 @@ def test_a_hit_answers_as_the_general_path_did(node, proxy, seeded) -> None:
     presigned = send(node.port, "GET", presign("GET", host, target), {"Host": host})
     _same_answer(general, presigned)
     assert _hits(node, "memory") == hits + 2
+
+
+def test_hits_keep_the_connection_open(node, seeded) -> None:
+    target, host = f"/{seeded}/small.bin", f"127.0.0.1:{node.port}"
+    assert _get(node, target).status == 200
+    hits = _hits(node)
+    connection = http.client.HTTPConnection("127.0.0.1", node.port, timeout=30)
+    sockets = []
+    try:
+        for _ in range(3):
+            connection.putrequest("GET", target, skip_host=True, skip_accept_encoding=True)
+            for name, value in {**sign_headers("GET", host, target), "Host": host}.items():
+                connection.putheader(name, value)
+            connection.endheaders()
+            answer = connection.getresponse()
+            assert (answer.status, answer.read(), answer.will_close) == (200, SMALL, False)
+            sockets.append(connection.sock)
+    finally:
+        connection.close()
+    assert sockets[0] is not None and sockets[0] is sockets[1] is sockets[2]
+    assert _hits(node) == hits + 3
 
 
 def test_requests_the_hit_path_leaves_to_the_general_path(node, seeded) -> None:
