@@ -100,6 +100,9 @@ class HitPath:
             held = await self._reader.held(call.bucket, call.key)
         except (S3Error, errors.HoardError):
             return None  # the general path answers the error, as it would have
+        except Exception:  # nothing is sent yet: the general path answers, as S3 XML
+            log.exception("hit path failed before answering, request %s", request_id)
+            return None
         if held is None:
             return None
         info, piece, tier = held
