@@ -126,19 +126,12 @@ class BlockSource:
         instead of filling.
         """
         seen = sources if sources is not None else Counter()
-        cached = self.memory.get(ref.block)
-        if cached is not None:
-            if ref.block.digest in self._staged:
-                self._staged_hit(ref, cached)
-            seen["memory"] += length
-            yield memoryview(cached)[offset : offset + length]
+        found = await self.cached(ref, offset, length)
+        if found is not None:
+            piece, tier = found
+            seen[tier] += length
+            yield piece
             return
-        if self.fills.get(ref.block) is None and self.disk is not None:
-            found = await self.disk.get(ref.block)
-            if found is not None:
-                seen["disk"] += length
-                yield FileSegment(found.fd, found.data_offset + offset, length, found.close)
-                return
         if cached_only:
             raise PeerNotCached(f"block {ref.block.digest} is not cached here")
         if not local and self.fills.get(ref.block) is None and not self.owns(ref):
@@ -150,6 +143,25 @@ class BlockSource:
         async for piece in flight.read(offset, length):
             seen["origin"] += len(piece)
             yield piece
+
+    async def cached(self, ref: BlockRef, offset: int, length: int) -> tuple[Piece, str] | None:
+        """The bytes [offset, offset+length) of the block if this node holds it, and the tier
+        ("memory" or "disk"); None for a miss. Nothing is fetched.
+
+        The disk is not asked while a fill of the block runs: its file is not
+        complete yet, and the fill's waiters get the bytes as they arrive.
+        """
+        cached = self.memory.get(ref.block)
+        if cached is not None:
+            if self._staged and ref.block.digest in self._staged:  # a digest is a hash to compute
+                self._staged_hit(ref, cached)
+            return memoryview(cached)[offset : offset + length], "memory"
+        if self.fills.get(ref.block) is None and self.disk is not None:
+            found = await self.disk.get(ref.block)
+            if found is not None:
+                segment = FileSegment(found.fd, found.data_offset + offset, length, found.close)
+                return segment, "disk"
+        return None
 
     def fill(self, ref: BlockRef, admit: bool | None = None) -> Flight:
         """The fill of ``ref``'s block, started unless one is running (coalesced).

@@ -80,7 +80,7 @@ from gateway.s3.auth import Authenticator
 from gateway.s3.body import BodySender
 from gateway.s3.front import S3Front
 from gateway.safety import ambient_origins, private_cache, refusals
-from gateway.server import build_app, rejected
+from gateway.server import HIT_PATH, build_app, rejected
 from gateway.warm.fanout import ShareClient
 from gateway.warm.http import WarmHttp
 from gateway.warm.jobs import WarmJobs
@@ -486,7 +486,7 @@ def serve(settings: Settings, reload: Callable[[], Settings] | None = None) -> N
 def _run(app: web.Application, settings: Settings, sock: socket.socket) -> None:
     listener.run(
         app, sock, functools.partial(rejected, app), _event_loop(settings.event_loop),
-        ssl_context=app.get(TLS_CONTEXT),
+        ssl_context=app.get(TLS_CONTEXT), first=app[HIT_PATH].answer,
         shutdown_timeout=settings.shutdown_timeout, access_log=None,
         # Bodies are stored as sent: a gzip-encoded upload must reach the origin still gzipped.
         auto_decompress=False,

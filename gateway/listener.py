@@ -23,7 +23,7 @@ import logging
 import socket
 import ssl
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from http import HTTPStatus
 from typing import Any
@@ -37,6 +37,9 @@ EXIT_BIND = 1
 log = logging.getLogger("hoard")
 
 Rejected = Callable[[int, str], web.StreamResponse]
+Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+# Answers what it can before the application; None: the application answers.
+First = Callable[[web.BaseRequest], Awaitable[web.StreamResponse | None]]
 
 
 def bind(listen: str, reuse_port: bool) -> socket.socket:
@@ -70,12 +73,13 @@ def run(
     rejected: Rejected,
     loop: asyncio.AbstractEventLoop,
     ssl_context: ssl.SSLContext | None = None,
+    first: First | None = None,
     **server: Any,
 ) -> None:
     """Serve ``app`` on ``sock`` (over TLS with ``ssl_context``) until SIGTERM/SIGINT,
-    as ``web.run_app`` does."""
+    as ``web.run_app`` does; ``first`` sees each request before the application."""
     asyncio.set_event_loop(loop)
-    main = loop.create_task(_serve(app, sock, rejected, ssl_context, server))
+    main = loop.create_task(_serve(app, sock, rejected, ssl_context, first, server))
     try:
         loop.run_until_complete(main)
     except (web.GracefulExit, KeyboardInterrupt):
@@ -98,9 +102,10 @@ async def _serve(
     sock: socket.socket,
     rejected: Rejected,
     ssl_context: ssl.SSLContext | None,
+    first: First | None,
     server: dict[str, Any],
 ) -> None:
-    runner = _Runner(app, rejected, handle_signals=True, **server)
+    runner = _Runner(app, rejected, first, handle_signals=True, **server)
     await runner.setup()
     try:
         await web.SockSite(runner, sock, ssl_context=ssl_context).start()
@@ -110,15 +115,29 @@ async def _serve(
 
 
 class _Runner(web.AppRunner):
-    def __init__(self, app: web.Application, rejected: Rejected, **kwargs: Any) -> None:
+    def __init__(
+        self, app: web.Application, rejected: Rejected, first: First | None, **kwargs: Any
+    ) -> None:
         super().__init__(app, **kwargs)
         self._rejected = rejected
+        self._first = first
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
         server.__class__ = _Server  # the same object, handing out Hoard's connection handler
         server.rejected = self._rejected  # type: ignore[attr-defined]
+        if self._first is not None:
+            server.request_handler = _first_then(self._first, server.request_handler)
         return server
+
+
+def _first_then(first: First, handler: Handler) -> Handler:
+    """``first``'s answer, else the application's: no router or middleware runs for it."""
+
+    async def handle(request: web.BaseRequest) -> web.StreamResponse:
+        return await first(request) or await handler(request)
+
+    return handle
 
 
 class _Server(web.Server):

@@ -174,6 +174,14 @@ class Metrics:
             ["source", "mount"],
             registry=self.registry,
         )
+        self.hit_path = Counter(
+            "hoard_hit_path_responses_total",
+            "GETs answered by the hit path (a whole small object held in memory or on disk, "
+            "served without the general machinery), by tier (memory, disk). Counted in "
+            "hoard_requests_total too.",
+            ["source"],
+            registry=self.registry,
+        )
         self.origin_requests = Counter(
             "hoard_origin_requests_total",
             "Requests Hoard sent to an origin, by origin name and S3 operation (a hedge and "
@@ -498,6 +506,10 @@ class Metrics:
         for source, count in tally.items():
             if count:
                 self._child(self.bytes_served, source, mount).inc(count)
+
+    def hit(self, source: str) -> None:
+        """Count one GET answered by the hit path, by the tier it came from."""
+        self._child(self.hit_path, source).inc()
 
     def _child(self, metric: Any, *labels: str) -> Any:
         """``metric.labels(*labels)``, looked up once per label set and kept.

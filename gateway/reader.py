@@ -126,6 +126,38 @@ class Reader:
             client_info, start, end, partial, pieces, sources, again if retry else None
         )
 
+    async def held(self, bucket: str, key: str) -> tuple[ObjectInfo, Piece, str] | None:
+        """A whole object of one block that this node holds (for ``s3/hits.py``): its
+        metadata as ``open_object`` finds it, its bytes (memory, else a disk segment to
+        ``release()``) and the tier; None for anything else, which ``open_object`` answers.
+
+        None is decided from what is held (no entry, a negative one, an empty
+        object, more than one block, the block not held, or the entry replaced
+        during the disk lookup) before the counted metadata lookup, so the
+        general read that follows counts its lookup once.
+        """
+        self.catch_up()
+        mount = self.namespace.resolve(bucket)
+        okey = mount.origin_key(key)
+        known = self.metadata.known(_scope(mount), okey)
+        # A TTL of 0 asks the origin on every read: nothing held is an answer by itself.
+        if known is None or mount.metadata_ttl <= 0 or not 0 < known[0].size <= self.block_size:
+            return None
+        found = await self.blocks.cached(self._ref(mount, okey, known[0], 0), 0, known[0].size)
+        if found is None:
+            return None
+        # An entry held is served (stale ones while one refresh runs): the same object.
+        again = self.metadata.known(_scope(mount), okey)
+        info = await self._metadata_for_read(mount, okey, None) if again == known else None
+        if info is not known[0]:
+            if isinstance(found[0], FileSegment):
+                found[0].release()
+            return None
+        if self._observe is not None:
+            self._observe(bucket, key)
+        client_info = info if info.key == key else dataclasses.replace(info, key=key)
+        return client_info, *found
+
     async def read_whole(self, bucket: str, key: str, limit: int) -> bytes:
         """A whole (small) object through the cache, as bytes — a manifest of keys.
 

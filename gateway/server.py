@@ -20,6 +20,7 @@ HTTP parser refuses before any handler runs is answered by ``rejected``
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -36,11 +37,13 @@ from gateway.cluster.peers import PREFIX as PEER_PREFIX
 from gateway.metrics import Metrics
 from gateway.s3 import xml
 from gateway.s3.front import S3Front
+from gateway.s3.hits import HitPath
 from gateway.s3.routing import split_host
 
 log = logging.getLogger("hoard")
 
 STATE = web.AppKey("state", dict)
+HIT_PATH = web.AppKey("hit_path", HitPath)  # answers hits before the application (s3/hits.py)
 
 
 class RequestIds:
@@ -71,6 +74,14 @@ async def _observe(
         request["error_code"] = _code_for(exc.status)
         response = xml_error(exc.status, request["error_code"], exc.reason, request["request_id"])
     elapsed = time.perf_counter() - started
+    account(state, request, response.status, _body_bytes(request, response), elapsed)
+    return response
+
+
+def account(
+    state: dict, request: web.BaseRequest, status: int, body_bytes: int, elapsed: float
+) -> None:
+    """The metrics and the access-log line of one answered request (whole or cut)."""
     operation = request.get("operation", "Admin")
     metrics: Metrics = state["metrics"]
     mount = request.get("mount", "")
@@ -79,16 +90,17 @@ async def _observe(
         sent = request["sent"]
         metrics.cut(operation, cut, mount, elapsed, sent)
     else:
-        sent = _body_bytes(request, response)
-        metrics.answered(operation, response.status, mount, elapsed, sent)
+        sent = body_bytes
+        metrics.answered(operation, status, mount, elapsed, sent)
     if "served" in request:
         metrics.served(mount, request["served"])
+    if not state["access_log"].enabled:
+        return  # the line's fields are not even gathered: this runs for every hit
     error = f"cut:{cut}" if cut is not None else request.get("error_code", "-")
     state["access_log"].record(
         request["request_id"], request.method, request.path, operation, request.get("bucket", ""),
-        response.status, sent, elapsed, request.get("source", "-"), error,
+        status, sent, elapsed, request.get("source", "-"), error,
     )  # fmt: skip
-    return response
 
 
 def _code_for(status: int) -> str:
@@ -175,12 +187,14 @@ def build_app(
 ) -> web.Application:
     """The gateway application. Everything it needs is passed in, built by ``cli.py``."""
     app = web.Application(middlewares=[_observe], client_max_size=1024**2)
-    app[STATE] = {
+    app[STATE] = state = {
         "metrics": metrics,
         "ready": False,
         "access_log": access,
         "request_ids": RequestIds(),
     }
+    app[HIT_PATH] = HitPath(front, front.reader, front.body, metrics, state["request_ids"].new,
+                            functools.partial(account, state))  # fmt: skip
 
     async def dispatch(request: web.Request) -> web.StreamResponse:
         path = request.raw_path.split("?", 1)[0]

@@ -4,12 +4,16 @@
 dataset of one file per sample. ``shards``: a few large objects (64-256 MiB),
 as tar/webdataset or parquet shards. ``rss``: one very large object per client
 of the ``rss`` workload (1 GiB at full scale), made only when that workload
-runs; that workload also uploads into a bucket of its own (``UPLOADS``). Contents and sizes derive from one seed, so two runs read the same bytes.
+runs; that workload also uploads into a bucket of its own (``UPLOADS``).
+``hits``: objects of exactly 128 KiB and 4 KiB (``hit_objects`` of each), the
+``capacity`` workload's hits, made only when it runs. Contents and sizes
+derive from one seed, so two runs read the same bytes.
 ``Scale`` holds every size knob of a run.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import random
 import shutil
@@ -27,6 +31,8 @@ BUCKET = "hoard-loadtest"
 IMAGES = "images/"
 SHARDS = "shards/"
 RSS = "rss/"
+HITS = "hits/"
+HIT_SIZES = (128 * KiB, 4 * KiB)  # the capacity workload's small-hit sizes
 UPLOADS = "hoard-loadtest-uploads"  # the rss workload's upload phase writes here (a writable mount)
 ORIGIN_KEY, ORIGIN_SECRET = "origin-access", "origin-secret"
 
@@ -55,6 +61,8 @@ class Scale:
     upload_multipart: int  # rss upload phase: the multipart upload's size
     upload_part: int  # its part size
     upload_put: int  # the PutObject sent at the same time
+    hit_objects: int  # capacity: objects of each size in HIT_SIZES
+    wrk_repeats: int  # capacity: wrk runs per phase (medians are reported)
 
     def describe(self) -> dict[str, object]:
         return asdict(self)
@@ -66,7 +74,8 @@ SCALES = {
         shard_sizes=(4 * MiB, 2 * MiB, 2 * MiB), range_size=1 * MiB, readers=2, threads=4,
         epochs=3, herd_clients=64, herd_processes=2, wrk_seconds=1.0, train_batch=4, train_compute=0.005,
         train_images=12, phase_timeout=60, rss_clients=8, rss_size=32 * MiB,
-        upload_multipart=64 * MiB, upload_part=16 * MiB, upload_put=32 * MiB,
+        upload_multipart=64 * MiB, upload_part=16 * MiB, upload_put=32 * MiB, hit_objects=48,
+        wrk_repeats=1,
     ),
     "full": Scale(
         name="full", prefixes=100, per_prefix=30, image_min=64 * KiB, image_max=256 * KiB,
@@ -74,7 +83,7 @@ SCALES = {
         threads=8, epochs=3, herd_clients=64, herd_processes=4, wrk_seconds=10.0, train_batch=32,
         train_compute=0.1, train_images=640, phase_timeout=600, rss_clients=8,
         rss_size=1024 * MiB, upload_multipart=5 * 1024 * MiB, upload_part=64 * MiB,
-        upload_put=2 * 1024 * MiB,
+        upload_put=2 * 1024 * MiB, hit_objects=2000, wrk_repeats=3,
     ),
 }  # fmt: skip
 
@@ -94,6 +103,10 @@ class Dataset:
     shards: tuple[Obj, ...]
     local_root: Path  # local_root / bucket / key is the file
     rss: tuple[Obj, ...] = ()  # only when the rss workload runs
+    hits: tuple[Obj, ...] = ()  # only when the capacity workload runs
+
+    def hits_of(self, size: int) -> tuple[Obj, ...]:
+        return tuple(o for o in self.hits if o.size == size)
 
     @property
     def stream_object(self) -> Obj:
@@ -110,7 +123,7 @@ class Dataset:
 
     @property
     def total_bytes(self) -> int:
-        return sum(o.size for o in (*self.images, *self.shards, *self.rss))
+        return sum(o.size for o in (*self.images, *self.shards, *self.rss, *self.hits))
 
     def summary(self) -> dict[str, object]:
         summary: dict[str, object] = {
@@ -120,13 +133,18 @@ class Dataset:
             "shards": [o.size for o in self.shards],
             "shards_bytes": sum(o.size for o in self.shards),
         }
+        if self.hits:
+            summary["hits"] = " + ".join(
+                f"{len(self.hits_of(size))} x {size // KiB} KiB" for size in HIT_SIZES
+            )
         if self.rss:
             summary["rss"] = f"{len(self.rss)} x {self.rss[0].size / MiB:g} MiB"
         return summary
 
 
-def plan(scale: Scale, seed: int, rss: bool = False) -> Dataset:
-    """Keys and sizes only (no bytes yet): deterministic in ``seed``; ``rss`` objects if asked."""
+def plan(scale: Scale, seed: int, rss: bool = False, hits: bool = False) -> Dataset:
+    """Keys and sizes only (no bytes yet): deterministic in ``seed``; ``rss`` and ``hits``
+    objects if asked."""
     rng = random.Random(seed)
     images = tuple(
         Obj(f"{IMAGES}p{p:03d}/img{i:05d}.jpg", rng.randint(scale.image_min, scale.image_max))
@@ -140,7 +158,12 @@ def plan(scale: Scale, seed: int, rss: bool = False) -> Dataset:
         Obj(f"{RSS}object-{n:03d}.bin", scale.rss_size)
         for n in range(scale.rss_clients if rss else 0)
     )
-    return Dataset(BUCKET, images, shards, Path(), big)
+    fixed = tuple(
+        Obj(f"{HITS}{size // KiB}k/obj{i:05d}.bin", size)
+        for size in (HIT_SIZES if hits else ())
+        for i in range(scale.hit_objects)
+    )
+    return Dataset(BUCKET, images, shards, Path(), big, fixed)
 
 
 class Synthetic(io.RawIOBase):
@@ -176,7 +199,7 @@ class Synthetic(io.RawIOBase):
 
 def write_local(dataset: Dataset, root: Path, seed: int, rss: bool = False) -> Dataset:
     """Write every object under ``root/bucket/`` (the ``rss`` ones if asked); sets ``local_root``."""
-    for obj in (*dataset.images, *dataset.shards, *(dataset.rss if rss else ())):
+    for obj in (*dataset.images, *dataset.hits, *dataset.shards, *(dataset.rss if rss else ())):
         path = root / dataset.bucket / obj.key
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists() and path.stat().st_size == obj.size:
@@ -191,7 +214,7 @@ def write_local(dataset: Dataset, root: Path, seed: int, rss: bool = False) -> D
                 step = min(left, 8 * MiB)
                 handle.write(rng.randbytes(step))
                 left -= step
-    return Dataset(dataset.bucket, dataset.images, dataset.shards, root, dataset.rss)
+    return dataclasses.replace(dataset, local_root=root)
 
 
 def origin_client(endpoint: str, pool: int = 16):
@@ -220,7 +243,7 @@ def seed_origin(dataset: Dataset, moto_url: str, seed: int) -> None:
         )  # fmt: skip
 
     with ThreadPoolExecutor(16) as pool:
-        list(pool.map(put, dataset.images))
+        list(pool.map(put, (*dataset.images, *dataset.hits)))
     with ThreadPoolExecutor(2) as pool:
         list(pool.map(put, dataset.shards))
 

@@ -174,3 +174,20 @@ class Pinning:
             f"load generators on CPU {','.join(map(str, sorted(self.generator)))} "
             "(taskset / sched_setaffinity); origin unpinned"
         )
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of ``pids`` so far (``/proc/PID/stat`` utime + stime).
+
+    Processes that vanish meanwhile count nothing: call it on the same tree
+    before and after a run and take the difference.
+    """
+    ticks = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of stat
+    return ticks / os.sysconf("SC_CLK_TCK")

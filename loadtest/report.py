@@ -18,7 +18,11 @@ from typing import Any
 MB = 1e6
 MiB = 1024**2
 RSS_TARGET_MIB = 150  # the issue's per-worker allowance over the memory tier
-PEERS = {"hoard": ("nginx", "static", "direct"), "hoard-cluster": ("nginx-3", "static", "direct")}
+PEERS = {
+    "hoard": ("nginx", "static", "direct"),
+    "hoard-disk": ("nginx", "static", "direct"),
+    "hoard-cluster": ("nginx-3", "static", "direct"),
+}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -297,6 +301,7 @@ def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
                 f"| {_fmt(share)} | {r.errors} |"
             )
     lines += _upload_table([r for r in rows if r.workload == "rss" and r.phase == "upload"])
+    lines += capacity_table(rows)
     checks = goals(rows, meta)
     if checks:
         lines += ["", "## Targets of the load-test issue", "", "| goal | measured | verdict |",
@@ -304,6 +309,44 @@ def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
         lines += [f"| {goal} | {shown} | {verdict} |" for goal, shown, verdict in checks]
     lines.append("")
     return "\n".join(lines)
+
+
+def capacity_table(rows: list[Row]) -> list[str]:
+    """The capacity workload per core: req/s, server CPU per request, p99, ratios to nginx.
+
+    A header-signed phase is compared with the peers' presigned phase of the same
+    objects: nginx verifies no signature, so the ratio is the honest cost of security.
+    """
+    measured = [r for r in rows if r.workload == "capacity" and r.measured]
+    if not measured:
+        return []
+    lines = ["", "## Capacity per core (wrk; medians of the runs)", "",
+             "Server CPU: user + system time of the server's processes over the run, per "
+             "request and per MiB sent. Ratios: req/s of the target / req/s of the peer (MB/s "
+             "for large objects; above 1 = faster); CPU ratio: the peer's µs / the target's, "
+             "per request (per MiB for large objects, of which a run completes few; above 1 = "
+             "cheaper).", "",
+             "| target | phase | req/s | MB/s | CPU µs/req | CPU µs/MiB | p99 ms "
+             "| vs nginx req/s | vs nginx CPU | vs static req/s | vs static CPU "
+             "| p99 / nginx's | runs req/s | nginx cache status |", "|" + "---|" * 14]  # fmt: skip
+    for r in measured:
+        peer_phase = r.phase.removesuffix(" sigv4")
+        cost = "cpu_us_per_mib" if r.phase.startswith("large") else "cpu_us_per_req"
+        cells = []
+        for peer in ("nginx", "static"):
+            other = _find(rows, peer, "capacity", peer_phase)
+            mine, theirs = r.extra.get(cost), other and other.extra.get(cost)
+            cells.append(_fmt(_metric(r)[1] / _metric(other)[1]) if other else "—")
+            cells.append(_fmt(theirs / mine) if mine and theirs else "—")
+        nginx = _find(rows, "nginx", "capacity", peer_phase)
+        p99 = _fmt(r.p99_ms / nginx.p99_ms) if nginx and nginx.p99_ms else "—"
+        lines.append(
+            f"| {r.target} | {r.phase} | {r.objects_per_s:,.0f} | {r.mb_per_s:,.1f} "
+            f"| {_fmt(r.extra.get('cpu_us_per_req'), 1)} "
+            f"| {_fmt(r.extra.get('cpu_us_per_mib'), 1)} | {r.p99_ms:.1f} | {' | '.join(cells)} "
+            f"| {p99} | {r.extra.get('runs_req_s', '—')} | {r.extra.get('cache_status', '—')} |"
+        )
+    return lines
 
 
 def _upload_table(uploaded: list[Row]) -> list[str]:

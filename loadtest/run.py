@@ -135,7 +135,7 @@ def run(options: Options) -> dict[str, Path]:
             started = time.monotonic()
             big = "rss" in options.workloads  # 8 very large objects, for rss only
             dataset = write_local(
-                plan(scale, options.seed, rss=big), workdir / "static", options.seed,
+                plan(scale, options.seed, rss=big, hits="capacity" in options.workloads), workdir / "static", options.seed,
                 rss=big and "static" in options.targets,
             )  # fmt: skip
             seed_origin(dataset, origin.moto_url, options.seed)

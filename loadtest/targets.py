@@ -7,6 +7,7 @@
 | ``nginx-3`` | three such nginx, readers spread over them: a cache per node |
 | ``hoard`` | one Hoard node (``python -m gateway serve --config``), N workers |
 | ``hoard-cluster`` | three Hoard nodes forming one cluster, readers spread over them |
+| ``hoard-disk`` | one Hoard node with its memory tier off: every hit is a disk-tier hit |
 | ``static`` | nginx serving the dataset's files from local disk (``nginx-static.conf``) |
 
 A target that cannot run here says why in ``unavailable()``; the run reports
@@ -30,7 +31,7 @@ from loadtest.procs import Pinning, children, free_port, stop_process, wait_http
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 HOARD_KEY, HOARD_SECRET = "loadtest", "loadtest-secret-key"
-ALL = ("direct", "nginx", "nginx-3", "hoard", "hoard-cluster", "static")
+ALL = ("direct", "nginx", "nginx-3", "hoard", "hoard-cluster", "hoard-disk", "static")
 
 
 @dataclass
@@ -156,10 +157,11 @@ def cluster_support() -> str | None:
 class Hoard(Target):
     """``nodes`` Hoard processes (``python -m gateway serve``); a cluster when nodes > 1."""
 
-    def __init__(self, name: str, ctx: Context, nodes: int = 1):
+    def __init__(self, name: str, ctx: Context, nodes: int = 1, memory_tier: bool = True):
         super().__init__(name, ctx, access_key=HOARD_KEY, secret_key=HOARD_SECRET,
                          takes_uploads=True, hoard_api=True)  # fmt: skip
         self.nodes = nodes
+        self.memory_tier_on = memory_tier
         self.config_paths: list[Path] = []
 
     def memory_tier(self) -> int | None:
@@ -180,7 +182,8 @@ class Hoard(Target):
             "shutdown_timeout": "5s",
             "log_level": "warning",
             "access_log": False,  # as nginx-cache.conf's "access_log off": same work per request
-            "cache": {"dir": str(directory / "cache"), "size": self.ctx.cache_bytes},
+            "cache": {"dir": str(directory / "cache"), "size": self.ctx.cache_bytes,
+                      **({} if self.memory_tier_on else {"memory": 0})},
             "credentials": [{"access_key": HOARD_KEY, "secret_key": HOARD_SECRET}],
             "origins": {
                 "origin": {
@@ -248,4 +251,6 @@ def make(name: str, ctx: Context) -> Target:
         return Hoard(name, ctx)
     if name == "hoard-cluster":
         return Hoard(name, ctx, nodes=3)
+    if name == "hoard-disk":
+        return Hoard(name, ctx, memory_tier=False)
     raise ValueError(f"unknown target {name!r} (known: {', '.join(ALL)})")

@@ -1,39 +1,95 @@
-"""``capacity``: server capacity measured with wrk, a generator that is not the bottleneck.
+"""``capacity``: server capacity per core, measured with wrk, a generator that is not the bottleneck.
 
 On two cores a handful of boto3 processes saturate the CPU before any server
 does, so their figures measure boto3. wrk (C, epoll, one thread, pinned to the
-generator CPU) cycles through presigned URLs of the dataset instead: Hoard
-verifies each signature (boto3 presigns them for Hoard's endpoint and
-credentials), nginx passes them to the origin and keeps them out of its cache
-key, ``static`` ignores them.
+generator CPU) cycles through requests made before the clock starts instead:
 
-Phases: ``small hits`` (every image, 64 connections) and ``large hits`` (the
-shards whole, 4 connections), each after one warm-up read of every URL, so a
-caching target answers from its cache. For several nodes, wrk drives the first.
+| phase | objects | connections | signed how |
+|---|---|---|---|
+| ``small 128k`` | ``hit_objects`` of exactly 128 KiB | 64 | presigned URLs |
+| ``small 128k sigv4`` | the same (Hoard only) | 64 | header-signed SigV4, as boto3 sends |
+| ``small 4k`` | ``hit_objects`` of 4 KiB | 64 | presigned URLs |
+| ``large 256m`` | the largest shard, whole | 4 | presigned URL |
+
+Hoard verifies every signature (boto3 presigns the URLs for Hoard's endpoint
+and credentials; for the sigv4 phase each request's Authorization, X-Amz-Date
+and X-Amz-Content-Sha256 are computed here, one per object, and wrk sends them
+as they are: valid for the 15 minutes SigV4 allows). nginx passes signatures to
+the origin and keeps them out of its cache key; ``static`` gets plain paths.
+
+Each phase first reads every request once (until a pass costs the origin
+nothing), so a caching target answers from its cache; nginx's answers then
+carry ``X-Cache-Status`` and one more pass counts them (all HIT, or the peer
+is not measured at its best). wrk then runs ``wrk_repeats`` times; the row is
+the median run by req/s, with the median server CPU per request: user +
+system time of the server's processes (``/proc/PID/stat``) over the run,
+divided by the requests answered (and by the MiB sent: a run of 256 MiB
+answers completes few). On a shared machine that figure is the
+robust one: other load slows a server, but does not make each request cost
+more of its own CPU. For several nodes, wrk drives the first.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import statistics
 import subprocess
 import time
 import urllib.request
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from botocore.config import Config
 
-from loadtest.datasets import Obj
+from loadtest.datasets import HIT_SIZES, KiB, Obj
+from loadtest.procs import cpu_seconds, tree
 from loadtest.report import Row
 from loadtest.workloads import Session
 
 HERE = Path(__file__).resolve().parent
 
 
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    connections: int
+    header_signed: bool = False  # SigV4 in headers instead of a presigned query
+
+
+PHASES = (
+    Phase("small 128k", 64),
+    Phase("small 128k sigv4", 64, header_signed=True),
+    Phase("small 4k", 64),
+    Phase("large 256m", 4),
+)
+
+
 def unavailable() -> str | None:
     return None if shutil.which("wrk") else "wrk not installed (apt-get install wrk)"
+
+
+def _objects(s: Session, phase: Phase) -> tuple[Obj, ...]:
+    data = s.bench.dataset
+    if phase.name.startswith("large"):
+        return (data.stream_object,)
+    size = 128 * KiB if "128k" in phase.name else 4 * KiB
+    assert size in HIT_SIZES
+    return data.hits_of(size)
+
+
+def _client(s: Session, endpoint: str) -> Any:
+    import boto3
+
+    return boto3.client(
+        "s3", endpoint_url=endpoint, region_name="us-east-1",
+        aws_access_key_id=s.target.access_key, aws_secret_access_key=s.target.secret_key,
+        config=Config(s3={"addressing_style": "path"}),
+    )  # fmt: skip
 
 
 def presigned_paths(s: Session, objects: tuple[Obj, ...], endpoint: str | None = None) -> list[str]:
@@ -41,13 +97,7 @@ def presigned_paths(s: Session, objects: tuple[Obj, ...], endpoint: str | None =
     bucket = s.bench.dataset.bucket
     if not s.target.can_list:  # static files: no signature to check
         return [f"/{bucket}/{o.key}" for o in objects]
-    import boto3
-
-    client = boto3.client(
-        "s3", endpoint_url=endpoint or s.target.endpoints[0], region_name="us-east-1",
-        aws_access_key_id=s.target.access_key, aws_secret_access_key=s.target.secret_key,
-        config=Config(s3={"addressing_style": "path"}),
-    )  # fmt: skip
+    client = _client(s, endpoint or s.target.endpoints[0])
     paths = []
     for o in objects:
         url = client.generate_presigned_url(
@@ -58,14 +108,38 @@ def presigned_paths(s: Session, objects: tuple[Obj, ...], endpoint: str | None =
     return paths
 
 
-def warm(endpoint: str, paths: list[str], deadline: float) -> int:
-    """Read every path once (16 at a time); returns how many failed."""
+def header_signed(s: Session, objects: tuple[Obj, ...]) -> list[str]:
+    """One wrk request line per object: the path, then its SigV4 headers, tab-separated."""
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
 
-    def one(path: str) -> bool:
+    endpoint = s.target.endpoints[0]
+    signer = S3SigV4Auth(Credentials(s.target.access_key, s.target.secret_key), "s3", "us-east-1")
+    lines = []
+    for o in objects:
+        path = f"/{s.bench.dataset.bucket}/{o.key}"
+        request = AWSRequest(method="GET", url=endpoint + path)
+        signer.add_auth(request)
+        wanted = ("Authorization", "X-Amz-Date", "X-Amz-Content-SHA256")
+        lines.append("\t".join([path, *(f"{name}: {request.headers[name]}" for name in wanted)]))
+    return lines
+
+
+def _urlopen(endpoint: str, line: str) -> urllib.request.Request:
+    path, *headers = line.split("\t")
+    fields = dict(h.split(": ", 1) for h in headers)
+    return urllib.request.Request(endpoint + path, headers=fields)
+
+
+def warm(endpoint: str, lines: list[str], deadline: float) -> int:
+    """Read every request once (16 at a time); returns how many failed."""
+
+    def one(line: str) -> bool:
         if time.monotonic() > deadline:
             return False
         try:
-            with urllib.request.urlopen(endpoint + path, timeout=120) as response:
+            with urllib.request.urlopen(_urlopen(endpoint, line), timeout=120) as response:
                 while response.read(1024 * 1024):
                     pass
             return True
@@ -73,49 +147,103 @@ def warm(endpoint: str, paths: list[str], deadline: float) -> int:
             return False
 
     with ThreadPoolExecutor(16) as pool:
-        return sum(not ok for ok in pool.map(one, paths))
+        return sum(not ok for ok in pool.map(one, lines))
 
 
-def run_wrk(s: Session, paths: list[str], connections: int, seconds: float, tag: str) -> dict:
-    paths_file = s.bench.workdir / f"wrk-{s.target.name}-{tag}.txt"
-    paths_file.write_text("\n".join(paths) + "\n")
+def cache_statuses(endpoint: str, lines: list[str]) -> Counter[str]:
+    """nginx's ``X-Cache-Status`` of each request (headers only), "-" where none is sent."""
+
+    def one(line: str) -> str:
+        try:
+            with urllib.request.urlopen(_urlopen(endpoint, line), timeout=120) as response:
+                return response.headers.get("X-Cache-Status", "-")
+        except OSError as exc:
+            return f"error {type(exc).__name__}"
+
+    with ThreadPoolExecutor(16) as pool:
+        return Counter(pool.map(one, lines))
+
+
+def run_wrk(s: Session, lines: list[str], connections: int, seconds: float, tag: str) -> dict:
+    requests_file = s.bench.workdir / f"wrk-{s.target.name}-{tag}.txt"
+    requests_file.write_text("\n".join(lines) + "\n")
     command = [
         *s.bench.pinning.generator_prefix(), "wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s",
-        "--timeout", "60s", "-s", str(HERE / "wrk.lua"), s.target.endpoints[0], "--", str(paths_file),
+        "--timeout", "60s", "-s", str(HERE / "wrk.lua"), s.target.endpoints[0], "--",
+        str(requests_file),
     ]  # fmt: skip
+    server = tree(s.target.pids())
+    cpu_before = cpu_seconds(server)
     done = subprocess.run(
         command, capture_output=True, text=True, timeout=seconds + 90, check=False
     )
+    cpu = cpu_seconds(server) - cpu_before
     for line in reversed(done.stdout.splitlines()):
         if line.startswith("{"):
-            return json.loads(line)
+            return {**json.loads(line), "cpu_s": cpu}
     raise RuntimeError(f"wrk printed no result (exit {done.returncode}): {done.stderr[-500:]}")
 
 
+def _summarise(runs: list[dict], connections: int) -> dict[str, Any]:
+    """The median run by req/s, with the median CPU per request and every run's req/s."""
+
+    def rate(run: dict) -> float:
+        return run["requests"] / (run["duration_us"] / 1e6)
+
+    def errors(run: dict) -> int:
+        return sum(run[k] for k in ("connect", "read", "write", "status", "timeout"))
+
+    ordered = sorted(runs, key=rate)
+    median = ordered[len(ordered) // 2]
+    cpu = [1e6 * r["cpu_s"] / r["requests"] for r in runs if r["requests"]]
+    # Per MiB too: a 10 s run of 256 MiB answers completes a few, but its CPU moved every byte.
+    per_mib = [1e6 * r["cpu_s"] / (r["bytes"] / 1024**2) for r in runs if r["bytes"]]
+    return {
+        "wall": median["duration_us"] / 1e6, "objects": median["requests"] - errors(median),
+        "bytes": median["bytes"], "errors": errors(median),
+        "p50_s": median["p50_us"] / 1e6, "p99_s": median["p99_us"] / 1e6,
+        "connections": connections,
+        "cpu_us_per_req": statistics.median(cpu) if cpu else 0.0,
+        "cpu_us_per_mib": statistics.median(per_mib) if per_mib else 0.0,
+        "runs_req_s": "/".join(f"{rate(r):.0f}" for r in runs),
+    }  # fmt: skip
+
+
+def _warm_until_cached(s: Session, lines: list[str]) -> int:
+    """Warm-up passes until one costs the origin no GET (at most three); failed reads."""
+    failed = 0
+    for _ in range(3):
+        before = s.bench.origin.counts().get("GET", 0)
+        failed = warm(s.target.endpoints[0], lines, time.monotonic() + min(300.0, s.remaining()))
+        if s.bench.origin.counts().get("GET", 0) == before:
+            break
+    return failed
+
+
 def capacity(s: Session) -> list[Row]:
-    scale, data = s.bench.scale, s.bench.dataset
+    scale = s.bench.scale
     rows = []
-    for phase, objects, connections in (
-        ("small hits", data.images, 64),
-        ("large hits", data.shards, 4),
-    ):
-        paths = presigned_paths(s, objects)
-        failed = warm(s.target.endpoints[0], paths, time.monotonic() + min(300.0, s.remaining()))
+    for phase in PHASES:
+        objects = _objects(s, phase)
+        if not objects or (phase.header_signed and not s.target.hoard_api):
+            continue  # nginx verifies no signature: its presigned phase is the comparison
+        sign = header_signed if phase.header_signed else presigned_paths
+        lines = sign(s, objects)
+        failed = _warm_until_cached(s, lines)
+        statuses = cache_statuses(s.target.endpoints[0], lines)
+        tag = phase.name.replace(" ", "-")
 
-        def run(paths: list[str] = paths, connections: int = connections, tag: str = phase) -> dict:
-            result = run_wrk(s, paths, connections, scale.wrk_seconds, tag.split()[0])
-            errors = sum(result[k] for k in ("connect", "read", "write", "status", "timeout"))
-            return {
-                "wall": result["duration_us"] / 1e6, "objects": result["requests"] - errors,
-                "bytes": result["bytes"], "errors": errors,
-                "p50_s": result["p50_us"] / 1e6, "p99_s": result["p99_us"] / 1e6,
-                "connections": connections,
-            }  # fmt: skip
+        def run(lines: list[str] = lines, phase: Phase = phase, tag: str = tag) -> dict:
+            runs = [run_wrk(s, lines, phase.connections, scale.wrk_seconds, tag)
+                    for _ in range(scale.wrk_repeats)]  # fmt: skip
+            return _summarise(runs, phase.connections)
 
-        row = s.measure(phase, run, generator="wrk")
-        if failed:
-            row.note = f"{failed} warm-up reads failed"
+        row = s.measure(phase.name, run, generator="wrk")
+        notes = [f"{failed} warm-up reads failed"] if failed else []
+        if set(statuses) != {"-"}:
+            row.extra["cache_status"] = " ".join(f"{k} {v}" for k, v in sorted(statuses.items()))
         if len(s.target.endpoints) > 1:
-            row.note = (row.note + "; " if row.note else "") + "wrk drives the first node only"
+            notes.append("wrk drives the first node only")
+        row.note = "; ".join(notes)
         rows.append(row)
     return rows

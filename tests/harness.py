@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -41,6 +42,17 @@ def sum_samples(exposition: str, selector: str) -> float:
         for sample in family.samples
         if sample.name == name and wanted.items() <= sample.labels.items()
     )
+
+
+def logged(node: HoardProcess, request_id: str) -> dict[str, Any]:
+    """The JSON access-log line of ``request_id`` (written in batches: waited for)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        for line in node.log().splitlines():
+            if request_id in line and line.startswith("{"):
+                return json.loads(line)
+        time.sleep(0.05)
+    raise AssertionError(f"no access-log line for {request_id}")
 
 
 def free_port() -> int:

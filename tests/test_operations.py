@@ -9,8 +9,6 @@ preflights (OPTIONS) reach the origin unsigned by the client, as S3 takes them.
 
 from __future__ import annotations
 
-import json
-import time
 import uuid
 
 import pytest
@@ -18,7 +16,7 @@ import requests
 
 from gateway.s3.routing import route
 from tests.conftest import ORIGIN_KEY, ORIGIN_SECRET, moto_origin
-from tests.harness import HoardProcess, metric
+from tests.harness import HoardProcess, logged, metric
 from tests.rawhttp import send, signed_send
 
 
@@ -74,17 +72,6 @@ def hoard(tmp_path_factory, moto_endpoint):
     node.stop()
 
 
-def _logged(node: HoardProcess, request_id: str) -> dict:
-    """The access-log line of ``request_id`` (written in batches: waited for)."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        for line in node.log().splitlines():
-            if request_id in line and line.startswith("{"):
-                return json.loads(line)
-        time.sleep(0.05)
-    raise AssertionError(f"no access-log line for {request_id}")
-
-
 def test_metrics_and_access_log_name_operations_and_count_real_bytes(
     hoard, origin_client, bucket
 ) -> None:
@@ -102,15 +89,15 @@ def test_metrics_and_access_log_name_operations_and_count_real_bytes(
         before = metric(hoard.endpoint, f'hoard_response_bytes_total{{operation="{operation}"}}')
         answer = signed_send(hoard.port, method, target)
         assert answer.status == status, (target, answer.body)
-        logged = _logged(hoard, answer.headers["x-amz-request-id"])
+        line = logged(hoard, answer.headers["x-amz-request-id"])
         body = 0 if method == "HEAD" else len(answer.body)
-        assert (logged["operation"], logged["status"], logged["bytes"]) == (operation, status, body)
+        assert (line["operation"], line["status"], line["bytes"]) == (operation, status, body)
         counted = metric(hoard.endpoint, f'hoard_response_bytes_total{{operation="{operation}"}}')
         assert counted - before == body, operation
         assert metric(hoard.endpoint, f'hoard_requests_total{{operation="{operation}"}}') >= 1
     stats = requests.get(f"{hoard.endpoint}/_hoard/stats", timeout=10)  # unsigned: refused
     assert stats.status_code == 403
-    assert _logged(hoard, stats.headers["x-amz-request-id"])["bytes"] == len(stats.content)
+    assert logged(hoard, stats.headers["x-amz-request-id"])["bytes"] == len(stats.content)
 
 
 def test_a_cors_preflight_is_the_origins_answer(hoard, origin_client, bucket) -> None:

@@ -71,6 +71,16 @@ class S3Front:
         self._body = body
         self._auth = auth
         self._domains = domains
+        # Data loaders ask for the same URLs every epoch; a refused route raises and is not kept.
+        self._route = functools.lru_cache(maxsize=65_536)(self._route_of)
+
+    @property
+    def reader(self) -> Reader:
+        return self._reader
+
+    @property
+    def body(self) -> BodySender:
+        return self._body
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         request_id: str = request["request_id"]
@@ -86,11 +96,22 @@ class S3Front:
             return self._error(request, S3Error(Code.InternalError))
 
     async def _dispatch(self, request: web.Request, request_id: str) -> web.StreamResponse:
+        call, served = self.admit(request, request_id)
+        handler = HANDLERS[call.route.operation] if served else passthrough
+        return await handler(call)
+
+    def admit(self, request: web.Request, request_id: str) -> tuple[Call, bool]:
+        """Route and authenticate ``request``: the call for its handler, and whether Hoard
+        answers it itself (else it goes to the origin as it is). ``S3Error`` if refused.
+
+        The hit path (``hits.py``) admits requests here too, so both paths check
+        the same signatures and the same per-key limits.
+        """
         view = request_view(request)
         query = dict(_query_pairs(view.raw_query)) if view.raw_query else {}
         copy_source = request.headers.get("x-amz-copy-source")
-        found: Route = route(request.method, request.host, view.raw_path, query, self._domains,
-                             copy_source is not None)  # fmt: skip
+        found = self._route(request.method, request.host, view.raw_path, view.raw_query,
+                            copy_source is not None)  # fmt: skip
         request["operation"] = found.operation
         request["bucket"] = found.bucket
         request["mount"] = self._reader.mount_label(found.bucket)
@@ -114,11 +135,15 @@ class S3Front:
             or _SDK_BUCKET.fullmatch(found.bucket) is not None
             or not self._writer.forwards(found.bucket)
         )
-        handler = HANDLERS[found.operation] if served else passthrough
         call = Call(
             request, found, query, principal, self._reader, request_id, self._body, self._writer
         )
-        return await handler(call)
+        return call, served
+
+    def _route_of(self, method: str, host: str, raw_path: str, raw_query: str, copy: bool) -> Route:
+        """The route of a request line (pure in its arguments: memoised as ``_route``)."""
+        query = dict(_query_pairs(raw_query)) if raw_query else {}
+        return route(method, host, raw_path, query, self._domains, copy)
 
     def _error(self, request: web.Request, exc: S3Error) -> web.StreamResponse:
         request["error_code"] = exc.code.name

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 _CHECKSUM_PREFIX = "x-amz-checksum-"  # the object's checksums and their type
 
 # Query parameters that override response headers on GetObject/HeadObject.
-_OVERRIDES = {
+OVERRIDES = {
     "response-content-type": "Content-Type",
     "response-content-language": "Content-Language",
     "response-expires": "Expires",
@@ -71,14 +71,14 @@ def _wants_checksums(call: Call, partial: bool) -> bool:
 
 def _overrides(call: Call) -> dict[str, str]:
     found = {
-        header: call.query[param] for param, header in _OVERRIDES.items() if param in call.query
+        header: call.query[param] for param, header in OVERRIDES.items() if param in call.query
     }
     if found and call.principal.anonymous:
         raise S3Error(
             Code.InvalidRequest,
             "Request specific response headers cannot be used for anonymous GET requests.",
         )
-    for param, header in _OVERRIDES.items():
+    for param, header in OVERRIDES.items():
         if header in found and not _header_safe(found[header]):
             # A CR or LF would split the answer's headers (aiohttp refuses it mid-answer
             # and drops the connection); NUL and other controls have no place there either.

@@ -20,6 +20,7 @@ SigV4a, nor browser POST policies.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import re
@@ -296,6 +297,7 @@ def _parse_expires(value: str) -> int:
     return expires
 
 
+@functools.lru_cache(maxsize=4096)  # pure: clients repeat credentials, dates and header lists
 def _parse_credential(value: str, fail: Callable[[str], S3Error]) -> tuple[str, str, str]:
     """'AK/YYYYMMDD/region/s3/aws4_request' -> (AK, date, region); any region is accepted."""
     parts = value.split("/")
@@ -319,6 +321,7 @@ def _parse_credential(value: str, fail: Callable[[str], S3Error]) -> tuple[str, 
     return access_key, date, region
 
 
+@functools.lru_cache(maxsize=4096)  # pure: clients repeat credentials, dates and header lists
 def _signed_headers(value: str) -> tuple[str, ...]:
     return tuple(n.strip().lower() for n in value.split(";") if n.strip())
 
@@ -349,6 +352,7 @@ def _request_time(req: RequestView) -> float:
     return timestamp
 
 
+@functools.lru_cache(maxsize=4096)  # pure: clients repeat credentials, dates and header lists
 def _parse_amz_date(value: str) -> float | None:
     # Slicing, not strptime: this runs for every request and strptime is slow.
     if not _AMZ_DATE.fullmatch(value):
@@ -404,11 +408,12 @@ def _check_signature(req: RequestView, claim: _Claim, key: bytes) -> None:
     )
 
 
-def _candidate_uris(raw_path: str) -> list[str]:
+@functools.lru_cache(maxsize=65_536)  # pure; a header-signed hit re-reads the same paths
+def _candidate_uris(raw_path: str) -> tuple[str, ...]:
     """S3's form first (decode, then encode once); then the path exactly as sent."""
     raw_path = raw_path or "/"
     canonical = _uri_encode(raw_path, safe="/")
-    return [canonical] if canonical == raw_path else [canonical, raw_path]
+    return (canonical,) if canonical == raw_path else (canonical, raw_path)
 
 
 def _canonical_query(raw_query: str, *, presigned: bool) -> str:
@@ -471,6 +476,7 @@ def _scope(claim: _Claim) -> str:
     return f"{claim.date}/{claim.region}/s3/aws4_request"
 
 
+@functools.lru_cache(maxsize=4096)  # pure: clients repeat credentials, dates and header lists
 def _format_amz_date(timestamp: float) -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(timestamp))
 

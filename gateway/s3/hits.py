@@ -1,0 +1,205 @@
+"""The hit path: a plain GET of a small object this node holds, answered lean.
+
+Small-object hits are the hot path of image training, and most of what a hit
+cost in the general path was machinery, not work: aiohttp's router, the
+middleware and the prepare signal, a ``StreamResponse`` whose header dict is
+built, validated and serialised on every request, the range and conditional
+parsers, an ``ObjectRead`` with its async generators and tallies. A hit needs
+less: the request admitted (route, signature, per-key limits: ``S3Front.admit``,
+the very code the general path runs), one lookup of the object's metadata and
+its one block (``Reader.held``: the node's invalidation journal is caught up
+first, so a write acknowledged by any worker is seen), a header block rendered
+once per object version, and the body (memory bytes in one ``writelines``, or
+a disk segment with sendfile through the ``BodySender``).
+
+What the hit path takes is decided before anything is answered, and whatever
+it does not take goes to the general path untouched, which then answers as if
+the hit path did not exist: anything but a GET over HTTP/1.1 with
+keep-alive (HEAD too: it reads no block, and the general path answers it
+from metadata alone); ``Range``, conditionals (``If-*``),
+``x-amz-checksum-mode``, ``Expect``, ``response-*`` overrides; anything the
+front refuses (a bad signature, a denied key: the general path answers the
+S3 error); objects larger than one
+block, empty ones, ones not held in memory or on disk (a miss fills through
+the general path), and mounts with a TTL of 0. The answer is the general
+path's byte for byte but for the order of header lines: the same headers from
+``objects.object_headers``, ``Server`` and the request id; metrics and the
+access log get the same record through ``server.account``.
+
+NOTE: the answer is written to the transport directly, then the hit waits
+for the transport to drain before the connection's next request runs, as
+aiohttp's own writer does: a client that stops reading holds one answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from email.utils import formatdate
+
+from aiohttp import web
+from aiohttp.http import HttpVersion11
+from multidict import CIMultiDict
+
+from gateway import errors
+from gateway.metrics import Metrics
+from gateway.origins.base import ObjectInfo
+from gateway.pieces import FileSegment, Piece
+from gateway.reader import Reader
+from gateway.s3.body import BodySender
+from gateway.s3.errors import S3Error
+from gateway.s3.front import S3Front
+from gateway.s3.objects import OVERRIDES, cut_reason, object_headers
+
+log = logging.getLogger(__name__)
+
+# A request carrying any of these is answered by the general path.
+_GENERAL_HEADERS = (
+    "Range", "If-Match", "If-None-Match", "If-Modified-Since", "If-Unmodified-Since",
+    "x-amz-checksum-mode", "x-amz-copy-source", "Expect",
+)  # fmt: skip
+_HEADER_BLOCKS = 16_384  # objects whose rendered header block is kept
+# Set per request, never from the object (the general path's prepare hook sets them too).
+_PER_REQUEST = ("Server", "x-amz-request-id", "x-amz-id-2")
+
+Account = Callable[[web.BaseRequest, int, int, float], None]
+
+
+class HitPath:
+    """Answers hits of small objects in front of the aiohttp application (see the module)."""
+
+    def __init__(
+        self, front: S3Front, reader: Reader, body: BodySender, metrics: Metrics,
+        new_id: Callable[[], str], account: Account,
+    ) -> None:  # fmt: skip
+        self._front = front
+        self._metrics = metrics
+        self._reader = reader
+        self._body = body
+        self._new_id = new_id
+        self._account = account
+        # (bucket, key) -> (the metadata it was rendered from, status line and headers)
+        self._blocks: OrderedDict[tuple[str, str], tuple[ObjectInfo, bytes, bool]] = OrderedDict()
+        self._date = (0, "")
+
+    async def answer(self, request: web.Request) -> web.StreamResponse | None:
+        """The answer to a hit, already sent; None: the general path answers ``request``."""
+        if not _plain(request):
+            return None
+        request_id = self._new_id()
+        request["request_id"] = request_id
+        started = time.perf_counter()
+        try:
+            call, served = self._front.admit(request, request_id)
+            if not served or call.route.operation != "GetObject":
+                return None
+            if any(param in call.query for param in OVERRIDES):
+                return None  # response-* overrides: the general path checks and applies them
+            held = await self._reader.held(call.bucket, call.key)
+        except (S3Error, errors.HoardError):
+            return None  # the general path answers the error, as it would have
+        except Exception:  # nothing is sent yet: the general path answers, as S3 XML
+            log.exception("hit path failed before answering, request %s", request_id)
+            return None
+        if held is None:
+            return None
+        info, piece, tier = held
+        if not self._send(request, request_id, call.bucket, call.key, info, piece, tier):
+            return None
+        try:
+            if isinstance(piece, FileSegment):
+                await self._body.send(request, request.writer, piece)
+            await request.writer.drain()
+        except Exception as exc:  # the headers are gone: cut, as objects._stream does
+            _cut(request, exc, 0)
+        self._metrics.hit(tier)
+        self._account(request, 200, info.size, time.perf_counter() - started)
+        return _Sent()
+
+    def _send(
+        self, request: web.Request, request_id: str, bucket: str, key: str, info: ObjectInfo,
+        piece: Piece, tier: str,
+    ) -> bool:  # fmt: skip
+        """Write the status line, headers and (from memory) the body; False if the headers
+        cannot be sent as they are (the general path refuses them as it always did)."""
+        transport = request.transport
+        rendered = self._rendered(bucket, key, info)
+        if rendered is None or transport is None or transport.is_closing():
+            if isinstance(piece, FileSegment):
+                piece.release()
+            return False
+        block, dated = rendered
+        now = self._now() if not dated else ""
+        tail = (f"{now}Server: Hoard\r\nx-amz-request-id: {request_id}\r\n"
+                f"x-amz-id-2: {request_id}\r\n\r\n").encode()  # fmt: skip
+        if isinstance(piece, FileSegment):
+            transport.write(block + tail)  # the body follows with sendfile
+        else:
+            transport.writelines((block + tail, piece))
+        request["source"], request["served"] = tier, {tier: info.size}
+        return True
+
+    def _rendered(self, bucket: str, key: str, info: ObjectInfo) -> tuple[bytes, bool] | None:
+        """``info``'s status line and headers up to the per-request ones, and whether they
+        hold a ``Date`` of the origin's (then kept, as aiohttp keeps a handler's)."""
+        kept = self._blocks.get((bucket, key))
+        if kept is not None and kept[0] is info:
+            self._blocks.move_to_end((bucket, key))
+            return kept[1], kept[2]
+        fields = CIMultiDict(object_headers(info))
+        fields["Content-Length"] = str(info.size)
+        for name in _PER_REQUEST:
+            fields.popall(name, None)
+        lines = "".join(f"{name}: {value}\r\n" for name, value in fields.items())
+        if "\r" in lines.replace("\r\n", "") or "\n" in lines.replace("\r\n", ""):
+            return None  # a header value aiohttp would refuse to send
+        block = ("HTTP/1.1 200 OK\r\n" + lines).encode()
+        dated = "Date" in fields
+        self._blocks[(bucket, key)] = (info, block, dated)
+        if len(self._blocks) > _HEADER_BLOCKS:
+            self._blocks.popitem(last=False)
+        return block, dated
+
+    def _now(self) -> str:
+        """The ``Date`` line, formatted once per second."""
+        second = int(time.time())
+        if self._date[0] != second:
+            self._date = (second, f"Date: {formatdate(second, usegmt=True)}\r\n")
+        return self._date[1]
+
+
+def _plain(request: web.Request) -> bool:
+    """Whether ``request`` is of the kind the hit path may answer (see the module)."""
+    if request.method != "GET" or request.version != HttpVersion11:
+        return False
+    if not request.keep_alive or request.raw_path.startswith(("/_hoard/", "/metrics")):
+        return False
+    headers = request.headers
+    return not any(name in headers for name in _GENERAL_HEADERS)
+
+
+def _cut(request: web.Request, exc: Exception, sent: int) -> None:
+    """A body that could not be finished: recorded as cut, the connection dropped."""
+    reason = "client_gone" if isinstance(exc, ConnectionResetError | TimeoutError) else None
+    reason = reason or cut_reason(exc)
+    if reason != "client_gone":
+        log.warning("hit cut, request %s: %s (%s)", request["request_id"], reason, exc)
+    request["cut"], request["sent"] = reason, sent
+    if request.transport is not None:
+        request.transport.abort()
+
+
+class _Sent(web.StreamResponse):
+    """An answer the hit path already wrote: aiohttp has nothing left to send."""
+
+    async def prepare(self, request: web.BaseRequest) -> None:
+        return None
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        return None
+
+    @property
+    def keep_alive(self) -> bool:
+        return True

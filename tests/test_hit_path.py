@@ -1,0 +1,222 @@
+"""The hit path (gateway/s3/hits.py) answers as the general path does, or leaves the request to it.
+
+A real Hoard process on loopback in front of moto (through the counting
+proxy). The first GET of an object is a miss, answered by the general path;
+the same GET again is a hit, answered by the hit path
+(``hoard_hit_path_responses_total`` counts it, the origin sees nothing). The
+two answers must carry the same status, headers and body, but for the date
+and the request id. Requests the hit path does not take (ranges,
+conditionals, ``response-*`` overrides, HEAD, bad signatures, denied keys,
+objects of more than one block) must get the general path's answer while
+the object is hot, and must not be counted as hits.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import moto_origin
+from tests.harness import HoardProcess, logged, metric
+from tests.origin_proxy import OriginProxy
+from tests.rawhttp import RawResponse, presign, send, sign_headers, signed_send
+
+SMALL = os.urandom(100 * 1024)
+BIG = os.urandom(1024 * 1024 + 5)  # two blocks of 1 MiB
+PER_REQUEST = {"date", "x-amz-request-id", "x-amz-id-2"}
+LIMITED_KEY, LIMITED_SECRET = "limited-access", "limited-secret-key"
+
+
+def _node(workdir: Path, proxy: OriginProxy, bucket: str, memory: str) -> HoardProcess:
+    config = {
+        "origins": {"moto": moto_origin(proxy)},
+        "default_origin": "moto",
+        "mounts": [{"bucket": bucket, "origin": "moto", "metadata_ttl": "forever"}],
+        "cache": {"block_size": "1MiB", "memory": memory},
+        "log_format": "json",
+        "credentials": [
+            {"access_key": "test-access", "secret_key": "test-secret-key"},
+            {"access_key": LIMITED_KEY, "secret_key": LIMITED_SECRET, "buckets": ["elsewhere"]},
+        ],
+    }
+    return HoardProcess(workdir, config).start()
+
+
+@pytest.fixture
+def seeded(origin_client, bucket: str) -> str:
+    origin_client.put_object(
+        Bucket=bucket, Key="small.bin", Body=SMALL, ContentType="image/jpeg",
+        Metadata={"label": "n01440764"}, CacheControl="max-age=60",
+    )  # fmt: skip
+    origin_client.put_object(Bucket=bucket, Key="big.bin", Body=BIG)
+    return bucket
+
+
+@pytest.fixture
+def node(tmp_path: Path, proxy: OriginProxy, seeded: str) -> Iterator[HoardProcess]:
+    running = _node(tmp_path, proxy, seeded, "64MiB")
+    yield running
+    assert running.stop() == 0
+
+
+def _hits(node: HoardProcess, source: str = "") -> float:
+    selector = "hoard_hit_path_responses_total" + (f'{{source="{source}"}}' if source else "")
+    return metric(node.endpoint, selector)
+
+
+def _get(node: HoardProcess, target: str, headers: dict[str, str] | None = None) -> RawResponse:
+    return signed_send(node.port, "GET", target, headers=headers)
+
+
+def _comparable(answer: RawResponse) -> dict[str, list[str]]:
+    """Header name (lower case) -> every value sent, without the per-request ones."""
+    fields: dict[str, list[str]] = {}
+    for name, value in answer.headers.items():
+        if name.lower() not in PER_REQUEST:
+            fields.setdefault(name.lower(), []).append(value)
+    return fields
+
+
+def _same_answer(general: RawResponse, hit: RawResponse) -> None:
+    assert (hit.status, hit.body) == (general.status, general.body)
+    assert _comparable(hit) == _comparable(general)
+    for name in PER_REQUEST:
+        assert len(hit.headers.get_all(name) or []) == 1, name
+    assert hit.headers["x-amz-request-id"] == hit.headers["x-amz-id-2"]
+    assert hit.headers["x-amz-request-id"] != general.headers["x-amz-request-id"]
+
+
+def test_a_hit_answers_as_the_general_path_did(node, proxy, seeded) -> None:
+    target = f"/{seeded}/small.bin"
+    general = _get(node, target)
+    assert general.status == 200 and general.body == SMALL
+    gets, hits = proxy.counts["GET"], _hits(node, "memory")
+
+    hit = _get(node, target)
+    _same_answer(general, hit)
+    assert _hits(node, "memory") == hits + 1
+    assert proxy.counts["GET"] == gets  # a hit: nothing reached the origin
+    assert hit.headers["Content-Type"] == "image/jpeg"
+    assert hit.headers["x-amz-meta-label"] == "n01440764"
+    assert hit.headers["Cache-Control"] == "max-age=60"
+
+    host = f"127.0.0.1:{node.port}"
+    presigned = send(node.port, "GET", presign("GET", host, target), {"Host": host})
+    _same_answer(general, presigned)
+    assert _hits(node, "memory") == hits + 2
+
+
+def test_hits_keep_the_connection_open(node, seeded) -> None:
+    target, host = f"/{seeded}/small.bin", f"127.0.0.1:{node.port}"
+    assert _get(node, target).status == 200
+    hits = _hits(node)
+    connection = http.client.HTTPConnection("127.0.0.1", node.port, timeout=30)
+    sockets = []
+    try:
+        for _ in range(3):
+            connection.putrequest("GET", target, skip_host=True, skip_accept_encoding=True)
+            for name, value in {**sign_headers("GET", host, target), "Host": host}.items():
+                connection.putheader(name, value)
+            connection.endheaders()
+            answer = connection.getresponse()
+            assert (answer.status, answer.read(), answer.will_close) == (200, SMALL, False)
+            sockets.append(connection.sock)
+    finally:
+        connection.close()
+    assert sockets[0] is not None and sockets[0] is sockets[1] is sockets[2]
+    assert _hits(node) == hits + 3
+
+
+def test_requests_the_hit_path_leaves_to_the_general_path(node, seeded) -> None:
+    target = f"/{seeded}/small.bin"
+    etag = _get(node, target).headers["ETag"]
+    hits = _hits(node)
+
+    ranged = _get(node, target, {"Range": "bytes=10-19"})
+    assert (ranged.status, ranged.body) == (206, SMALL[10:20])
+    assert ranged.headers["Content-Range"] == f"bytes 10-19/{len(SMALL)}"
+    unchanged = _get(node, target, {"If-None-Match": etag})
+    assert (unchanged.status, unchanged.body) == (304, b"")
+    other = _get(node, target, {"If-Match": '"0123456789abcdef0123456789abcdef"'})
+    assert other.status == 412 and b"<Code>PreconditionFailed</Code>" in other.body
+    later = _get(node, target, {"If-Modified-Since": "Fri, 01 Jan 2100 00:00:00 GMT"})
+    assert later.status == 304
+    overridden = _get(node, target + "?response-content-type=text%2Fplain")
+    assert (overridden.status, overridden.body) == (200, SMALL)
+    assert overridden.headers["Content-Type"] == "text/plain"
+    head = signed_send(node.port, "HEAD", target)
+    assert (head.status, head.headers["Content-Length"]) == (200, str(len(SMALL)))
+    closing = _get(node, target, {"Connection": "close"})
+    assert (closing.status, closing.body) == (200, SMALL)
+    assert _hits(node) == hits  # none of them was the hit path's
+
+    big = f"/{seeded}/big.bin"
+    assert _get(node, big).body == BIG
+    assert _get(node, big).body == BIG  # held, but two blocks: the general path
+    assert _hits(node) == hits
+
+
+def test_signatures_and_key_limits_still_hold_for_held_objects(node, seeded) -> None:
+    target = f"/{seeded}/small.bin"
+    assert _get(node, target).status == 200
+    hits = _hits(node)
+
+    forged = signed_send(node.port, "GET", target, secret_key="not-the-secret")
+    assert forged.status == 403 and b"<Code>SignatureDoesNotMatch</Code>" in forged.body
+    assert forged.headers["x-amz-request-id"]
+    denied = signed_send(
+        node.port, "GET", target, access_key=LIMITED_KEY, secret_key=LIMITED_SECRET
+    )
+    assert denied.status == 403 and b"<Code>AccessDenied</Code>" in denied.body
+    anonymous = send(node.port, "GET", target, {"Host": f"127.0.0.1:{node.port}"})
+    assert anonymous.status == 403 and b"<Code>AccessDenied</Code>" in anonymous.body
+    host = f"127.0.0.1:{node.port}"
+    tampered = presign("GET", host, target).replace("X-Amz-Signature=", "X-Amz-Signature=0")
+    refused = send(node.port, "GET", tampered, {"Host": host})
+    assert refused.status == 403
+    assert _hits(node) == hits
+
+
+def test_hits_are_counted_and_logged_as_the_general_path_counts_them(node, seeded) -> None:
+    target = f"/{seeded}/small.bin"
+    assert _get(node, target).status == 200
+    selector = f'hoard_requests_total{{operation="GetObject",status="200",mount="{seeded}"}}'
+    served = f'hoard_bytes_served_total{{source="memory",mount="{seeded}"}}'
+    requests, memory_bytes = metric(node.endpoint, selector), metric(node.endpoint, served)
+
+    hit = _get(node, target)
+    assert metric(node.endpoint, selector) == requests + 1
+    assert metric(node.endpoint, served) == memory_bytes + len(SMALL)
+    line = logged(node, hit.headers["x-amz-request-id"])
+    assert (line["operation"], line["status"], line["bytes"], line["source"]) == (
+        "GetObject", 200, len(SMALL), "memory",
+    )  # fmt: skip
+
+
+def test_a_write_through_hoard_is_seen_by_the_next_hit(node, seeded) -> None:
+    target = f"/{seeded}/fresh.bin"
+    client = node.client()
+    client.put_object(Bucket=seeded, Key="fresh.bin", Body=b"first")
+    assert _get(node, target).body == b"first"
+    assert _get(node, target).body == b"first"  # held
+    client.put_object(Bucket=seeded, Key="fresh.bin", Body=b"second version")
+    assert _get(node, target).body == b"second version"
+
+
+def test_disk_tier_hits_take_the_hit_path_with_sendfile(tmp_path, proxy, seeded) -> None:
+    disk_only = _node(tmp_path, proxy, seeded, "0")
+    try:
+        target = f"/{seeded}/small.bin"
+        general = _get(disk_only, target)
+        gets = proxy.counts["GET"]
+        hits = _hits(disk_only, "disk")
+        hit = _get(disk_only, target)
+        _same_answer(general, hit)
+        assert _hits(disk_only, "disk") == hits + 1
+        assert proxy.counts["GET"] == gets
+    finally:
+        assert disk_only.stop() == 0
