@@ -94,7 +94,7 @@ class Admin:
         if refused is not None:
             return refused
         try:
-            dropped = await self._reader.drop(bucket, prefix)
+            dropped = await self._reader.changes.drop(bucket, prefix)
         except errors.NoSuchBucket:
             return web.json_response({"error": "NoSuchBucket"}, status=404)
         return web.json_response({"bucket": bucket, "prefix": prefix, **dropped})

@@ -395,13 +395,13 @@ def _cluster(
             yield piece
 
     async def invalidate(items: list[Invalidation]) -> None:
-        await reader().invalidate_origin(items)
+        await reader().changes.invalidate_origin(items)
 
     async def metadata(query: MetadataQuery) -> dict[str, object]:
         return await reader().answer_peer(query)
 
     async def drop_all() -> None:
-        await reader().forget_metadata()
+        await reader().changes.forget_metadata()
 
     _, port = split_listen(settings.listen)
 

@@ -28,6 +28,7 @@ from gateway.cache.block import BlockId, block_bounds, block_plan
 from gateway.cluster.directory import MetadataRouter
 from gateway.cluster.peers import MetadataQuery
 from gateway.invalidation import Invalidation
+from gateway.invalidator import Invalidator
 from gateway.metadata.journal import Journal, SoloJournal
 from gateway.metadata.memory import MetadataCache
 from gateway.metadata.source import MetadataSource, NoOwner, SharedAnswers, origin_named, scope_of
@@ -36,7 +37,7 @@ from gateway.metrics import Metrics
 from gateway.namespace import Mount, Namespace
 from gateway.object_read import ObjectRead, Precondition
 from gateway.origins.base import BucketInfo, ListPage, ObjectInfo
-from gateway.pieces import BlockRef, Piece
+from gateway.pieces import BlockRef, FileSegment, Piece
 from gateway.readahead import ReadAheadPolicy, Streams, Window
 from gateway.s3.ranges import RangeSpec
 from gateway.write_through import Watch, WriteThrough
@@ -69,6 +70,7 @@ class Reader:
         self._observe = observe
         self._writes = WriteThrough(self.source, blocks, block_size, self.catch_up,
                                     metrics.write_through_bytes.inc)  # fmt: skip
+        self.changes = Invalidator(namespace, self.source, blocks, self._writes, self.journal)
 
     async def list_buckets(self) -> list[BucketInfo]:
         return await self.namespace.list_buckets()
@@ -139,7 +141,7 @@ class Reader:
         self.catch_up()
         mount = self.namespace.resolve(bucket)
         okey = mount.origin_key(key)
-        known = self.metadata.known(_scope(mount), okey)
+        known = self.metadata.known(scope_of(mount), okey)
         # A TTL of 0 asks the origin on every read: nothing held is an answer by itself.
         if known is None or mount.metadata_ttl <= 0 or not 0 < known[0].size <= self.block_size:
             return None
@@ -147,7 +149,7 @@ class Reader:
         if found is None:
             return None
         # An entry held is served (stale ones while one refresh runs): the same object.
-        again = self.metadata.known(_scope(mount), okey)
+        again = self.metadata.known(scope_of(mount), okey)
         info = await self._metadata_for_read(mount, okey, None) if again == known else None
         if info is not known[0]:
             if isinstance(found[0], FileSegment):
@@ -229,64 +231,9 @@ class Reader:
     def stats(self) -> dict[str, object]:
         return {**self.blocks.stats(), "metadata": self.metadata.stats()}
 
-    # -- changes -------------------------------------------------------------------------
-
-    async def drop(self, bucket: str, prefix: str) -> dict[str, int]:
-        """Forget cached blocks and metadata of ``bucket`` under ``prefix``."""
-        mount = self.namespace.resolve(bucket)
-        origin, origin_bucket = scope_of(mount)
-        okey_prefix = mount.origin_key(prefix)
-        await self._invalidate(Invalidation(origin, origin_bucket, prefix=okey_prefix))
-        return await self.blocks.drop_prefix(origin, origin_bucket, okey_prefix)
-
-    async def invalidate(self, bucket: str, key: str) -> None:
-        """A write changed ``key``: forget its metadata, its listings and its blocks."""
-        await self._invalidate(self.namespace.resolve(bucket).invalidation(key))
-
-    async def invalidate_prefix(self, bucket: str, prefix: str) -> None:
-        """A bucket-level change: forget metadata under ``prefix`` (blocks stay valid by ETag)."""
-        await self._invalidate(self.namespace.resolve(bucket).invalidation(None, prefix=prefix))
-
-    async def invalidate_origin(self, items: list[Invalidation]) -> None:
-        """Another node's write: the same drops, named by origin, origin bucket and key."""
-        for item in items:
-            await self._invalidate(item)
-
-    async def forget_metadata(self) -> None:
-        """Drop every metadata entry, in memory and on disk, in every worker (this node
-        missed more invalidations than another node could remember for it). Blocks
-        stay: they are named by ETag, and fresh metadata names the right ones."""
-        self._writes.all_changed()
-        await self.source.forget_all()
-
     def catch_up(self) -> None:
-        """Apply what sibling workers invalidated since this worker last looked.
-
-        Called as every read starts: a write any worker acknowledged before is
-        then forgotten here too (see ``metadata/journal.py``).
-        """
-        news = self.journal.news()
-        if news is None:
-            self._writes.all_changed()
-            self.metadata.clear()
-            return
-        for item in news:
-            self._forget_locally(item)
-
-    async def _invalidate(self, item: Invalidation) -> None:
-        """Every place a change of ``item`` reaches on this node, before the write is
-        acknowledged: this worker's memory and write-throughs, the siblings' (through
-        the journal), the metadata store, and the key's blocks in memory and on disk."""
-        self._forget_locally(item)  # first: a write-through under way must not land after this
-        self.journal.publish([item])
-        await self.source.drop_stored(item)
-        if item.key is None:
-            return  # blocks are named by ETag: new metadata names new blocks
-        await self.blocks.drop_object(*item.scope, item.key)
-
-    def _forget_locally(self, item: Invalidation) -> None:
-        self._writes.changed(item.scope, item.key or item.prefix or "", prefix=item.key is None)
-        self.source.forget_locally(item)
+        """Apply what sibling workers invalidated (``invalidator.py``): every read starts so."""
+        self.changes.catch_up()
 
     # -- write-through -------------------------------------------------------------------
 
@@ -369,7 +316,7 @@ class Reader:
                     self.metrics.read_ahead_window.observe(self.streams.policy.caught_up(window))
         except errors.OriginChanged:
             # Every tier at once: the next read (or this one's retry) sees the new version.
-            await self._invalidate(Invalidation(*scope_of(mount), key=okey))
+            await self.changes.apply(Invalidation(*scope_of(mount), key=okey))
             raise
 
     def _stream_window(

@@ -372,12 +372,12 @@ class Writer:
 
     async def _invalidate(self, bucket: str, key: str | None, touched: list[str]) -> None:
         if key is None and not touched:
-            await self.reader.invalidate_prefix(bucket, "")  # a bucket-level change
+            await self.reader.changes.invalidate_prefix(bucket, "")  # a bucket-level change
             items = [self.namespace.resolve(bucket).invalidation(None)]
         else:
             names = ([key] if key is not None else []) + touched
             for name in names:
-                await self.reader.invalidate(bucket, name)
+                await self.reader.changes.invalidate(bucket, name)
             items = [self.namespace.resolve(bucket).invalidation(name) for name in names]
         if self._broadcast is not None:
             await self._broadcast(items)

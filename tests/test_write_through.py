@@ -196,7 +196,7 @@ async def test_an_invalidated_prefix_stops_a_write_through_too(tmp_path) -> None
     await writer.put_object("b", "dir/k", _body(data), Attributes(), length=len(data))
     while origin.heads < 1:
         await asyncio.sleep(0.001)
-    await reader.drop("b", "dir/")
+    await reader.changes.drop("b", "dir/")
     origin.gate.set()
     await writer.settle()
     assert _count(metrics, "hoard_write_through_bytes_total") == 0

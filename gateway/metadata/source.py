@@ -20,7 +20,7 @@ only when nothing about the key is known — a refresh needs no bytes.
 
 Invalidation reaches this module's tiers through ``forget_locally`` (this
 worker's memory), ``drop_stored`` (the node's store) and the journal
-(``publish``/``news``: sibling workers); ``Reader._invalidate`` is the one
+(``publish``/``news``: sibling workers); ``Invalidator.apply`` (``invalidator.py``) is the one
 place that names every tier a change reaches, blocks included.
 """
 
