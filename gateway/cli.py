@@ -1,6 +1,7 @@
-"""Command line and wiring: the only place that builds Hoard's objects.
+"""The command line and the process: ``hoard serve`` and its workers, and the clients.
 
-``hoard serve`` runs the gateway; ``hoard warm`` and ``hoard cache`` are
+``hoard serve`` runs the gateway (its objects are built by ``wiring.py``);
+``hoard warm`` and ``hoard cache`` are
 clients of a running one (``gateway/client/commands.py``).
 
 ``hoard serve`` with no config serves ``--data-dir`` (default ``./data``) as a
@@ -22,76 +23,36 @@ import os
 import secrets
 import signal
 import socket
-import ssl
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import urllib3
 from aiohttp import web
 
-from gateway import errors, listener, tls
-from gateway.accesslog import AccessLog
-from gateway.admin import Admin
-from gateway.blocks import BlockSource
-from gateway.cache.admission import Doorkeeper
-from gateway.cache.disk import DiskTier
+from gateway import listener, tls
 from gateway.cache.disk_open import raise_fd_limit
-from gateway.cache.memory import MemoryTier
 from gateway.client import commands as commands_
 from gateway.client.admin import AdminClient, AdminError
-from gateway.cluster.node import ClusterNode
-from gateway.cluster.peers import BlockRequest, MetadataQuery
 from gateway.config import (
     ConfigError,
     Credential,
     PosixOriginConfig,
-    S3OriginConfig,
     Settings,
     load_settings,
     split_listen,
 )
-from gateway.invalidation import Invalidation
 from gateway.listener import bind
-from gateway.metadata.journal import Journal
-from gateway.metadata.memory import MetadataCache
-from gateway.metadata.store import MetadataStore
-from gateway.metrics import Metrics, enable_multiprocess
-from gateway.namespace import Namespace
+from gateway.metrics import enable_multiprocess
 from gateway.node.cores import available_cores
-from gateway.node.leader import Leadership
-from gateway.node.pages import SharedPages
-from gateway.node.shared import LeaderDocument
-from gateway.node.stats import WorkerStats
 from gateway.node.supervisor import supervise
-from gateway.origins.base import Origin
-from gateway.origins.guard import OriginGuard
-from gateway.origins.posix import PosixOrigin
-from gateway.origins.s3 import S3Origin
-from gateway.pieces import BlockRef, Piece
-from gateway.prefetch.api import PrefetchApi
-from gateway.prefetch.node import NodePrefetch
-from gateway.prefetch.prefetcher import Prefetcher
-from gateway.prefetch.registry import Registry
-from gateway.readahead import ReadAheadPolicy
-from gateway.reader import Reader
-from gateway.s3.auth import Authenticator
-from gateway.s3.body import BodySender
-from gateway.s3.front import S3Front
 from gateway.safety import ambient_origins, private_cache, refusals
-from gateway.server import HIT_PATH, build_app, rejected
-from gateway.warm.fanout import ShareClient
-from gateway.warm.http import WarmHttp
-from gateway.warm.jobs import WarmJobs
-from gateway.warm.store import JobStore
-from gateway.writer import Writer
+from gateway.server import HIT_PATH, rejected
+from gateway.wiring import TLS_CONTEXT, build
 
 EXIT_CONFIG = 2
 log = logging.getLogger("hoard")
-TLS_CONTEXT = web.AppKey("tls_context", ssl.SSLContext)  # HTTPS on the listen address
-GAUGES = web.AppKey("gauges", asyncio.Task)  # a worker's periodic gauge refresh
-GAUGE_REFRESH = 1.0  # seconds between a worker's refreshes of its gauges
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -184,251 +145,6 @@ def generated_credential(cache_dir: Path) -> Credential:
     with os.fdopen(descriptor, "w") as handle:
         json.dump(pair, handle)
     return Credential(**pair)
-
-
-def build_origins(settings: Settings, metrics: Metrics) -> dict[str, Origin]:
-    """Every configured origin, each behind its guard (limits, retries, circuit breaker)."""
-    origins: dict[str, Origin] = {}
-    for name, cfg in settings.origins.items():
-        origin: Origin
-        if isinstance(cfg, S3OriginConfig):
-            origin = S3Origin(name, cfg)
-        else:
-            origin = PosixOrigin(name, cfg.path)
-        origins[name] = OriginGuard(origin, cfg, metrics.origin_guard(name))
-    return origins
-
-
-def build(
-    settings: Settings,
-    metrics_dir: Path | None = None,
-    reload: Callable[[], Settings] | None = None,
-) -> web.Application:
-    """Wire every object of one gateway process from its settings.
-
-    ``metrics_dir`` is set when this process is one of several workers;
-    ``reload`` re-reads the config on SIGHUP (only ``cluster.peers`` is applied).
-    """
-    metrics = Metrics(multiprocess_dir=metrics_dir)
-    shared = metrics_dir is not None
-    cache = settings.cache
-    namespace = Namespace.from_settings(settings, build_origins(settings, metrics))
-    metrics.create_mount_series(namespace.labels())
-    assert isinstance(settings.workers, int)  # "auto" was resolved by load()
-    leadership = Leadership(cache.dir / "node" / "leader")  # the node's once-per-node work
-    # cache.memory bounds the node: each worker holds its share (see gateway/node/).
-    memory = MemoryTier(
-        cache.memory // settings.workers, cache.memory_item_max,
-        on_evict=lambda n: metrics.cache_evictions.labels("memory").inc(n),
-    )  # fmt: skip
-    disk = DiskTier(
-        cache.dir, cache.size, fsync=cache.fsync, open_files=cache.open_files,
-        on_evict=lambda n: metrics.cache_evictions.labels("disk").inc(n),
-        on_corrupt=metrics.corrupt_blocks.inc, on_full=metrics.disk_full.inc,
-        packed_max=cache.packed_block_max, segment_size=cache.segment_size,
-    )  # fmt: skip
-    body = BodySender()
-    node_view = (  # one membership for the node's workers, probed by the leader
-        LeaderDocument(cache.dir / "node" / "membership.json", leadership)
-        if settings.workers > 1
-        else None
-    )
-    cluster = _cluster(settings, metrics, namespace, lambda: blocks, lambda: reader, body,
-                       lambda: prefetch_api, node_view)  # fmt: skip
-    placement = cluster.placement if cluster is not None else None
-    admission = (
-        Doorkeeper(cache.admission, cache.admission_window) if cache.admission != "always" else None
-    )
-    blocks = BlockSource(
-        memory, disk, metrics.block_events(), cache.fill_concurrency, placement, admission
-    )
-    metadata = MetadataCache(
-        head_bytes=cache.metadata_head_bytes, listing_bytes=cache.metadata_listing_bytes,
-        whole_listing_bytes=cache.whole_listing_bytes,
-        on_event=lambda kind, state, mount: _metadata_event(metrics, kind, state, mount),
-    )  # fmt: skip
-    store = MetadataStore(
-        cache.dir / "metadata.sqlite3", max_rows=cache.metadata_store_rows, shared=shared
-    )
-    journal = Journal(cache.dir / "journal")  # what sibling workers invalidated
-    router = cluster.directory if cluster is not None else None
-    prefetcher = Prefetcher(settings.prefetch, lambda: reader, metrics, cache.block_size)
-    registry = Registry(cache.dir / "prefetch", settings.prefetch.max_streams)
-    node_prefetch = NodePrefetch(registry, prefetcher, leadership)  # the node's streams
-    read_ahead = ReadAheadPolicy(cache.read_ahead, cache.read_ahead_max, cache.read_ahead_idle)
-    reader = Reader(namespace, blocks, metadata, metrics, cache.block_size, read_ahead, store,
-                    router, observe=node_prefetch.observe, journal=journal,
-                    pages=SharedPages(cache.dir / "node" / "pages", store) if shared else None)  # fmt: skip
-    prefetch_api = PrefetchApi(
-        node_prefetch, reader, settings.prefetch, cluster.announce if cluster is not None else None
-    )
-    auth = Authenticator(
-        settings.credentials, settings.allow_anonymous, domains=settings.virtual_host_domains
-    )
-    writer = Writer(namespace, reader, cluster.broadcast if cluster is not None else None)
-    front = S3Front(reader, writer, auth, settings.virtual_host_domains, body)
-    access = AccessLog(as_json=settings.log_format == "json", enabled=settings.access_log)
-    warm = _warm(settings, reader, metrics, cluster)
-    warm_http = WarmHttp(warm)
-    stats = WorkerStats(cache.dir / "node" / "stats" if shared else None, reader.stats)
-    admin = Admin(
-        reader, auth, metrics, cluster.snapshot if cluster is not None else None,
-        prefetch_api, warm_http, stats.node,
-    )  # fmt: skip
-    if cluster is not None:
-        cluster.server.mount("warm", warm_http.peer)
-    app = build_app(
-        front, metrics, settings.virtual_host_domains, admin, access,
-        cluster.server if cluster is not None else None,
-    )  # fmt: skip
-    metrics.cache_limit_bytes.labels("memory").set(memory.capacity)
-
-    def tier_levels() -> None:
-        """Each worker reports its memory tier; the leader alone what is the node's (the
-        gauges are summed over live workers: see metrics.py)."""
-        metrics.cache_bytes.labels("memory").set(memory.used)
-        if not leadership.leads:
-            return
-        metrics.cache_bytes.labels("disk").set(disk.stats().used_bytes)
-        metrics.cache_limit_bytes.labels("disk").set(disk.limit)  # lowered by a full disk
-        metrics.pinned_bytes.set(disk.stats().pinned_bytes)
-        for state, count in warm.counts().items():
-            metrics.warm_jobs.labels(state).set(count)
-
-    metrics.before_render.append(tier_levels)
-
-    on_sighup = []  # what a SIGHUP reloads: the certificate, the cluster's peers
-    cert, key = settings.tls.cert, settings.tls.key
-    if cert is not None and key is not None:
-        app[TLS_CONTEXT] = tls.server_context(cert, key)
-        on_sighup.append(functools.partial(tls.reload, app[TLS_CONTEXT], cert, key))
-
-    async def start(app: web.Application) -> None:
-        leadership.start()
-        if shared:  # a scrape is answered by one worker: the others' gauges must be current
-            stats.publish()
-            app[GAUGES] = asyncio.create_task(_every(GAUGE_REFRESH, tier_levels, stats.publish))
-        journal.open()
-        node_prefetch.start()
-        await disk.start()
-        await store.start()
-        if cluster is not None:
-            await cluster.start()
-            if reload is not None:
-                on_sighup.append(functools.partial(_reload_peers, cluster, reload))
-        if on_sighup:
-            asyncio.get_running_loop().add_signal_handler(
-                signal.SIGHUP, lambda: [each() for each in on_sighup]
-            )
-        await warm.start()  # after the cluster: a resumed share needs to know who owns what
-
-    async def stop(app: web.Application) -> None:
-        if GAUGES in app:
-            app[GAUGES].cancel()
-            stats.forget()
-        await warm.close()
-        await writer.close()  # pending write-throughs, before the tiers they write to
-        await node_prefetch.close()
-        if cluster is not None:
-            await cluster.close()
-        await blocks.close()
-        await asyncio.gather(*(origin.close() for origin in namespace.origins()))
-        await disk.close()
-        await store.close()
-        journal.close()
-        await metadata.aclose()
-        body.close()
-        await leadership.close()
-
-    app.on_startup.insert(0, start)
-    app.on_cleanup.append(stop)
-    return app
-
-
-async def _every(interval: float, *steps: Callable[[], None]) -> None:
-    while True:
-        await asyncio.sleep(interval)
-        for step in steps:
-            try:
-                step()
-            except Exception:  # a failing round must not end the refreshes
-                log.exception("periodic refresh failed")
-
-
-def _warm(
-    settings: Settings, reader: Reader, metrics: Metrics, cluster: ClusterNode | None
-) -> WarmJobs:
-    """Warm jobs of this node, sharing jobs with the other live nodes in a cluster."""
-    peers = None
-    if cluster is not None:
-        peers = ShareClient(cluster.client, cluster.membership.self_url,
-                            cluster.membership.live, settings.warm.poll_timeout)  # fmt: skip
-    store = JobStore(settings.cache.dir / "warm")
-    return WarmJobs(reader, store, metrics, settings.warm, settings.cache.pin_limit, peers)
-
-
-def _cluster(
-    settings: Settings,
-    metrics: Metrics,
-    namespace: Namespace,
-    blocks: Callable[[], BlockSource],
-    reader: Callable[[], Reader],
-    body: BodySender,
-    prefetch: Callable[[], PrefetchApi],
-    node_view: LeaderDocument | None,
-) -> ClusterNode | None:
-    """This node's cluster part, or None for a single node (no peers, no DNS)."""
-    if not settings.cluster.enabled:
-        return None
-    origins = {origin.name: origin for origin in namespace.origins()}
-
-    async def read_block(request: BlockRequest) -> AsyncIterator[Piece]:
-        """A peer asks this node, as the block's owner: its tiers, else (unless only
-        what is cached is wanted) its origin fill."""
-        origin = origins.get(request.origin)
-        if origin is None:
-            raise errors.OriginUnavailable(f"no origin named {request.origin!r} here")
-        ref = BlockRef(request.block_id, origin, request.first, request.last)
-        async for piece in blocks().pieces(
-            ref, request.offset, request.length, local=True, cached_only=request.cached_only
-        ):
-            yield piece
-
-    async def invalidate(items: list[Invalidation]) -> None:
-        await reader().changes.invalidate_origin(items)
-
-    async def metadata(query: MetadataQuery) -> dict[str, object]:
-        return await reader().answer_peer(query)
-
-    async def drop_all() -> None:
-        await reader().changes.forget_metadata()
-
-    _, port = split_listen(settings.listen)
-
-    async def on_message(name: str, message: bytes) -> None:
-        await prefetch().on_peer(name, message)
-
-    return ClusterNode(settings.cluster, port, metrics, read_block, invalidate, body,
-                       metadata=metadata, drop_all=drop_all, on_message=on_message,
-                       node=node_view)  # fmt: skip
-
-
-def _reload_peers(cluster: ClusterNode, reload: Callable[[], Settings]) -> None:
-    """SIGHUP: re-read the config and apply its ``cluster.peers`` (nodes joining or
-    leaving a static cluster); the rest of the config needs a restart."""
-    try:
-        peers = reload().cluster.peers
-    except (ConfigError, OSError) as exc:
-        log.error("config reload failed, cluster peers unchanged: %s", exc)
-        return
-    cluster.membership.update_static(peers)
-    log.info("config reloaded: cluster peers are %s", ", ".join(peers) or "none")
-
-
-def _metadata_event(metrics: Metrics, kind: str, state: str, mount: str) -> None:
-    metrics.metadata_lookup(kind, state, mount)
-    if state == "stale_error":
-        log.warning("origin failing: serving stale %s metadata (stale-if-error)", kind)
 
 
 def _banner(settings: Settings, credential: Credential | None) -> str:

@@ -185,7 +185,7 @@ def build_app(
     access: AccessLog,
     peers: PeerServer | None = None,
 ) -> web.Application:
-    """The gateway application. Everything it needs is passed in, built by ``cli.py``."""
+    """The gateway application. Everything it needs is passed in, built by ``wiring.py``."""
     app = web.Application(middlewares=[_observe], client_max_size=1024**2)
     app[STATE] = state = {
         "metrics": metrics,

@@ -1,7 +1,7 @@
 """The real Hoard application, in the test's own process, on a real loopback port.
 
 Most behaviour needs neither workers, signals, restarts nor a cluster, only
-the application: ``cli.build`` wires every object from the same settings a
+the application: ``wiring.build`` wires every object from the same settings a
 ``hoard serve`` would read, and aiohttp's ``TestServer`` serves it on
 127.0.0.1 with a real socket, so clients speak real HTTP to it. What a
 subprocess costs (an interpreter start, imports, a readiness poll, a second
@@ -28,7 +28,7 @@ import aiohttp
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from gateway import cli
+from gateway import wiring
 from gateway.config import build_settings
 from gateway.pieces import FileSegment
 from gateway.reader import Reader
@@ -49,7 +49,7 @@ async def hoard_app(workdir: Path, config: dict[str, Any]) -> AsyncIterator[InPr
         **config,
         "cache": {"dir": str(workdir / "cache"), **config.get("cache", {})},
     }
-    app = cli.build(build_settings(config))
+    app = wiring.build(build_settings(config))
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     try:

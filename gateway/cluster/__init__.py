@@ -23,7 +23,7 @@ On top of them, each a small module:
   the handoff from the nodes ranked after it (scale-out without refetch).
 - ``directory.py``: LIST and HEAD misses asked of their metadata owner.
 - ``backlog.py``: invalidations a peer missed, replayed when it is back.
-- ``node.py``: this node's part, built once by ``cli.py``.
+- ``node.py``: this node's part, built once by ``wiring.py``.
 
 The read path (``reader.py``) combines them with the peer client, the way
 groupcache's ``groupcache.go`` combines its consistent hash and its peers.
