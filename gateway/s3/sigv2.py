@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gateway.s3 import sigv4  # its private helpers: one encoding, one date parser
+from gateway.s3 import signing
 from gateway.s3.errors import Code, S3Error
 from gateway.s3.routing import split_host
 from gateway.s3.sigv4 import RequestView
@@ -71,7 +71,7 @@ def is_sigv2(req: RequestView) -> bool:
     authorization = req.headers.get("Authorization", "").strip()
     if authorization:
         return authorization.partition(" ")[0] == "AWS"
-    return {"awsaccesskeyid", "signature"} <= sigv4._query_params(req.raw_query).keys()
+    return {"awsaccesskeyid", "signature"} <= signing.query_params(req.raw_query).keys()
 
 
 class SigV2Verifier:
@@ -106,7 +106,7 @@ class SigV2Verifier:
         now = self._clock()
         if claim.presigned:
             if now > claim.timestamp:  # valid up to and including its Expires second
-                fields = {"Expires": sigv4._iso(claim.timestamp), "ServerTime": sigv4._iso(now)}
+                fields = {"Expires": signing.iso(claim.timestamp), "ServerTime": signing.iso(now)}
                 raise S3Error(Code.AccessDenied, "Request has expired", fields=fields)
         elif abs(now - claim.timestamp) > self._max_skew:
             raise S3Error(
@@ -114,7 +114,7 @@ class SigV2Verifier:
                 "The difference between the request time and the current time is too large.",
                 fields={
                     "RequestTime": claim.date_sent,
-                    "ServerTime": sigv4._iso(now),
+                    "ServerTime": signing.iso(now),
                     "MaxAllowedSkewMilliseconds": str(int(self._max_skew * 1000)),
                 },
             )
@@ -125,7 +125,7 @@ class SigV2Verifier:
 
 def _claim(req: RequestView) -> _Claim:
     authorization = req.headers.get("Authorization", "").strip()
-    params = sigv4._query_params(req.raw_query)
+    params = signing.query_params(req.raw_query)
     if not authorization:
         return _query_claim(params)
     if "signature" in params or "x-amz-algorithm" in params:
@@ -152,7 +152,7 @@ def _header_claim(req: RequestView, authorization: str) -> _Claim:
     sent = amz_date if amz_date is not None else req.headers.get("Date", "")
     timestamp = _parse_date(sent)
     if timestamp is None:
-        raise S3Error(Code.AccessDenied, sigv4._NO_DATE)
+        raise S3Error(Code.AccessDenied, signing.NO_DATE)
     # With x-amz-date present the Date line is empty: x-amz-date is among the amz headers.
     date_line = "" if amz_date is not None else sent
     return _Claim(access_key, signature, date_line, sent, timestamp, presigned=False)
@@ -175,9 +175,9 @@ def _query_claim(params: dict[str, str]) -> _Claim:
 
 def _parse_date(value: str) -> float | None:
     """An RFC 7231 date (ISO 8601 basic also accepted); S3 refuses dates before 1970."""
-    timestamp = sigv4._parse_amz_date(value)
+    timestamp = signing.parse_amz_date(value)
     if timestamp is None:
-        timestamp = sigv4._parse_http_date(value)
+        timestamp = signing.parse_http_date(value)
     return None if timestamp is None or timestamp < 0 else timestamp
 
 
@@ -185,10 +185,10 @@ def _parse_date(value: str) -> float | None:
 
 
 def _check_signature(req: RequestView, claim: _Claim, secret: str, bucket: str | None) -> None:
-    provided = sigv4._utf8(claim.signature)
+    provided = signing.utf8(claim.signature)
     candidates = _strings_to_sign(req, claim, bucket)
     for to_sign in candidates:
-        digest = hmac.new(sigv4._utf8(secret), sigv4._utf8(to_sign), hashlib.sha1).digest()
+        digest = hmac.new(signing.utf8(secret), signing.utf8(to_sign), hashlib.sha1).digest()
         if hmac.compare_digest(base64.b64encode(digest), provided):
             return
     raise S3Error(
@@ -197,7 +197,7 @@ def _check_signature(req: RequestView, claim: _Claim, secret: str, bucket: str |
             "AWSAccessKeyId": claim.access_key,
             "StringToSign": candidates[0],
             "SignatureProvided": claim.signature,
-            "StringToSignBytes": sigv4._hex_bytes(candidates[0]),
+            "StringToSignBytes": signing.hex_bytes(candidates[0]),
         },
     )
 
@@ -253,5 +253,5 @@ def _query_items(raw_query: str) -> list[tuple[str, str, str]]:
     for item in raw_query.split("&"):
         if item:
             name, eq, value = item.partition("=")
-            items.append((sigv4._decode(name), eq, sigv4._decode(value)))
+            items.append((signing.decode(name), eq, signing.decode(value)))
     return items

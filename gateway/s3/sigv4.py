@@ -25,20 +25,27 @@ import hashlib
 import hmac
 import re
 import time
-from calendar import timegm
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
-from urllib.parse import quote, unquote_to_bytes
 
 from gateway.s3.errors import Code, S3Error
+from gateway.s3.signing import (
+    NO_DATE,
+    decode,
+    format_amz_date,
+    hex_bytes,
+    iso,
+    parse_amz_date,
+    parse_http_date,
+    query_params,
+    uri_encode,
+    utf8,
+)
 
 ALGORITHM = "AWS4-HMAC-SHA256"
 UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
 MAX_PRESIGN_EXPIRES = 604800  # seven days, S3's limit for X-Amz-Expires
 _MAX_CACHED_KEYS = 1024
-_AMZ_DATE = re.compile(r"[0-9]{8}T[0-9]{6}Z")
 _SHA256_HEX = re.compile(r"[0-9a-fA-F]{64}")
 _PAYLOAD_MARKERS = (
     "UNSIGNED-PAYLOAD, STREAMING-UNSIGNED-PAYLOAD-TRAILER, STREAMING-AWS4-HMAC-SHA256-PAYLOAD, "
@@ -51,7 +58,6 @@ _PRESIGN_REQUIRED = (*_PRESIGN_PARAMS, "x-amz-date", "x-amz-signedheaders", "x-a
 _UNSUPPORTED = (
     "The authorization mechanism you have provided is not supported. Please use AWS4-HMAC-SHA256."
 )
-_NO_DATE = "AWS authentication requires a valid Date or x-amz-date header"
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +103,7 @@ def is_signed(req: RequestView) -> bool:
     """True when the request claims credentials, in any form S3 recognises."""
     if req.headers.get("Authorization", "").strip():
         return True
-    names = _query_params(req.raw_query)
+    names = query_params(req.raw_query)
     # SigV2 query auth counts as signed, never as anonymous: auth.py hands it to sigv2.py.
     return (
         any(n in names for n in _PRESIGN_PARAMS) or {"awsaccesskeyid", "signature"} <= names.keys()
@@ -159,27 +165,27 @@ class SigV4Verifier:
                     "The difference between the request time and the current time is too large.",
                     fields={
                         "RequestTime": claim.amz_date,
-                        "ServerTime": _iso(now),
+                        "ServerTime": iso(now),
                         "MaxAllowedSkewMilliseconds": str(int(self._max_skew * 1000)),
                     },
                 )
             return
         if claim.timestamp - now > self._max_skew:
-            fields = {"X-Amz-Date": claim.amz_date, "ServerTime": _iso(now)}
+            fields = {"X-Amz-Date": claim.amz_date, "ServerTime": iso(now)}
             raise S3Error(Code.AccessDenied, "Request is not valid yet", fields=fields)
         # S3 never accepts X-Amz-Expires=0, not even within its first second.
         if claim.expires == 0 or now > claim.timestamp + claim.expires:
-            expires_at = _iso(claim.timestamp + claim.expires)
+            expires_at = iso(claim.timestamp + claim.expires)
             fields = {"X-Amz-Expires": str(claim.expires), "Expires": expires_at}
-            fields["ServerTime"] = _iso(now)
+            fields["ServerTime"] = iso(now)
             raise S3Error(Code.AccessDenied, "Request has expired", fields=fields)
 
 
 def derive_signing_key(secret: str, date: str, region: str) -> bytes:
     """The SigV4 key chain: "AWS4"+secret -> date -> region -> "s3" -> "aws4_request"."""
-    key = _utf8("AWS4" + secret)
+    key = utf8("AWS4" + secret)
     for part in (date, region, "s3", "aws4_request"):
-        key = hmac.new(key, _utf8(part), hashlib.sha256).digest()
+        key = hmac.new(key, utf8(part), hashlib.sha256).digest()
     return key
 
 
@@ -188,7 +194,7 @@ def derive_signing_key(secret: str, date: str, region: str) -> bytes:
 
 def _claim(req: RequestView) -> _Claim:
     authorization = req.headers.get("Authorization", "").strip()
-    params = _query_params(req.raw_query)
+    params = query_params(req.raw_query)
     query_auth = any(n in params for n in _PRESIGN_PARAMS) or "signature" in params
     if authorization and query_auth:
         raise S3Error(
@@ -219,7 +225,7 @@ def _header_claim(req: RequestView, authorization: str) -> _Claim:
     parts = _auth_components(rest)
     access_key, date, region = _parse_credential(parts["Credential"], _malformed)
     timestamp = _request_time(req)
-    amz_date = _format_amz_date(timestamp)
+    amz_date = format_amz_date(timestamp)
     if date != amz_date[:8]:
         raise _malformed(_date_mismatch(date, amz_date))
     payload_hash = req.headers.get("x-amz-content-sha256")
@@ -267,7 +273,7 @@ def _presigned_claim(req: RequestView, params: dict[str, str]) -> _Claim:
         raise _query_error(f'X-Amz-Algorithm only supports "{ALGORITHM}"')
     access_key, date, region = _parse_credential(params["x-amz-credential"], _credential_error)
     amz_date = params["x-amz-date"]
-    timestamp = _parse_amz_date(amz_date)
+    timestamp = parse_amz_date(amz_date)
     if timestamp is None:
         raise _query_error("X-Amz-Date must be in the ISO8601 Long Format \"yyyyMMdd'T'HHmmss'Z'\"")
     if date != amz_date[:8]:
@@ -344,35 +350,12 @@ def _request_time(req: RequestView) -> float:
     """x-amz-date, else the HTTP Date header (RFC 7231 IMF-fixdate), as S3 accepts."""
     amz_date = req.headers.get("x-amz-date")
     if amz_date is not None:
-        timestamp = _parse_amz_date(amz_date)
+        timestamp = parse_amz_date(amz_date)
     else:
-        timestamp = _parse_http_date(req.headers.get("Date", ""))
+        timestamp = parse_http_date(req.headers.get("Date", ""))
     if timestamp is None:
-        raise S3Error(Code.AccessDenied, _NO_DATE)
+        raise S3Error(Code.AccessDenied, NO_DATE)
     return timestamp
-
-
-@functools.lru_cache(maxsize=4096)  # pure: clients repeat credentials, dates and header lists
-def _parse_amz_date(value: str) -> float | None:
-    # Slicing, not strptime: this runs for every request and strptime is slow.
-    if not _AMZ_DATE.fullmatch(value):
-        return None
-    try:
-        moment = datetime(int(value[0:4]), int(value[4:6]), int(value[6:8]),
-                          int(value[9:11]), int(value[11:13]), int(value[13:15]))  # fmt: skip
-    except ValueError:
-        return None
-    return float(timegm(moment.timetuple()))
-
-
-def _parse_http_date(value: str) -> float | None:
-    try:
-        parsed = parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)  # '-0000' means UTC with unknown origin
-    return parsed.timestamp()
 
 
 # --- the canonical request and the comparison ------------------------------------------
@@ -381,15 +364,15 @@ def _parse_http_date(value: str) -> float | None:
 def _check_signature(req: RequestView, claim: _Claim, key: bytes) -> None:
     query = _canonical_query(req.raw_query, presigned=claim.expires is not None)
     headers, complete = _canonical_headers(req, claim.signed_headers)
-    provided = _utf8(claim.signature)
+    provided = utf8(claim.signature)
     first: tuple[str, str] | None = None
     for uri in _candidate_uris(req.raw_path):
         request = "\n".join(
             [req.method, uri, query, headers, ";".join(claim.signed_headers), claim.payload_hash]
         )
-        digest = hashlib.sha256(_utf8(request)).hexdigest()
+        digest = hashlib.sha256(utf8(request)).hexdigest()
         to_sign = f"{ALGORITHM}\n{claim.amz_date}\n{_scope(claim)}\n{digest}"
-        expected = _utf8(hmac.new(key, _utf8(to_sign), hashlib.sha256).hexdigest())
+        expected = utf8(hmac.new(key, utf8(to_sign), hashlib.sha256).hexdigest())
         # A signed header the request lacks fails even if the client signed it as empty.
         if hmac.compare_digest(expected, provided) and complete:
             return
@@ -401,9 +384,9 @@ def _check_signature(req: RequestView, claim: _Claim, key: bytes) -> None:
             "AWSAccessKeyId": claim.access_key,
             "StringToSign": to_sign,
             "SignatureProvided": claim.signature,
-            "StringToSignBytes": _hex_bytes(to_sign),
+            "StringToSignBytes": hex_bytes(to_sign),
             "CanonicalRequest": request,
-            "CanonicalRequestBytes": _hex_bytes(request),
+            "CanonicalRequestBytes": hex_bytes(request),
         },
     )
 
@@ -412,7 +395,7 @@ def _check_signature(req: RequestView, claim: _Claim, key: bytes) -> None:
 def _candidate_uris(raw_path: str) -> tuple[str, ...]:
     """S3's form first (decode, then encode once); then the path exactly as sent."""
     raw_path = raw_path or "/"
-    canonical = _uri_encode(raw_path, safe="/")
+    canonical = uri_encode(raw_path, safe="/")
     return (canonical,) if canonical == raw_path else (canonical, raw_path)
 
 
@@ -422,9 +405,9 @@ def _canonical_query(raw_query: str, *, presigned: bool) -> str:
         if not item:
             continue
         name, _, value = item.partition("=")
-        if presigned and _decode(name).lower() == "x-amz-signature":
+        if presigned and decode(name).lower() == "x-amz-signature":
             continue  # the signature cannot sign itself
-        pairs.append((_uri_encode(name, safe=""), _uri_encode(value, safe="")))
+        pairs.append((uri_encode(name, safe=""), uri_encode(value, safe="")))
     return "&".join(f"{name}={value}" for name, value in sorted(pairs))
 
 
@@ -443,50 +426,11 @@ def _canonical_headers(req: RequestView, names: tuple[str, ...]) -> tuple[str, b
     return "".join(line + "\n" for line in lines), complete
 
 
-def _query_params(raw_query: str) -> dict[str, str]:
-    """Decoded parameters by lowercased name (S3 matches X-Amz-* names in any case)."""
-    params: dict[str, str] = {}
-    for item in raw_query.split("&"):
-        name, _, value = item.partition("=")
-        params.setdefault(_decode(name).lower(), _decode(value))
-    return params
-
-
-def _decode(value: str) -> str:
-    # '+' stays '+': S3 signs the query as sent, not as a form.
-    if "%" not in value and value.isascii():
-        return value  # the common case, without a round trip through bytes
-    return unquote_to_bytes(_utf8(value)).decode("utf-8", "replace")
-
-
-def _uri_encode(value: str, *, safe: str) -> str:
-    """Percent-decode, then encode all but A-Za-z0-9-_.~ (and `safe`), uppercase hex."""
-    return quote(unquote_to_bytes(_utf8(value)), safe=safe)
-
-
 # --- small helpers ---------------------------------------------------------------------
-
-
-def _utf8(text: str) -> bytes:
-    # aiohttp decodes undecodable request bytes to surrogates; encode them back, never crash.
-    return text.encode("utf-8", "surrogateescape")
 
 
 def _scope(claim: _Claim) -> str:
     return f"{claim.date}/{claim.region}/s3/aws4_request"
-
-
-@functools.lru_cache(maxsize=4096)  # pure: clients repeat credentials, dates and header lists
-def _format_amz_date(timestamp: float) -> str:
-    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(timestamp))
-
-
-def _iso(timestamp: float) -> str:
-    return datetime.fromtimestamp(int(timestamp), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _hex_bytes(text: str) -> str:
-    return " ".join(f"{b:02x}" for b in _utf8(text))
 
 
 def _date_mismatch(date: str, amz_date: str) -> str:
