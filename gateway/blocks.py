@@ -69,7 +69,7 @@ _STAGED_MEMORY = 65536  # staged block digests remembered (more than the memory 
 
 
 class BlockEvents(Protocol):
-    """What the block source reports (``metrics.BlockMetrics``)."""
+    """What the block source reports (``metric_events.BlockMetrics``)."""
 
     def coalesced(self) -> None: ...
     def admission_rejected(self) -> None: ...

@@ -44,7 +44,7 @@ from gateway.config import (
     split_listen,
 )
 from gateway.listener import bind
-from gateway.metrics import enable_multiprocess
+from gateway.metrics_process import enable_multiprocess
 from gateway.node.cores import available_cores
 from gateway.node.supervisor import supervise
 from gateway.safety import ambient_origins, private_cache, refusals

@@ -20,7 +20,6 @@ live members, an open breaker).
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -31,14 +30,12 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
-    ProcessCollector,
     generate_latest,
     multiprocess,
-    values,
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from prometheus_client.metrics_core import Metric
-from prometheus_client.registry import Collector
+
+from gateway.metrics_process import ProcessTreeCollector
 
 # Tiers an object byte can come from, and outcomes of a metadata lookup.
 SOURCES = ("memory", "disk", "origin", "peer")
@@ -57,72 +54,6 @@ CUT_REASONS = ("origin_unavailable", "origin_changed", "client_gone", "error")
 _LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )  # fmt: skip
-
-
-def enable_multiprocess(directory: Path) -> None:
-    """Make metrics created from now on in this process live in ``directory``.
-
-    prometheus-client's multiprocess mode: each worker writes its values to
-    memory-mapped files there and any worker's ``/metrics`` sums them. Call it
-    in each worker before building ``Metrics``; the directory must be empty
-    when the workers start.
-    """
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(directory)
-    values.ValueClass = values.MultiProcessValue()
-
-
-def forget_process(directory: Path, pid: int) -> None:
-    """Drop the gauges of worker ``pid``, which died (the supervisor calls this).
-
-    Its ``live*`` gauges (origin requests in flight and queued, prefetch
-    streams) would otherwise be summed into every scrape until the node
-    restarts; so would its ``max`` gauges (a breaker it saw open). Its counters
-    and histograms stay: what it did still happened.
-    """
-    multiprocess.mark_process_dead(pid, str(directory))
-    for stale in directory.glob(f"gauge_max_{pid}.db"):
-        stale.unlink(missing_ok=True)
-
-
-class ProcessTreeCollector(Collector):
-    """The standard ``process_*`` metrics of a whole Hoard node.
-
-    With several workers the node is a supervisor and its forked workers;
-    prometheus-client's multiprocess mode cannot share process metrics, so the
-    worker that answers a scrape reads every process of the tree from
-    ``/proc`` and sums them (CPU, memory, file descriptors; the oldest start
-    time; the largest fd limit), as a single-process node would report.
-    """
-
-    _COMBINE = {"process_start_time_seconds": min, "process_max_fds": max}
-
-    def __init__(self, tree: bool) -> None:
-        self._tree = tree
-
-    def _pids(self) -> list[int]:
-        if not self._tree:
-            return [os.getpid()]
-        parent = os.getppid()
-        try:
-            with open(f"/proc/{parent}/task/{parent}/children") as listing:
-                return [parent, *map(int, listing.read().split())]
-        except OSError:  # no /proc children list here: this worker alone
-            return [os.getpid()]
-
-    def collect(self) -> Iterator[Metric]:
-        families: dict[str, Metric] = {}
-        seen: dict[str, list[float]] = {}  # sample name -> its value in each process
-        for pid in self._pids():
-            for family in ProcessCollector(pid=lambda pid=pid: pid, registry=None).collect():
-                families.setdefault(family.name, family)
-                for sample in family.samples:
-                    seen.setdefault(sample.name, []).append(sample.value)
-        for family in families.values():
-            family.samples = [
-                sample._replace(value=self._COMBINE.get(sample.name, sum)(seen[sample.name]))
-                for sample in family.samples
-            ]
-            yield family
 
 
 class Metrics:
@@ -428,18 +359,6 @@ class Metrics:
             registry=self.registry,
         )
 
-    def block_events(self) -> BlockMetrics:
-        """What the block source reports (``blocks.BlockEvents``)."""
-        return BlockMetrics(self)
-
-    def peer_events(self) -> PeerMetrics:
-        """What the cluster's placement and metadata router report (``cluster.peers.PeerEvents``)."""
-        return PeerMetrics(self)
-
-    def origin_guard(self, origin: str) -> OriginGuardMetrics:
-        """The metrics of one origin's guard, its series exported at 0 from now."""
-        return OriginGuardMetrics(self, origin)
-
     @contextlib.contextmanager
     def origin_call(self, origin: str, operation: str) -> Iterator[None]:
         """Count one origin request, its latency to the answer, and its failure if any."""
@@ -532,92 +451,3 @@ class Metrics:
         multiprocess.MultiProcessCollector(combined, path=str(self._multiprocess_dir))
         combined.register(self._process)
         return generate_latest(combined)
-
-
-class OriginGuardMetrics:
-    """One origin's protection metrics, with the origin label bound (``Metrics.origin_guard``)."""
-
-    def __init__(self, metrics: Metrics, origin: str) -> None:
-        self._m = metrics
-        self._origin = origin
-        for priority in PRIORITIES:
-            metrics.origin_in_flight.labels(origin, priority)
-            metrics.origin_queued.labels(origin, priority)
-            metrics.origin_queue_wait.labels(origin, priority)
-        for limit in LIMITS:
-            metrics.origin_throttled.labels(origin, limit)
-        metrics.origin_breaker_open.labels(origin).set(0)
-        for state in BREAKER_STATES:
-            metrics.origin_breaker_transitions.labels(origin, state)
-        for operation in ORIGIN_OPERATIONS:
-            metrics.origin_retries.labels(origin, operation)
-            metrics.origin_retry_budget_exhausted.labels(origin, operation)
-        metrics.origin_resumes.labels(origin)
-        for won in ("true", "false"):
-            metrics.origin_hedges.labels(origin, won)
-
-    def in_flight(self, priority: str, delta: int) -> None:
-        self._m.origin_in_flight.labels(self._origin, priority).inc(delta)
-
-    def queued(self, priority: str, delta: int) -> None:
-        self._m.origin_queued.labels(self._origin, priority).inc(delta)
-
-    def waited(self, priority: str, seconds: float) -> None:
-        self._m.origin_queue_wait.labels(self._origin, priority).observe(seconds)
-
-    def throttled(self, limit: str) -> None:
-        self._m.origin_throttled.labels(self._origin, limit).inc()
-
-    def retried(self, operation: str) -> None:
-        self._m.origin_retries.labels(self._origin, operation).inc()
-
-    def budget_exhausted(self, operation: str) -> None:
-        self._m.origin_retry_budget_exhausted.labels(self._origin, operation).inc()
-
-    def resumed(self) -> None:
-        self._m.origin_resumes.labels(self._origin).inc()
-
-    def hedged(self, won: bool) -> None:
-        self._m.origin_hedges.labels(self._origin, "true" if won else "false").inc()
-
-    def call(self, operation: str) -> contextlib.AbstractContextManager[None]:
-        return self._m.origin_call(self._origin, operation)
-
-    def breaker(self, state: str) -> None:
-        self._m.origin_breaker_open.labels(self._origin).set(0 if state == "closed" else 1)
-        self._m.origin_breaker_transitions.labels(self._origin, state).inc()
-
-
-class BlockMetrics:
-    """The block source's events as metrics (``Metrics.block_events``)."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self._m = metrics
-
-    def coalesced(self) -> None:
-        self._m.coalesced_waiters.inc()
-
-    def admission_rejected(self) -> None:
-        self._m.admission_rejections.inc()
-
-    def from_origin(self, origin: str, size: int) -> None:
-        self._m.origin_bytes.labels(origin).inc(size)
-
-
-class PeerMetrics:
-    """The cluster's peer requests as metrics (``Metrics.peer_events``)."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self._m = metrics
-
-    def requested(self, operation: str) -> None:
-        self._m.peer_requests.labels(operation).inc()
-
-    def failed(self, operation: str, kind: str) -> None:
-        self._m.peer_errors.labels(operation, kind).inc()
-
-    def took(self, operation: str, seconds: float) -> None:
-        self._m.peer_duration.labels(operation).observe(seconds)
-
-    def received(self, size: int) -> None:
-        self._m.peer_bytes.inc(size)

@@ -38,6 +38,7 @@ from gateway.invalidation import Invalidation
 from gateway.metadata.journal import Journal
 from gateway.metadata.memory import MetadataCache
 from gateway.metadata.store import MetadataStore
+from gateway.metric_events import BlockMetrics, OriginGuardMetrics
 from gateway.metrics import Metrics
 from gateway.namespace import Namespace
 from gateway.node.leader import Leadership
@@ -80,7 +81,7 @@ def build_origins(settings: Settings, metrics: Metrics) -> dict[str, Origin]:
             origin = S3Origin(name, cfg)
         else:
             origin = PosixOrigin(name, cfg.path)
-        origins[name] = OriginGuard(origin, cfg, metrics.origin_guard(name))
+        origins[name] = OriginGuard(origin, cfg, OriginGuardMetrics(metrics, name))
     return origins
 
 
@@ -125,7 +126,7 @@ def build(
         Doorkeeper(cache.admission, cache.admission_window) if cache.admission != "always" else None
     )
     blocks = BlockSource(
-        memory, disk, metrics.block_events(), cache.fill_concurrency, placement, admission
+        memory, disk, BlockMetrics(metrics), cache.fill_concurrency, placement, admission
     )
     metadata = MetadataCache(
         head_bytes=cache.metadata_head_bytes, listing_bytes=cache.metadata_listing_bytes,

@@ -16,6 +16,7 @@ from gateway.cluster.peer_client import PeerClient
 from gateway.cluster.peers import MetadataQuery
 from gateway.cluster.placement import Placement
 from gateway.metadata.codec import info_from, jsonable, page_from
+from gateway.metric_events import PeerMetrics
 from gateway.metrics import Metrics
 from gateway.origins.base import ListEntry, ListPage, ObjectInfo
 from tests.fakes import Clock
@@ -54,7 +55,7 @@ async def setup():
     client = PeerClient("secret")
     metrics = Metrics()
     clock = Clock(100.0)
-    router = MetadataRouter(Placement(membership, client, metrics.peer_events()), client, metrics.peer_events(), 5.0, 3.0,
+    router = MetadataRouter(Placement(membership, client, PeerMetrics(metrics)), client, PeerMetrics(metrics), 5.0, 3.0,
                             clock)  # fmt: skip
     yield router, membership, peer, clock
     await client.close()

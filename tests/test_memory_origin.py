@@ -19,6 +19,7 @@ from gateway.blocks import BlockSource
 from gateway.cache.disk import DiskTier
 from gateway.cache.memory import MemoryTier
 from gateway.metadata.memory import MetadataCache
+from gateway.metric_events import BlockMetrics
 from gateway.metrics import Metrics
 from gateway.namespace import Mount, Namespace
 from gateway.origins.base import Origin
@@ -76,7 +77,7 @@ async def _wired(tmp_path: Path, origin: MemoryOrigin) -> tuple[Reader, DiskTier
     metrics = Metrics()
     disk = DiskTier(tmp_path / "cache", 64 * 1024 * 1024)
     await disk.start()
-    blocks = BlockSource(MemoryTier(8 * 1024 * 1024, 16 * 1024), disk, metrics.block_events())
+    blocks = BlockSource(MemoryTier(8 * 1024 * 1024, 16 * 1024), disk, BlockMetrics(metrics))
     return Reader(Namespace([mount]), blocks, MetadataCache(), metrics, BLOCK), disk
 
 

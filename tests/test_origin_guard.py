@@ -18,6 +18,7 @@ import pytest
 
 from gateway import errors, priority
 from gateway.config import PosixOriginConfig, S3OriginConfig
+from gateway.metric_events import OriginGuardMetrics
 from gateway.metrics import Metrics
 from gateway.origins.base import BucketInfo, ListPage, ObjectInfo, Origin
 from gateway.origins.breaker import Ticket
@@ -112,7 +113,7 @@ class Body:
 
 def guard(origin: Origin, clock: Clock, metrics: Metrics, **protection: Any) -> OriginGuard:
     config = PosixOriginConfig(type="posix", path=Path("/"), **protection)
-    return OriginGuard(origin, config, metrics.origin_guard(origin.name),
+    return OriginGuard(origin, config, OriginGuardMetrics(metrics, origin.name),
                        clock=clock, sleep=clock.sleep, rand=lambda: 1.0)  # fmt: skip
 
 
@@ -134,7 +135,7 @@ async def read(stream: Any) -> bytes:
 
 async def test_guard_is_an_origin_and_passes_writes_through(tree: Path) -> None:
     posix = PosixOrigin("nfs", tree)
-    guarded = OriginGuard(posix, posix_config(tree), Metrics().origin_guard("nfs"))
+    guarded = OriginGuard(posix, posix_config(tree), OriginGuardMetrics(Metrics(), "nfs"))
     assert isinstance(guarded, Origin) and guarded.name == "nfs"
     assert isinstance(guarded, Writable) and not isinstance(guarded, Forwarding)
     result = await guarded.put_object("bucket", "new", _body(b"abc"))
@@ -150,7 +151,7 @@ def test_s3_guard_forwards(moto_endpoint: str) -> None:
     from gateway.origins.s3 import S3Origin
 
     config = S3OriginConfig(type="s3", endpoint=moto_endpoint)
-    guarded = OriginGuard(S3Origin("aws", config), config, Metrics().origin_guard("aws"))
+    guarded = OriginGuard(S3Origin("aws", config), config, OriginGuardMetrics(Metrics(), "aws"))
     assert isinstance(guarded, Forwarding) and not isinstance(guarded, Writable)
 
 
@@ -161,7 +162,7 @@ async def test_a_get_holds_its_slot_until_its_body_is_read(tree: Path) -> None:
     metrics = Metrics()
     guarded = OriginGuard(
         PosixOrigin("nfs", tree), posix_config(tree, limits={"max_concurrency": 1}),
-        metrics.origin_guard("nfs"),
+        OriginGuardMetrics(metrics, "nfs"),
     )  # fmt: skip
     first = await guarded.get_object("bucket", "obj0")
     second = asyncio.create_task(guarded.get_object("bucket", "obj1"))
@@ -205,7 +206,7 @@ async def test_client_requests_go_before_background_ones_at_a_saturated_cap(tree
     metrics = Metrics()
     posix = RecordingPosix("nfs", tree)
     guarded = OriginGuard(
-        posix, posix_config(tree, limits={"max_concurrency": 2}), metrics.origin_guard("nfs")
+        posix, posix_config(tree, limits={"max_concurrency": 2}), OriginGuardMetrics(metrics, "nfs")
     )
     holders = [await guarded.get_object("bucket", f"obj{i}") for i in range(2)]
 
@@ -245,7 +246,7 @@ async def test_bytes_per_second_delays_chunks_by_what_they_exceed(tree: Path) ->
     mib = 1024 * 1024
     guarded = OriginGuard(
         PosixOrigin("nfs", tree), posix_config(tree, limits={"bytes_per_second": "1MiB"}),
-        metrics.origin_guard("nfs"), clock=clock, sleep=clock.sleep,
+        OriginGuardMetrics(metrics, "nfs"), clock=clock, sleep=clock.sleep,
     )  # fmt: skip
     bodies = [await read(await guarded.get_object("bucket", f"obj{i}")) for i in range(2)]
     assert bodies == [(tree / "bucket" / f"obj{i}").read_bytes() for i in range(2)]

@@ -24,6 +24,7 @@ from gateway.errors import (
     OriginUnavailable,
     RangeNotSatisfiable,
 )
+from gateway.metric_events import OriginGuardMetrics
 from gateway.metrics import Metrics
 from gateway.origins.base import ListPage, Origin
 from gateway.origins.guard import OriginGuard
@@ -384,7 +385,7 @@ async def test_error_answers_after_retries(
     config = s3_config(f"http://127.0.0.1:{port}", max_attempts=2)
     origin = S3Origin("flaky", config)
     # botocore makes one try; the retries are the guard's (tests/test_origin_guard.py).
-    guarded = OriginGuard(origin, config, Metrics().origin_guard("flaky"))
+    guarded = OriginGuard(origin, config, OriginGuardMetrics(Metrics(), "flaky"))
     try:
         with pytest.raises(error) as caught:
             await origin.get_object("bucket", "key")

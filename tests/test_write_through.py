@@ -25,6 +25,7 @@ from gateway.cache.memory import MemoryTier
 from gateway.capture import Budget, Capture
 from gateway.config import PosixOriginConfig
 from gateway.metadata.memory import MetadataCache
+from gateway.metric_events import BlockMetrics, OriginGuardMetrics
 from gateway.metrics import Metrics
 from gateway.namespace import Mount, Namespace
 from gateway.origins.base import ObjectInfo
@@ -131,13 +132,13 @@ async def _wired(tmp_path: Path, block_size: int = 64 * 1024, buffer: int = 8 * 
     origin = GatedPosix("disk", root)
     metrics = Metrics()  # origin requests are counted by the guard, as in a running Hoard
     guarded = OriginGuard(
-        origin, PosixOriginConfig(type="posix", path=root), metrics.origin_guard("disk")
+        origin, PosixOriginConfig(type="posix", path=root), OriginGuardMetrics(metrics, "disk")
     )
     mount = Mount(bucket="b", origin=guarded, origin_bucket="data", write_through_max=4 * MiB)
     namespace = Namespace([mount], write_through_buffer=buffer)
     disk = DiskTier(tmp_path / "cache", 64 * MiB)
     await disk.start()
-    blocks = BlockSource(MemoryTier(8 * MiB, 16 * 1024), disk, metrics.block_events())
+    blocks = BlockSource(MemoryTier(8 * MiB, 16 * 1024), disk, BlockMetrics(metrics))
     reader = Reader(namespace, blocks, MetadataCache(), metrics, block_size)
     return origin, reader, Writer(namespace, reader), metrics
 

@@ -40,6 +40,7 @@ from gateway.cluster.peers import MetadataQuery
 from gateway.cluster.placement import Placement
 from gateway.config import ClusterConfig
 from gateway.invalidation import Invalidation
+from gateway.metric_events import PeerMetrics
 from gateway.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -81,13 +82,13 @@ class ClusterNode:
         self.placement = Placement(
             self.membership,
             self.client,
-            metrics.peer_events(),
+            PeerMetrics(metrics),
             config.replicas,
             config.handoff_peers,
         )
         settle = config.invalidation_timeout + 1.0  # a broadcast's longest wait, and some
         self.directory = MetadataRouter(
-            self.placement, self.client, metrics.peer_events(), config.metadata_timeout, settle
+            self.placement, self.client, PeerMetrics(metrics), config.metadata_timeout, settle
         )
         self.backlog = Backlog(config.replay_limit)
         self._replays: dict[str, asyncio.Task[None]] = {}  # running deliveries, by peer

@@ -94,7 +94,7 @@ class PeerNotCached(PeerError):
 
 
 class PeerEvents(Protocol):
-    """What the placement and the metadata router report (``metrics.PeerMetrics``)."""
+    """What the placement and the metadata router report (``metric_events.PeerMetrics``)."""
 
     def requested(self, operation: str) -> None: ...
     def failed(self, operation: str, kind: str) -> None: ...

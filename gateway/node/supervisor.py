@@ -3,7 +3,7 @@
 ``workers: N`` forks N processes (after the settings are loaded and the port
 checked, before anything else is built: each worker builds its own objects).
 A worker that dies, however it dies, is replaced within ``CHECK_EVERY``
-seconds; its live Prometheus gauges are dropped first (``metrics.forget_process``),
+seconds; its live Prometheus gauges are dropped first (``metrics_process.forget_process``),
 so a dead worker's requests in flight are not summed into the node's. The
 metrics directory is the supervisor's: made empty at start, removed at exit.
 SIGTERM and SIGINT stop every worker (each drains within ``shutdown_timeout``),
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from gateway.config import Settings
 from gateway.listener import bind
-from gateway.metrics import forget_process
+from gateway.metrics_process import forget_process
 
 log = logging.getLogger("hoard")
 CHECK_EVERY = 0.2  # seconds between the supervisor's looks at its workers

@@ -61,7 +61,7 @@ from gateway.origins.retry import Backoff, RetryBudget, retryable
 
 
 class GuardEvents(Protocol):
-    """What the guard reports (``gateway.metrics.OriginGuardMetrics`` implements it)."""
+    """What the guard reports (``metric_events.OriginGuardMetrics`` implements it)."""
 
     def in_flight(self, priority: str, delta: int) -> None: ...
     def queued(self, priority: str, delta: int) -> None: ...
