@@ -40,9 +40,9 @@ from gateway.config import (
     Credential,
     PosixOriginConfig,
     Settings,
-    load_settings,
     split_listen,
 )
+from gateway.config_load import load_settings
 from gateway.listener import bind
 from gateway.metrics_process import enable_multiprocess
 from gateway.node.cores import available_cores

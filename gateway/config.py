@@ -1,114 +1,39 @@
-"""The config contract: one YAML file, every key overridable from the environment.
+"""The config contract: one settings object, its models and their defaults.
 
-``load_settings`` is the only entry point. It reads the YAML file, expands
-``${VAR}`` references, lets ``HOARD_...`` environment variables (nested with
-``__``) override any key, validates everything strictly (unknown keys are an
-error) and checks cross-references (a mount naming an unknown origin).
-Sizes are strings such as ``8MiB``; durations ``30s``/``5m``/``1h``/``forever``.
-
-A bad config raises ``ConfigError`` whose message is one line per problem,
-each naming the key, so ``cli.py`` can print it and exit 2 without a traceback.
+The models here are the whole contract: every key, its type and default,
+validated strictly (unknown keys are an error). Quantities are
+``config_units.py``'s (sizes such as ``8MiB``; durations ``30s``/``5m``/``1h``/
+``forever``); reading a file, ``${VAR}`` references and ``HOARD_...``
+environment overrides are ``config_load.py``'s, whose ``load_settings`` is the
+only entry point. A bad config raises ``ConfigError`` whose message is one line
+per problem, each naming the key, so ``cli.py`` can print it and exit 2 without
+a traceback.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
-import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     SecretStr,
-    ValidationError,
     field_validator,
     model_validator,
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from gateway.config_units import Duration, Size, Umask, parse_size
 
 log = logging.getLogger(__name__)
 
 
 class ConfigError(Exception):
     """A config problem; ``str()`` is one line per problem, each naming its key."""
-
-
-_SIZE_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1024,
-    "kib": 1024,
-    "kb": 1000,
-    "m": 1024**2,
-    "mib": 1024**2,
-    "mb": 1000**2,
-    "g": 1024**3,
-    "gib": 1024**3,
-    "gb": 1000**3,
-    "t": 1024**4,
-    "tib": 1024**4,
-    "tb": 1000**4,
-}
-_DURATION_UNITS = {"": 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-# ASCII digits of bounded length: sizes and durations also arrive from clients (a prefetch
-# window, a pin_ttl), and "\d" reads any script's digits; 5,000 of them overflowed int().
-_QUANTITY = re.compile(r"^\s*([0-9]{1,30}(?:\.[0-9]{1,30})?)\s*([a-zA-Z]*)\s*$", re.ASCII)
-
-
-def parse_size(value: object) -> int:
-    """``"8MiB"`` → 8388608. Accepts ints, binary (KiB…TiB) and SI (KB…TB) units."""
-    if isinstance(value, bool):
-        raise ValueError(f"invalid size {value!r}")
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError(f"invalid size {value!r}: must not be negative")
-        return value
-    match = _QUANTITY.match(str(value))
-    unit = match.group(2).lower() if match else None
-    if match is None or unit not in _SIZE_UNITS:
-        raise ValueError(f"invalid size {value!r} (expected e.g. 512MiB, 8GiB, 1TiB)")
-    return int(float(match.group(1)) * _SIZE_UNITS[unit])
-
-
-def parse_duration(value: object) -> float:
-    """``"5m"`` → 300.0 seconds; ``"forever"`` → ``math.inf``."""
-    if isinstance(value, bool):
-        raise ValueError(f"invalid duration {value!r}")
-    if isinstance(value, int | float):
-        if not value >= 0:  # negative, or NaN (JSON lets a client send one)
-            raise ValueError(f"invalid duration {value!r}: must not be negative")
-        return float(value)
-    text = str(value).strip().lower()
-    if text in ("forever", "inf", "never"):
-        return math.inf
-    match = _QUANTITY.match(text)
-    unit = match.group(2) if match else None
-    if match is None or unit not in _DURATION_UNITS:
-        raise ValueError(f"invalid duration {value!r} (expected e.g. 30s, 5m, 1h, forever)")
-    return float(match.group(1)) * _DURATION_UNITS[unit]
-
-
-Size = Annotated[int, BeforeValidator(parse_size)]
-Duration = Annotated[float, BeforeValidator(parse_duration)]
-
-
-def parse_umask(value: object) -> int:
-    """A umask in octal: ``"077"``, ``"0o027"`` (YAML's ``0077`` arrives as the int 63)."""
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 0o777:
-        return value
-    text = str(value).strip().lower().removeprefix("0o")
-    if not text or len(text) > 4 or any(c not in "01234567" for c in text):
-        raise ValueError(f"invalid umask {value!r} (octal, such as 077 or 027)")
-    return int(text, 8) & 0o777
-
-
-Umask = Annotated[int, BeforeValidator(parse_umask)]
 
 
 class _Strict(BaseModel):
@@ -457,103 +382,3 @@ def split_listen(listen: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"invalid listen address {listen!r} (expected host:port)")
     return host.strip("[]") or "0.0.0.0", int(port)
-
-
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-
-
-def _expand(value: Any, path: str, environ: dict[str, str]) -> Any:
-    """Replace ``${VAR}`` / ``${VAR:-default}`` in every string of the YAML tree."""
-    if isinstance(value, dict):
-        return {k: _expand(v, f"{path}.{k}" if path else str(k), environ) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_expand(v, f"{path}.{i}", environ) for i, v in enumerate(value)]
-    if not isinstance(value, str):
-        return value
-
-    def substitute(match: re.Match[str]) -> str:
-        name, default = match.group(1), match.group(2)
-        if name in environ:
-            return environ[name]
-        if default is not None:
-            return default
-        raise ConfigError(f"{path}: environment variable {name} is not set")
-
-    return _VAR.sub(substitute, value)
-
-
-def read_yaml(path: Path, environ: dict[str, str] | None = None) -> dict[str, Any]:
-    """Read a config file into a plain dict with ``${VAR}`` references expanded."""
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        first_line = str(exc).splitlines()[0] if str(exc) else "invalid YAML"
-        raise ConfigError(f"{path}: invalid YAML: {first_line}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of keys")
-    return _expand(raw, "", dict(os.environ if environ is None else environ))
-
-
-def _describe(error: dict[str, Any]) -> str:
-    # Discriminated unions add the tag to the location ("origins.aws.s3.endpoint"); drop it.
-    loc = [str(p) for p in error["loc"] if p not in ("s3", "posix") or p == error["loc"][0]]
-    key = ".".join(loc) or "(top level)"
-    if error["type"] == "extra_forbidden":
-        return f"{key}: unknown key"
-    if error["type"] == "missing":
-        return f"{key}: required key is missing"
-    message = str(error["msg"]).removeprefix("Value error, ")
-    return f"{key}: {message}"
-
-
-def _check_references(settings: Settings) -> list[str]:
-    known = sorted(settings.origins)
-    problems = []
-    if settings.default_origin is not None and settings.default_origin not in settings.origins:
-        problems.append(
-            f"default_origin: unknown origin {settings.default_origin!r} (known: {known})"
-        )
-    if settings.default_origin is None and not settings.mounts:
-        problems.append(
-            "default_origin: nothing is served; add an origin and name it here "
-            "(origins: {data: {type: posix, path: ./data}} with default_origin: data), "
-            "or add mounts"
-        )
-    seen: set[str] = set()
-    for index, mount in enumerate(settings.mounts):
-        if mount.origin not in settings.origins:
-            problems.append(
-                f"mounts.{index}.origin: unknown origin {mount.origin!r} (known: {known})"
-            )
-        if mount.bucket in seen:
-            problems.append(f"mounts.{index}.bucket: bucket {mount.bucket!r} is mounted twice")
-        seen.add(mount.bucket)
-    cluster = settings.cluster
-    if cluster.enabled and (cluster.secret is None or not cluster.secret.get_secret_value()):
-        problems.append("cluster.secret: a cluster (cluster.self with peers or dns) needs a secret")
-    access_keys = [c.access_key for c in settings.credentials]
-    if len(set(access_keys)) != len(access_keys):
-        problems.append("credentials: an access_key appears twice")
-    return problems
-
-
-def build_settings(data: dict[str, Any]) -> Settings:
-    """Validate a config mapping (environment overrides applied); raise ``ConfigError``."""
-    try:
-        settings = Settings(**data)
-    except ValidationError as exc:
-        raise ConfigError("\n".join(_describe(e) for e in exc.errors())) from None
-    problems = _check_references(settings)
-    if problems:
-        raise ConfigError("\n".join(problems))
-    return settings
-
-
-def load_settings(path: Path | None, defaults: dict[str, Any] | None = None) -> Settings:
-    """Load the YAML file at ``path`` (or only ``defaults`` without one) plus the environment."""
-    data = dict(defaults or {})
-    if path is not None:
-        data.update(read_yaml(path))
-    return build_settings(data)

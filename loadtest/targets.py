@@ -168,7 +168,9 @@ class Hoard(Target):
         """``cache.memory`` of the config written for the first node, as the gateway reads it."""
         if not self.config_paths:
             return None
-        from gateway.config import load_settings  # the repository's own: loadtest lives beside it
+        from gateway.config_load import (
+            load_settings,  # the repository's own: loadtest lives beside it
+        )
 
         return load_settings(self.config_paths[0]).cache.memory
 

@@ -29,7 +29,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from gateway import wiring
-from gateway.config import build_settings
+from gateway.config_load import build_settings
 from gateway.pieces import FileSegment
 from gateway.reader import Reader
 from tests.harness import ACCESS_KEY, SECRET_KEY

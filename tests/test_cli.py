@@ -255,7 +255,7 @@ def test_sigterm_lets_in_flight_requests_finish(big_file_hoard):
 
 
 def test_example_config_parses_with_every_documented_key(monkeypatch):
-    from gateway.config import build_settings, read_yaml
+    from gateway.config_load import build_settings, read_yaml
 
     for name in [n for n in os.environ if n.startswith("HOARD_")]:
         monkeypatch.delenv(name)

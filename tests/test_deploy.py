@@ -42,7 +42,8 @@ import pytest
 import requests
 import yaml
 
-from gateway.config import ConfigError, Settings, build_settings, read_yaml, split_listen
+from gateway.config import ConfigError, Settings, split_listen
+from gateway.config_load import build_settings, read_yaml
 from gateway.safety import refusals
 from tests.harness import HoardProcess, s3_client
 

@@ -386,7 +386,8 @@ async def test_retries_stop_when_the_breaker_opens_meanwhile() -> None:
 
 
 def test_example_config_documents_every_protection_key() -> None:
-    from gateway.config import BreakerConfig, LimitsConfig, RetryConfig, build_settings, read_yaml
+    from gateway.config import BreakerConfig, LimitsConfig, RetryConfig
+    from gateway.config_load import build_settings, read_yaml
     from tests.harness import REPO
 
     raw = read_yaml(

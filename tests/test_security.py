@@ -36,7 +36,9 @@ from botocore.credentials import Credentials
 
 from gateway.accesslog import field
 from gateway.client.admin import AdminClient, AdminError
-from gateway.config import PrefetchConfig, build_settings, parse_umask
+from gateway.config import PrefetchConfig
+from gateway.config_load import build_settings
+from gateway.config_units import parse_umask
 from gateway.prefetch.order import OrderError, manifest_keys
 from gateway.safety import ambient_origins, is_loopback, weakness
 from tests.conftest import ORIGIN_KEY, ORIGIN_SECRET

@@ -12,7 +12,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from gateway.config import parse_duration
+from gateway.config_units import parse_duration
 from gateway.metrics import WARM_STATES as STATES
 
 __all__ = ["FINISHED", "STATES", "Progress", "WarmSpec"]
