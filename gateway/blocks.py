@@ -63,6 +63,7 @@ from gateway.cluster.peers import PeerNotCached
 from gateway.cluster.placement import Placement
 from gateway.origins.base import ObjectStream
 from gateway.pieces import BlockRef, FileSegment, Piece
+from gateway.tasks import TaskSet
 
 _TAIL_CHUNK = 1024 * 1024
 _STAGED_MEMORY = 65536  # staged block digests remembered (more than the memory tier holds)
@@ -97,7 +98,7 @@ class BlockSource:
         # Peer fills have slots of their own: sharing them with origin fills would let
         # two nodes wait on each other, each with its slots held by requests to the other.
         self._peer_slots = asyncio.Semaphore(fill_slots)
-        self._background: set[asyncio.Task[None]] = set()
+        self._background = TaskSet()
         # Blocks admission kept off the disk and staged in memory: memory hits on each.
         self._staged: OrderedDict[str, int] = OrderedDict()
 
@@ -223,7 +224,7 @@ class BlockSource:
             if self.remote.get(ref.block) is None and self.memory.admits(ref.length):
                 self._peer_fill(ref)  # into the memory tier only
             return
-        self._spawn(self._prefetch(ref))
+        self._background.spawn(self._prefetch(ref))
 
     async def preload(self, ref: BlockRef) -> int:
         """Get ``ref``'s block cached where it belongs; the bytes fetched for it (0: cached).
@@ -298,11 +299,6 @@ class BlockSource:
         if self.fills.get(ref.block) is None:
             self.fill(ref)
 
-    def _spawn(self, work: object) -> None:
-        task = asyncio.ensure_future(work)  # type: ignore[arg-type]
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
     async def _fill(self, ref: BlockRef, flight: Flight, admit: bool | None) -> None:
         async with self._slots:
             if await self._from_disk(ref, flight):
@@ -332,7 +328,7 @@ class BlockSource:
             return
         del self._staged[digest]
         if self.disk is not None:
-            self._spawn(self.disk.put(ref.block, data))
+            self._background.spawn(self.disk.put(ref.block, data))
 
     def _admits(self, ref: BlockRef) -> bool:
         """The admission policy's word on writing this missed block to disk (records the miss)."""
@@ -498,6 +494,4 @@ class BlockSource:
     async def close(self) -> None:
         await self.fills.close()
         await self.remote.close()
-        for task in list(self._background):
-            task.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
+        await self._background.cancel()
