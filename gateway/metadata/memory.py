@@ -41,13 +41,10 @@ Time
   appears at the origin should be seen promptly, and a "no" is cheap to re-ask.
 
 Coalescing
-  Every origin call runs in one task per cache key (a *flight*) that stores its
-  own result, so it lands even if every caller gave up; callers await it through
-  ``asyncio.shield`` so one cancelled caller does not cancel the others' fetch.
-  Refreshes are flights too, so a refresh and a miss never both run for a key.
-  The first caller's ``fetch`` and ``policy`` serve the whole flight. Tasks are
-  held in a set (the loop keeps only weak references); their errors are always
-  retrieved.
+  Every origin call runs as one flight per cache key (``singleflight.Group``)
+  that stores its own result, so it lands even if every caller gave up; the
+  first caller's ``fetch`` and ``policy`` serve the whole flight. A refresh is
+  a flight too, so a refresh and a miss never both run for a key.
 
 Writes through Hoard call ``invalidate_key``: the key's entry and every listing
 whose prefix contains it are dropped, and flights for them are *detached*: they
@@ -77,18 +74,17 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import math
 import time
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Hashable, Iterator
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Hashable
 from functools import partial
-from typing import Any, Generic, TypeGuard, TypeVar
+from typing import Any, TypeVar
 
 from gateway.cache.singleflight import Group
 from gateway.errors import NoSuchKey, OriginUnavailable
+from gateway.metadata import lookups
 from gateway.metadata.bodies import PageBodies
 from gateway.metadata.heads import Entry, HeadTable
+from gateway.metadata.lookups import Aged, FetchHead, FetchPage, Lookup, Lru, Policy
 from gateway.metadata.snapshot import Snapshot, SnapshotBuilder
 from gateway.metadata.walk import Early, Walk, settled_page
 from gateway.origins.base import ListPage, ObjectInfo
@@ -97,8 +93,6 @@ from gateway.origins.listing import paginate
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-FetchPage = Callable[[str, str, str, int], Awaitable[ListPage]]
-FetchHead = Callable[[], Awaitable["ObjectInfo | Aged"]]
 Load = Callable[..., Awaitable[Any]]
 ORIGIN_PAGE = 1000  # keys per origin page while walking a whole listing: S3's maximum
 # Lookup outcome -> stats() counter; a negative hit is a hit ("evicted" is no lookup).
@@ -107,71 +101,7 @@ _COUNTER = dict(
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Lookup(Generic[T]):
-    value: T
-    state: str  # "hit" | "miss" | "stale" (served while revalidating) | "stale_error"
-
-
 _PAGE_ENTRY_BYTES = 330  # a ListEntry in a cached page, its strings and datetime
-
-
-@dataclass(frozen=True, slots=True)
-class Policy:
-    ttl: float = 60.0  # math.inf allowed
-    negative_ttl: float = 10.0
-    stale_while_revalidate: float = math.inf  # past expiry: serve stale while one refresh runs
-    stale_if_error: float = math.inf  # past expiry: serve stale when the origin errors
-    label: str = ""  # the mount these lookups are for, passed to ``on_event`` (metrics)
-
-
-@dataclass(frozen=True, slots=True)
-class Aged:
-    """An answer ``age`` seconds old (from the node's store or a listing), not just asked."""
-
-    info: ObjectInfo
-    age: float
-
-
-class _Lru:
-    """Entries by key, least recently used first, evicted beyond ``limit`` total weight;
-    ``on_drop`` hears of every entry that leaves (evicted, replaced or dropped)."""
-
-    def __init__(self, limit: int, on_drop: Callable[[Entry], None] = lambda entry: None) -> None:
-        self.entries: OrderedDict[tuple[Any, ...], Entry] = OrderedDict()
-        self.limit = limit
-        self._on_drop = on_drop
-        self.weight = 0  # sum of entry weights
-        self.empty = 0  # entries whose value is None
-
-    def get(self, k: tuple[Any, ...]) -> Entry | None:
-        entry = self.entries.get(k)
-        if entry is not None:
-            self.entries.move_to_end(k)
-        return entry
-
-    def put(self, k: tuple[Any, ...], entry: Entry) -> int:
-        """Store ``entry``; returns how many old entries were evicted for it."""
-        self.pop(k)
-        self.entries[k] = entry
-        self.weight += entry.weight
-        self.empty += entry.value is None
-        evicted = 0
-        while self.weight > self.limit:
-            self.pop(next(iter(self.entries)))
-            evicted += 1
-        return evicted
-
-    def pop(self, k: tuple[Any, ...]) -> None:
-        entry = self.entries.pop(k, None)
-        if entry is not None:
-            self.weight -= entry.weight
-            self.empty -= entry.value is None
-            self._on_drop(entry)
-
-    def drop_where(self, matches: Callable[[tuple[Any, ...]], bool]) -> None:
-        for k in [k for k in self.entries if matches(k)]:
-            self.pop(k)
 
 
 class MetadataCache:
@@ -202,7 +132,7 @@ class MetadataCache:
         self._versions = itertools.count(1)  # of snapshots: what their bodies are keyed by
         # Keyed (scope, prefix) for whole listings and too-big markers,
         # (scope, prefix, delimiter, start_after, max_keys) for pages.
-        self._lists = _Lru(listing_bytes - bodies, self._dropped)
+        self._lists = Lru(listing_bytes - bodies, self._dropped)
         self._flights: Group[tuple[str, tuple[Any, ...]], Any] = Group()
         self._walks: dict[tuple[str, Any], Walk] = {}  # whole listings being walked, by flight
         self._counts = dict.fromkeys(("hits", "misses", "stale", "stale_error"), 0)
@@ -470,7 +400,7 @@ class MetadataCache:
             self._bodies.drop(entry.value.version)
 
     def _find_whole(self, scope: Hashable, prefix: str) -> tuple[Hashable, str] | None:
-        for candidate in _covering(prefix):
+        for candidate in lookups.covering(prefix):
             entry = self._lists.entries.get((scope, candidate))
             if entry is not None and entry.value is not None:
                 return scope, candidate
@@ -495,7 +425,7 @@ class MetadataCache:
         now = self._clock()
         if entry is not None and now < entry.fresh_until:
             return self._served(kind, entry.value, "hit", policy.label)
-        if _usable(entry, now, policy.stale_while_revalidate):
+        if lookups.usable(entry, now, policy.stale_while_revalidate):
             if (tag, k) not in self._flights:  # exactly one refresh; nobody awaits it
                 self._flights.start((tag, k), load).add_done_callback(
                     partial(_log_refresh_failure, (tag, k))
@@ -507,7 +437,7 @@ class MetadataCache:
         except OriginUnavailable:
             # Again: invalidation may have dropped it meanwhile.
             entry = self._heads.get(*k) if kind == "head" else self._lists.get(k)
-            if _usable(entry, self._clock(), policy.stale_if_error):
+            if lookups.usable(entry, self._clock(), policy.stale_if_error):
                 return self._served(kind, entry.value, "stale_error", policy.label)
             self._count(kind, "miss", policy.label)
             raise
@@ -564,24 +494,7 @@ class MetadataCache:
         return Lookup(value, state)
 
 
-def _usable(entry: Entry | None, now: float, grace: float) -> TypeGuard[Entry]:
-    """Whether ``entry`` holds a value that may be served ``grace`` seconds past expiry."""
-    return entry is not None and entry.value is not None and now < entry.fresh_until + grace
-
-
 def _log_refresh_failure(fk: tuple[str, Any], task: asyncio.Future[Any]) -> None:
     exc = None if task.cancelled() else task.exception()
     if exc is not None and not isinstance(exc, NoSuchKey):  # NoSuchKey: stored as negative
         log.warning("metadata refresh of %s %r failed, stale entry kept: %r", *fk, exc)
-
-
-def _covering(prefix: str) -> Iterator[str]:
-    """``prefix``, then its ancestors at ``/`` boundaries, longest first, then ``""``."""
-    yield prefix
-    end = len(prefix)
-    while (i := prefix.rfind("/", 0, end)) >= 0:
-        if i + 1 < len(prefix):
-            yield prefix[: i + 1]
-        end = i
-    if prefix:
-        yield ""

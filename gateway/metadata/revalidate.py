@@ -42,7 +42,8 @@ import time
 from collections.abc import Awaitable, Callable
 
 from gateway import errors
-from gateway.metadata.memory import Aged, FetchPage, MetadataCache, Policy
+from gateway.metadata.lookups import Aged, FetchPage, Policy
+from gateway.metadata.memory import MetadataCache
 from gateway.metadata.snapshot import Snapshot
 from gateway.metadata.store import MetadataStore, Stored
 from gateway.origins.base import ObjectInfo

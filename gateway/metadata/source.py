@@ -36,7 +36,8 @@ from gateway.cluster.peers import MetadataQuery
 from gateway.invalidation import Invalidation
 from gateway.metadata import codec
 from gateway.metadata.journal import EVERYTHING, Journal, SoloJournal
-from gateway.metadata.memory import Aged, FetchHead, FetchPage, MetadataCache, Policy
+from gateway.metadata.lookups import Aged, FetchHead, FetchPage, Policy
+from gateway.metadata.memory import MetadataCache
 from gateway.metadata.revalidate import Revalidator
 from gateway.metadata.store import MetadataStore, Stored
 from gateway.namespace import Mount
