@@ -1,4 +1,4 @@
-"""Bytes of metadata per object, measured with tracemalloc (``python -m loadtest metamem``).
+"""Bytes of metadata per object, measured with tracemalloc (``python -m loadtest.metamem``).
 
 Fills a real ``MetadataCache`` the way a read epoch does: N objects' HEAD
 answers (as an origin returns them: a fresh key, ETag and content-type string
@@ -101,7 +101,7 @@ async def measure(objects: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m loadtest metamem")
+    parser = argparse.ArgumentParser(prog="python -m loadtest.metamem")
     parser.add_argument("--objects", type=int, default=200_000)
     args = parser.parse_args(argv)
     print(json.dumps(asyncio.run(measure(args.objects))))

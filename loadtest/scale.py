@@ -1,4 +1,4 @@
-"""Scale workload: a million small objects (``python -m loadtest scale``).
+"""Scale workload: a million small objects (``python -m loadtest.scale``).
 
 Training sets are millions of small files under one prefix (ImageNet: 1.28 M
 images in 1,000 class directories). This workload builds such a set behind
@@ -408,7 +408,7 @@ def _errors(row: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtest scale", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m loadtest.scale", description=__doc__.split("\n")[0])
     p.add_argument("--origin", choices=("posix", "s3"), default="posix",
                    help="a directory, or moto behind the emulated WAN (use fewer --objects)")  # fmt: skip
     p.add_argument("--rtt-ms", type=float, default=20.0, help="S3 origin round trip")
