@@ -12,9 +12,9 @@ What is shared, and how (each mechanism in its own module):
 
 - Blocks: the disk tier (``cache/disk*.py``: one index, claims on fills, so
   a block is fetched once per node). Object metadata: the node's store
-  (``cache/metadata_store.py``) behind striped fetch locks; the workers'
+  (``metadata/store.py``) behind striped fetch locks; the workers'
   memory copies are kept honest by the invalidation journal
-  (``cache/journal.py``: a write seen by one worker is seen by all).
+  (``metadata/journal.py``: a write seen by one worker is seen by all).
 - Storms: identical LIST misses and missing-key HEADs over several workers
   cost one origin request per node (``pages.py``: under the fetch lock, an
   answer a sibling got while we waited is taken, as joining its flight).

@@ -1,6 +1,6 @@
 """One origin request per node for a storm of identical metadata misses over its workers.
 
-Each worker coalesces its own identical misses (``cache/metadata.py``'s
+Each worker coalesces its own identical misses (``metadata/memory.py``'s
 flights); across workers, a listing page fetched by one is handed to the
 others that asked for the same page meanwhile, as a flight is joined: under
 the node's striped fetch lock for the page (``MetadataStore.fetch_lock``,
