@@ -55,6 +55,7 @@ class Target:
     can_list: bool = True  # static files have no ListObjects
     takes_uploads: bool = False  # the rss workload's upload phase runs only on Hoard
     hoard_api: bool = False  # answers /_hoard/ endpoints (warm jobs, epoch-order prefetch)
+    caches: bool = True  # keeps what it read: warm-up passes fill it (not the origin itself)
     notes: list[str] = field(default_factory=list)
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
@@ -83,7 +84,10 @@ class Target:
         return path
 
 
+@dataclass
 class Direct(Target):
+    caches: bool = False  # every read goes to the origin
+
     def start(self) -> None:
         self.endpoints = [self.ctx.origin_endpoint]
 
