@@ -83,7 +83,8 @@ def _workers_arg(text: str) -> int | str:
 
 def run_client(args: argparse.Namespace) -> int:
     """``hoard warm`` / ``hoard cache``: signed calls to a running gateway."""
-    client = AdminClient(args.endpoint, args.access_key, args.secret_key)
+    client = AdminClient(args.endpoint, args.access_key, args.secret_key,
+                         ca_bundle=args.ca_bundle)  # fmt: skip
     command = commands_.warm if args.command == "warm" else commands_.cache
     try:
         return command(args, client)

@@ -115,6 +115,21 @@ def test_s3fs_and_the_aws_cli_trust_the_ca(hoard, origin_client, bucket, tmp_pat
     )
 
 
+def test_hoard_cache_trusts_a_private_ca_when_told(hoard, tmp_path) -> None:
+    """``hoard cache`` (and ``hoard warm``) over https:// with a private CA: refused without
+    its certificates, as any verifying client refuses, and answered with ``--ca-bundle`` or
+    ``$AWS_CA_BUNDLE``, as the aws CLI takes them."""
+    args = ["cache", "stats", "--endpoint", hoard.endpoint,
+            "--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY]  # fmt: skip
+    untrusted = run_hoard(args, tmp_path, env={"AWS_CA_BUNDLE": ""})
+    assert untrusted.returncode != 0
+    assert "certificate verify failed" in untrusted.stderr.lower(), untrusted.stderr
+    for trusted in (run_hoard([*args, "--ca-bundle", str(hoard.ca)], tmp_path),
+                    run_hoard(args, tmp_path, env={"AWS_CA_BUNDLE": str(hoard.ca)})):  # fmt: skip
+        assert trusted.returncode == 0, trusted.stderr
+        assert "memory" in trusted.stdout
+
+
 def test_sighup_reloads_the_certificate(hoard, ca) -> None:
     before = served_serial(hoard.port, ca.path)
     cert, key = Path(hoard.config["tls"]["cert"]), Path(hoard.config["tls"]["key"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
@@ -40,10 +41,12 @@ class AdminClient:
     secret_key: str | None = None
     region: str = "us-east-1"
     timeout: float = 30.0
+    ca_bundle: Path | None = None  # a private CA's certificates (None: the system's)
 
     def __post_init__(self) -> None:
         self.endpoint = self.endpoint.rstrip("/")
-        self._pool = urllib3.PoolManager(timeout=self.timeout, retries=False)
+        trust = {"ca_certs": str(self.ca_bundle)} if self.ca_bundle else {}
+        self._pool = urllib3.PoolManager(timeout=self.timeout, retries=False, **trust)
         self._credentials = self._resolve_credentials()
 
     def _resolve_credentials(self) -> Credentials | None:

@@ -110,3 +110,6 @@ def _connection(parser: argparse.ArgumentParser) -> None:
                         help="Hoard's URL, http://host:9000 (default: $AWS_ENDPOINT_URL)")  # fmt: skip
     parser.add_argument("--access-key", help="default: the AWS credential chain")
     parser.add_argument("--secret-key", help="default: the AWS credential chain")
+    parser.add_argument("--ca-bundle", type=Path, default=os.environ.get("AWS_CA_BUNDLE") or None,
+                        help="CA certificates to trust for an https:// endpoint with a private "
+                             "CA (default: $AWS_CA_BUNDLE, else the system's)")  # fmt: skip
