@@ -97,3 +97,25 @@ async def test_an_older_layout_is_started_over(tmp_path: Path) -> None:
         assert (await store.load(SCOPE, "k")).info == info("k")  # type: ignore[union-attr]
     finally:
         await store.close()
+
+
+async def test_the_row_bound_drops_the_oldest_rows_when_writes_could_pass_it(
+    tmp_path: Path,
+) -> None:
+    store = MetadataStore(tmp_path / "metadata.sqlite3", max_rows=4)
+    await store.start()
+    try:
+        for key in ("old/a", "old/b"):
+            store.save(SCOPE, key, info(key), learned=1)
+        await store.flush()
+        new = ("new/a", "new/b", "new/c", "new/d")
+        for key in new:
+            store.save(SCOPE, key, info(key), learned=1)
+        await store.flush()  # six rows: the two older ones go
+        assert [await store.load(SCOPE, key) for key in ("old/a", "old/b")] == [None, None]
+        assert all([await store.load(SCOPE, key) for key in new])
+        store.save(SCOPE, "new/a", info("new/a"), learned=2)  # a replaced row adds none
+        await store.flush()
+        assert all([await store.load(SCOPE, key) for key in new])
+    finally:
+        await store.close()

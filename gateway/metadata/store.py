@@ -30,6 +30,7 @@ import fcntl
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import sqlite3
@@ -50,6 +51,7 @@ _Row = tuple[str, float, int, str, int, int | None]
 log = logging.getLogger(__name__)
 # Stripes of fetch_lock per kind: byte offsets of one lock file, so no file each.
 _STRIPES = 1 << 16
+_RECOUNT_EVERY = 60.0  # seconds: the longest sibling workers' rows go uncounted
 _KINDS = {"meta": 0, "list": 1, "page": 2}  # a HEAD, a directory walk, a shared origin page
 
 # Rows are keyed by a 64-bit hash of (origin, bucket, key), the table's rowid:
@@ -126,6 +128,12 @@ class MetadataStore:
         self._pending: dict[tuple[str, str, str], _Row] = {}
         self._confirmations: list[tuple[float, Scope, Sequence[ListEntry]]] = []
         self._flusher: asyncio.Task[None] | None = None
+        # The row bound costs a count, which scans an index (seconds at 10 M rows), so it is
+        # counted only when the rows this process wrote since could have passed the bound,
+        # and once a minute for what sibling workers wrote. Touched in the store's thread.
+        self._counted = 0  # rows at the last count
+        self._written = 0  # rows written since: an upper bound (a replaced row adds none)
+        self._counted_at = -math.inf
         self._lock_fd: int | None = None  # the lock file, whose bytes are fetch_lock's stripes
         # Stripes this process's tasks hold or await: the lock and how many use it.
         self._stripes: dict[int, tuple[asyncio.Lock, list[int]]] = {}
@@ -305,13 +313,24 @@ class MetadataStore:
                         for e in entries
                     ),
                 )
-            (count,) = self._db.execute("SELECT count(*) FROM objects").fetchone()
-            if count > self._max_rows:
-                self._db.execute(
-                    "DELETE FROM objects WHERE id IN "
-                    "(SELECT id FROM objects ORDER BY stored_at LIMIT ?)",
-                    (count - self._max_rows,),
-                )
+            self._written += len(rows)
+            if self._counted + self._written > self._max_rows or (
+                time.monotonic() - self._counted_at > _RECOUNT_EVERY
+            ):
+                self._keep_the_bound()
+
+    def _keep_the_bound(self) -> None:
+        """Drop the oldest rows past ``max_rows`` (inside ``_write``'s transaction)."""
+        assert self._db is not None
+        (count,) = self._db.execute("SELECT count(*) FROM objects").fetchone()
+        if count > self._max_rows:
+            self._db.execute(
+                "DELETE FROM objects WHERE id IN "
+                "(SELECT id FROM objects ORDER BY stored_at LIMIT ?)",
+                (count - self._max_rows,),
+            )
+        self._counted, self._written = min(count, self._max_rows), 0
+        self._counted_at = time.monotonic()
 
     async def _flush_forever(self) -> None:
         while True:
