@@ -47,16 +47,14 @@ damaged (wrong magic or size).
 from __future__ import annotations
 
 import fcntl
-import mmap
 import os
 import struct
 import time
 import zlib
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from gateway.invalidation import Invalidation
+from gateway.mapped import MappedFile
 
 MAGIC = b"HOARDJ01"
 RING = 4096  # invalidations a worker may fall behind before it drops all
@@ -77,36 +75,24 @@ _U64 = struct.Struct("<Q")
 EVERYTHING = Invalidation("", "", prefix="")  # what a drop-all is published as
 
 
-class Journal:
+class Journal(MappedFile):
     """One worker's view of the node's journal file."""
 
     def __init__(self, path: Path) -> None:
+        super().__init__()
         self._path = path
-        self._fd = -1
-        self._map: mmap.mmap | None = None
         self._applied = 0  # the seq this worker has caught up to
         self._pid = os.getpid()
 
     def open(self) -> None:
         """Map the file, creating (or re-creating, if damaged) it; start caught up."""
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
-        with self._locked(fcntl.LOCK_EX):
-            if os.fstat(self._fd).st_size != _SIZE or os.pread(self._fd, 8, 0) != MAGIC:
-                os.ftruncate(self._fd, 0)
-                os.ftruncate(self._fd, _SIZE)  # sparse: only written slots take disk
-                os.pwrite(self._fd, MAGIC + _U64.pack(time.time_ns() // 1000), 0)
-            self._map = mmap.mmap(self._fd, _SIZE)
+        self._open_mapped(self._path, _SIZE, MAGIC, self._fresh)
         self._applied = self.seq()
         self._pid = os.getpid()
 
-    def close(self) -> None:
-        if self._map is not None:
-            self._map.close()
-            self._map = None
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+    def _fresh(self) -> None:
+        # ``seq`` starts at the wall clock in µs: it keeps growing across a new file.
+        os.pwrite(self._fd, MAGIC + _U64.pack(time.time_ns() // 1000), 0)
 
     def seq(self) -> int:
         """Invalidations ever published: read before an origin request as its ``learned``."""
@@ -193,14 +179,6 @@ class Journal:
         if kind == _KEY:
             return pid, Invalidation(origin, bucket, key=name)
         return pid, Invalidation(origin, bucket, prefix=name)
-
-    @contextmanager
-    def _locked(self, how: int) -> Iterator[None]:
-        fcntl.flock(self._fd, how)
-        try:
-            yield
-        finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
 
 
 def _names(item: Invalidation) -> list[str]:

@@ -29,18 +29,15 @@ rebuilt empty, as is a damaged one: registrations are re-made each epoch).
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
-import mmap
 import os
 import struct
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gateway.mapped import MappedFile
 from gateway.prefetch.order import Order, OrderError
 
 MAGIC = b"HOARDP01"
@@ -75,36 +72,23 @@ class Entry:
                 "window": self.window, "keys": self.keys, "active": self.active}  # fmt: skip
 
 
-class Registry:
+class Registry(MappedFile):
     """One worker's view of the node's prefetch directory."""
 
     def __init__(self, directory: Path, slots: int) -> None:
+        super().__init__()
         self._directory = directory
         self._slots = slots
         self._size = _HEADER + slots * SLOT
-        self._fd = -1
-        self._map: mmap.mmap | None = None
 
     def open(self) -> None:
-        self._directory.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self._directory / "streams", os.O_RDWR | os.O_CREAT, 0o600)
-        with self._locked():
-            if os.fstat(self._fd).st_size != self._size or os.pread(self._fd, 8, 0) != MAGIC:
-                os.ftruncate(self._fd, 0)
-                os.ftruncate(self._fd, self._size)
-                os.pwrite(self._fd, MAGIC + _U64.pack(1), 0)
-                self._write_index({})
-                for orphan in self._directory.glob("*.keys"):  # of the index just emptied
-                    orphan.unlink(missing_ok=True)
-            self._map = mmap.mmap(self._fd, self._size)
+        self._open_mapped(self._directory / "streams", self._size, MAGIC, self._fresh)
 
-    def close(self) -> None:
-        if self._map is not None:
-            self._map.close()
-            self._map = None
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+    def _fresh(self) -> None:
+        os.pwrite(self._fd, MAGIC + _U64.pack(1), 0)
+        self._write_index({})
+        for orphan in self._directory.glob("*.keys"):  # of the index just emptied
+            orphan.unlink(missing_ok=True)
 
     # -- registrations (rare: under the lock) -------------------------------------------
 
@@ -215,14 +199,6 @@ class Registry:
 
     def _at(self, slot: int) -> int:
         return _HEADER + slot * SLOT
-
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
 
 
 def _replace(path: Path, data: bytes) -> None:
