@@ -27,6 +27,7 @@ from gateway.blocks import BlockSource
 from gateway.cache.block import BlockId
 from gateway.metadata.source import MetadataSource, scope_of
 from gateway.namespace import Mount
+from gateway.origins.base import same_etag
 
 WatchKey = tuple[str, str, str]  # (origin, origin bucket, origin key)
 
@@ -75,7 +76,7 @@ class WriteThrough:
         with ``etag``; returns the bytes cached."""
         learned = self._source.journal.seq()
         info = await self._source.origin_head(mount, okey)
-        if self._changed_since(watch) or _bare(info.etag) != _bare(etag) or info.size != size:
+        if self._changed_since(watch) or not same_etag(info.etag, etag) or info.size != size:
             return 0
         cached = 0
         for index, block in enumerate(_blocks(data, self._block_size)):
@@ -112,10 +113,6 @@ class WriteThrough:
         """Whether ``watch``'s key was invalidated by any worker of the node since it began."""
         self._catch_up()
         return watch.changed
-
-
-def _bare(etag: str) -> str:
-    return etag.strip().strip('"').lower()
 
 
 def _blocks(pieces: Iterable[bytes], block_size: int) -> Iterator[bytes]:

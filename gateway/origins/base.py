@@ -40,6 +40,15 @@ class ObjectInfo:
     version_id: str | None = None
 
 
+def same_etag(one: str, other: str) -> bool:
+    """Whether two ETags name the same version, quoted or not, in any case of hex."""
+    return _bare(one) == _bare(other)
+
+
+def _bare(etag: str) -> str:
+    return etag.strip().strip('"').lower()
+
+
 @dataclass(frozen=True, slots=True)
 class ListEntry:
     """One key of a listing (the <Contents> element).

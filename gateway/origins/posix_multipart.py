@@ -53,6 +53,7 @@ from gateway.errors import (
     InvalidPartOrder,
     NoSuchUpload,
 )
+from gateway.origins.base import same_etag
 from gateway.origins.posix_files import (
     TEMP_PREFIX,
     PutResult,
@@ -236,7 +237,7 @@ class PosixUploads:
         chosen = []
         for number, etag in parts:
             found = staged.get(number)
-            if found is None or _bare_etag(found[1].etag) != _bare_etag(etag):
+            if found is None or not same_etag(found[1].etag, etag):
                 raise InvalidPart(
                     f"Part {number} was not uploaded, or its ETag is not {etag}: "
                     "one or more of the specified parts could not be found."
@@ -345,10 +346,6 @@ def _append_part(tmp: TempFile, path: str, size: int, digest: bytes) -> None:
         tmp.append_from(src, size)
     finally:
         os.close(src)
-
-
-def _bare_etag(etag: str) -> str:
-    return etag.strip().strip('"').lower()
 
 
 def _newest_mtime(path: str) -> float:
