@@ -23,7 +23,7 @@ from __future__ import annotations
 from gateway.blocks import BlockSource
 from gateway.invalidation import Invalidation
 from gateway.metadata.journal import Journal, SoloJournal
-from gateway.metadata.source import MetadataSource, scope_of
+from gateway.metadata.source import MetadataSource
 from gateway.namespace import Namespace
 from gateway.write_through import WriteThrough
 
@@ -55,11 +55,9 @@ class Invalidator:
     async def drop(self, bucket: str, prefix: str) -> dict[str, int]:
         """Forget cached blocks and metadata of ``bucket`` under ``prefix`` (an operator's
         drop); the blocks dropped, by tier."""
-        mount = self._namespace.resolve(bucket)
-        origin, origin_bucket = scope_of(mount)
-        okey_prefix = mount.origin_key(prefix)
-        await self.apply(Invalidation(origin, origin_bucket, prefix=okey_prefix))
-        return await self._blocks.drop_prefix(origin, origin_bucket, okey_prefix)
+        item = self._namespace.resolve(bucket).invalidation(None, prefix=prefix)
+        await self.apply(item)
+        return await self._blocks.drop_prefix(*item.scope, item.prefix or "")
 
     async def forget_metadata(self) -> None:
         """Drop every metadata entry, in memory and on disk, in every worker (this node
