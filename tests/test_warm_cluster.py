@@ -134,7 +134,7 @@ def _settle(proxy: OriginProxy, quiet: float = 0.5, timeout: float = 20.0) -> in
     raise AssertionError("origin traffic never stopped")
 
 
-def _wait_for(condition, timeout: float = 30.0) -> None:
+def _wait_for(condition, timeout: float = 90.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():
