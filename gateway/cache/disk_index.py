@@ -192,11 +192,15 @@ class DiskIndex:
     async def evict(self, capacity: int) -> Removed:
         return await self.run(self._in_write, _evict, capacity)
 
-    async def evict_freeing(self, capacity: int, free: Callable[[Removed], None]) -> Removed:
-        """``evict``, with ``free(removed)`` run in the index thread before the commit: on
-        a full disk the commit itself needs room, which only the evicted files give back.
-        If the commit still fails, the rows stay and name files that are gone: a miss."""
-        return await self.run(self._evict_freeing, capacity, free)
+    async def evict_marking(self, capacity: int, victims: int) -> Removed:
+        """``evict`` for a full disk: at most ``victims`` own files and segments, each
+        segment only marked dead (its row goes, its blocks' rows wait for ``bury``), so
+        the commit writes a few pages. The caller removes the files after it."""
+        return await self.run(self._in_write, _evict_marking, capacity, victims)
+
+    async def bury(self) -> Removed:
+        """Delete the block rows of segments marked dead; returns their digests."""
+        return await self.run(self._in_write, segment_sql.bury)
 
     async def remove(self, digest: str) -> None:
         await self.run(self._in_write, _delete_where, "digest = ?", (digest,))
@@ -328,12 +332,6 @@ class DiskIndex:
             raise
         self.totals = totals
 
-    def _evict_freeing(self, capacity: int, free: Callable[[Removed], None]) -> Removed:
-        with self._transaction() as conn:
-            removed = _evict(conn, capacity)
-            free(removed)
-            return removed
-
     def _in_write(self, fn: Callable[..., T], *args: Any) -> T:
         with self._transaction() as conn:
             return fn(conn, *args)
@@ -386,6 +384,10 @@ def _totals(conn: sqlite3.Connection) -> Totals:
 def _evict(conn: sqlite3.Connection, capacity: int) -> Removed:
     """Delete least recently used rows until the total fits ``capacity``; pinned ones stay."""
     return segment_sql.evict(conn, capacity, _EVICT_BATCH)
+
+
+def _evict_marking(conn: sqlite3.Connection, capacity: int, victims: int) -> Removed:
+    return segment_sql.evict(conn, capacity, _EVICT_BATCH, victims, mark=True)
 
 
 def _delete_where(conn: sqlite3.Connection, where: str, args: tuple[Any, ...]) -> Removed:

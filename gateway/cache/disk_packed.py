@@ -184,8 +184,10 @@ class PackedBlocks:
         return found
 
     async def lost_segment(self, name: str) -> None:
-        """A segment file vanished: drop its rows; if it still had any, someone else
-        deleted it (an eviction removes the rows first), so its blocks count as corrupt."""
+        """A segment file vanished: drop its rows; if it was still indexed, someone else
+        deleted it (an eviction removes or marks its rows first), so its blocks count as
+        corrupt."""
+        self._drop_segment(name)
         try:
             removed = await self._index.drop_segment(name)
         except sqlite3.Error as exc:

@@ -33,6 +33,8 @@ _COLUMNS = {
 
 _SCHEMA = (
     "CREATE INDEX IF NOT EXISTS blocks_by_segment ON blocks (segment) WHERE segment IS NOT NULL",
+    # Segments evicted (row and file gone) whose block rows are still to be deleted.
+    "CREATE TABLE IF NOT EXISTS dead_segments (name TEXT PRIMARY KEY) WITHOUT ROWID",
     """
 CREATE TRIGGER IF NOT EXISTS blocks_touch_segment AFTER UPDATE OF last_access ON blocks
 WHEN NEW.segment IS NOT NULL BEGIN
@@ -66,7 +68,11 @@ ON CONFLICT (digest) DO UPDATE SET
 
 _GROW = "UPDATE segments SET size = max(size, ?), last_access = max(last_access, ?) WHERE name = ?"
 _U64 = (1 << 64) - 1
-_LOCATE = "SELECT segment, seg_offset, length, checksum FROM blocks WHERE digest = ?"
+# A row of a dead segment (evicted, not yet buried) is no block: its segment row is gone.
+_LOCATE = """
+SELECT segment, seg_offset, length, checksum FROM blocks WHERE digest = ?
+AND (segment IS NULL OR EXISTS (SELECT 1 FROM segments WHERE name = segment))
+"""
 
 
 @dataclass(slots=True)
@@ -145,34 +151,64 @@ def add_packed(
     return gone
 
 
-def evict(conn: sqlite3.Connection, capacity: int, batch: int) -> Removed:
-    """Delete least recently used own-file blocks and whole segments until used <= capacity."""
+def evict(
+    conn: sqlite3.Connection, capacity: int, batch: int, victims: int | None = None,
+    *, mark: bool = False,
+) -> Removed:  # fmt: skip
+    """Delete least recently used own-file blocks and whole segments until used <= capacity,
+    or until ``victims`` of them are taken. ``mark``: a segment's row goes and its name is
+    marked dead, its blocks' rows stay for ``bury`` (a commit of a few pages, not of every
+    row of the segment: on a full disk, what must fit before any file may go)."""
     removed = Removed()
     used = _used(conn)
     now = time.time()
-    while used > capacity:
+    taken = 0
+    while used > capacity and (victims is None or taken < victims):
         rows = conn.execute(_LRU, (now, batch)).fetchall()
         if not rows:
             break
         for is_segment, name, size, _ in rows:
-            if used <= capacity:
+            if used <= capacity or (victims is not None and taken >= victims):
                 break
-            if is_segment:
+            if is_segment and mark:
+                conn.execute("DELETE FROM segments WHERE name = ?", (name,))
+                conn.execute("INSERT OR IGNORE INTO dead_segments VALUES (?)", (name,))
+                removed.segments.append(name)
+            elif is_segment:
                 removed.extend(drop_segment(conn, name))
             else:
                 conn.execute("DELETE FROM blocks WHERE digest = ?", (name,))
                 removed.files.append(name)
             used -= size
+            taken += 1
         used = _used(conn)
     return removed
 
 
+def bury(conn: sqlite3.Connection) -> Removed:
+    """Delete the block rows of segments marked dead by ``evict(mark=True)``."""
+    removed = Removed()
+    for (name,) in conn.execute("SELECT name FROM dead_segments").fetchall():
+        removed.packed += _delete_rows(conn, name)
+        conn.execute("DELETE FROM dead_segments WHERE name = ?", (name,))
+    return removed
+
+
 def drop_segment(conn: sqlite3.Connection, name: str) -> Removed:
-    """Delete a segment's row and the rows of every block in it."""
+    """Delete a segment's row and the rows of every block in it. A segment already
+    evicted (marked dead, its rows not yet buried) is not named in ``segments``, and its
+    rows are not named in ``packed``: they were no longer blocks."""
+    packed = _delete_rows(conn, name)
+    if conn.execute("DELETE FROM segments WHERE name = ?", (name,)).rowcount == 0:
+        conn.execute("DELETE FROM dead_segments WHERE name = ?", (name,))
+        return Removed()
+    return Removed(packed=packed, segments=[name])
+
+
+def _delete_rows(conn: sqlite3.Connection, name: str) -> list[str]:
     packed = [d for (d,) in conn.execute("SELECT digest FROM blocks WHERE segment = ?", (name,))]
     conn.execute("DELETE FROM blocks WHERE segment = ?", (name,))
-    conn.execute("DELETE FROM segments WHERE name = ?", (name,))
-    return Removed(packed=packed, segments=[name])
+    return packed
 
 
 def delete_where(conn: sqlite3.Connection, where: str, args: tuple[object, ...]) -> Removed:
