@@ -289,3 +289,24 @@ async def test_a_full_disk_eviction_whose_commit_fails_removes_no_file_its_rows_
         assert tier.stats().corrupt == 0
     finally:
         await tier.close()
+
+
+async def test_an_index_of_an_older_layout_is_started_over_never_misread(tmp_path: Path) -> None:
+    directory = tmp_path / "cache"
+    first = packed_tier(directory)
+    await first.start()
+    old = block_id("old")
+    assert await first.put(old, payload(old))
+    await first.close()
+    with contextlib.closing(sqlite3.connect(directory / "index.sqlite3")) as db:
+        db.execute("PRAGMA user_version = 0")  # what every index made before layouts says
+    second = packed_tier(directory)
+    await second.start()
+    try:
+        assert second.stats().entries == 0 and second.stats().used_bytes == 0
+        assert await read_back(second, old) is None  # its row went with the old layout
+        assert await second.put(old, payload(old))  # and it is cached anew
+        assert await read_back(second, old) == payload(old)
+        assert second.stats().corrupt == 0
+    finally:
+        await second.close()

@@ -287,7 +287,7 @@ class PackedBlocks:
         active.size += HEADER_SIZE + length
         self._remember(block.digest, place)
         b = block
-        identity = (b.digest, b.origin, b.bucket, b.key, b.etag, b.index, length)
+        identity = (b.digest, b.origin, b.bucket, b.key, b.index, length)
         pending = _Pending(identity, place, part, asyncio.get_running_loop().create_future())
         self._pending.append(pending)
         if self._committing is None or self._committing.done():
