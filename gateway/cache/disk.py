@@ -53,6 +53,9 @@ partial reaches ``blocks/`` and blocks already stored keep serving, so the
 caller can go on serving from memory. A full file system (ENOSPC, or SQLite's
 "database or disk is full") also lowers the tier's limit to a low watermark
 and evicts down to it, so later fills replace old blocks (``disk_space.py``).
+That eviction, too, commits its rows before it removes a file (a reserve file
+is given back to make room for the commit), so no committed row ever names a
+removed file; if the commit fails anyway, nothing is removed.
 Errors are logged once per interval and kind, with a count, never per block.
 
 Other programs writing into ``cache.dir``: a block is checked (header, size,
