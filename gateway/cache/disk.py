@@ -86,7 +86,6 @@ the fill itself.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import logging
 import sqlite3
@@ -408,21 +407,9 @@ class DiskTier:
             self.limit = await asyncio.to_thread(
                 disk_space.ceiling, self.directory, held, self.limit
             )
-            # The write-ahead log may be what filled the disk: fold it into the database
-            # first, and give back the reserve: the eviction's commit needs room.
-            with contextlib.suppress(sqlite3.Error):
-                await self._index.checkpoint()
-            await asyncio.to_thread(self._reserve.release)
-            evicted = 0
-            while True:  # rows committed first, files removed after (disk_space.py)
-                removed = await self._index.evict_marking(self.limit, disk_space.FREEING_VICTIMS)
-                if not (removed.files or removed.segments):
-                    break
-                evicted += len(removed.files) + len(removed.segments)
-                await self._remove_evicted(removed)
-            await self._remove_evicted(await self._index.bury())
-            await self._index.checkpoint()
-            await asyncio.to_thread(self._reserve.hold)
+            evicted = await disk_space.evict_to(
+                self._index, self._reserve, self.limit, self._remove_evicted
+            )
             if self._on_full is not None:
                 self._on_full()
             self.errors.error("room", "disk tier: file system full with %d bytes held; limit "

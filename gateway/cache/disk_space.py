@@ -31,14 +31,18 @@ filling may report full again, and each report lowers the limit again.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import logging
 import os
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+
+from gateway.cache.disk_index import DiskIndex
+from gateway.cache.segment_sql import Removed
 
 LOW_WATERMARK = 0.9  # share of (held + free) bytes the tier keeps after a full disk
 # Files and segments per eviction commit on a full disk: each changes at most ~4 pages
@@ -67,6 +71,30 @@ def ceiling(directory: Path, held: int, limit: int) -> int:
     log), so one step may not be enough."""
     stat = os.statvfs(directory)
     return int(min(limit, held + stat.f_bavail * stat.f_frsize) * LOW_WATERMARK)
+
+
+async def evict_to(
+    index: DiskIndex, reserve: Reserve, limit: int, remove: Callable[[Removed], Awaitable[None]]
+) -> int:
+    """Evict to ``limit`` on a full disk: each commit first, then ``remove(removed)``
+    unlinks its files. Returns the files and segments evicted; raises sqlite3.Error
+    (nothing of that commit removed) or OSError."""
+    # The write-ahead log may be what filled the disk: fold it into the database
+    # first, and give back the reserve: the eviction's commit needs room.
+    with contextlib.suppress(sqlite3.Error):
+        await index.checkpoint()
+    await asyncio.to_thread(reserve.release)
+    evicted = 0
+    while True:
+        removed = await index.evict_marking(limit, FREEING_VICTIMS)
+        if not (removed.files or removed.segments):
+            break
+        evicted += len(removed.files) + len(removed.segments)
+        await remove(removed)
+    await remove(await index.bury())
+    await index.checkpoint()
+    await asyncio.to_thread(reserve.hold)
+    return evicted
 
 
 class Reserve:
