@@ -48,6 +48,7 @@ LOW_WATERMARK = 0.9  # share of (held + free) bytes the tier keeps after a full 
 # Files and segments per eviction commit on a full disk: each changes at most ~4 pages
 # (its row and index entries, the totals), so a commit logs well under 100 KiB...
 FREEING_VICTIMS = 4
+_FREEING_VICTIMS_MAX = 1024  # later commits, each after the files of the one before went
 RESERVE_BYTES = 128 << 10  # ...and the reserve kept back for it holds that, with room to spare
 _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
@@ -84,13 +85,15 @@ async def evict_to(
     with contextlib.suppress(sqlite3.Error):
         await index.checkpoint()
     await asyncio.to_thread(reserve.release)
-    evicted = 0
+    evicted, victims = 0, FREEING_VICTIMS
     while True:
-        removed = await index.evict_marking(limit, FREEING_VICTIMS)
+        removed = await index.evict_marking(limit, victims)
         if not (removed.files or removed.segments):
             break
         evicted += len(removed.files) + len(removed.segments)
         await remove(removed)
+        # What this commit's files gave back is room for a commit twice its size.
+        victims = min(2 * victims, _FREEING_VICTIMS_MAX)
     await remove(await index.bury())
     await index.checkpoint()
     await asyncio.to_thread(reserve.hold)
