@@ -31,6 +31,8 @@ ANSWERS = [
     info("naive", last_modified=datetime(2026, 1, 1, 12, 0)),
     info("elsewhere", last_modified=datetime(2026, 1, 1, tzinfo=timezone(timedelta(hours=2)))),
     info("ünï/日", size=0),
+    info("upper", etag='"' + "0F" * 16 + '"'),  # not stored as bytes: it would come back lower
+    info("unquoted", etag="0f" * 16),
 ]
 
 
@@ -117,5 +119,25 @@ async def test_the_row_bound_drops_the_oldest_rows_when_writes_could_pass_it(
         store.save(SCOPE, "new/a", info("new/a"), learned=2)  # a replaced row adds none
         await store.flush()
         assert all([await store.load(SCOPE, key) for key in new])
+    finally:
+        await store.close()
+
+
+async def test_a_row_written_with_a_text_etag_reads_back_the_same(tmp_path: Path) -> None:
+    """Rows from before MD5 ETags were stored as 16 bytes keep their meaning."""
+    path = tmp_path / "metadata.sqlite3"
+    store = MetadataStore(path)
+    await store.start()
+    store.save(SCOPE, "plain", info("plain"), learned=3)
+    await store.close()
+    db = sqlite3.connect(path)  # as an older Hoard wrote it
+    db.execute("UPDATE objects SET etag = ?", (info("plain").etag,))
+    db.commit()
+    db.close()
+    store = MetadataStore(path)
+    await store.start()
+    try:
+        stored = await store.load(SCOPE, "plain")
+        assert stored is not None and stored.info == info("plain")
     finally:
         await store.close()
