@@ -245,11 +245,13 @@ class MetadataSource:
             return await self._known_or(mount, okey, None, fetch)
         scope = scope_of(mount)
         asked = time.time()
-        async with self.store.fetch_lock(scope, okey):
+        async with self.store.fetch_lock(scope, okey) as waited:
             stored = await self._believable(scope, okey)
             if stored is not None and stored.age < mount.metadata_ttl:
                 return Aged(stored.info, stored.age)
-            if self._shared is not None:  # a sibling may have found it missing meanwhile
+            # A sibling that found it missing did so holding this lock: only a wait for
+            # the lock can have let it answer after ``asked``.
+            if waited and self._shared is not None:
                 self._shared.raise_missing(scope, okey, asked)
             learned = self.journal.seq()  # before asking: a write after it makes this suspect
             try:

@@ -198,8 +198,9 @@ class MetadataStore:
         return cursor.fetchone()
 
     @contextlib.asynccontextmanager
-    async def fetch_lock(self, scope: Scope, key: str, kind: str = "meta") -> AsyncIterator[None]:
+    async def fetch_lock(self, scope: Scope, key: str, kind: str = "meta") -> AsyncIterator[bool]:
         """Hold while fetching ``key``'s metadata, so sibling workers fetch it once.
+        Yields whether the stripe was taken when asked (another task or worker held it).
 
         ``kind`` names a separate set of stripes (``"list"``: a directory's
         listing), so a task holding a key's lock may take a listing's without
@@ -216,11 +217,12 @@ class MetadataStore:
         in-memory cache already coalesces.
         """
         if not self._shared or self._lock_fd is None:
-            yield
+            yield False
             return
         stripe = self.lock_offset(scope, key, kind)
         local, users = self._stripes.setdefault(stripe, (asyncio.Lock(), [0]))
         users[0] += 1
+        waited = local.locked()
         try:
             async with local:
                 while True:
@@ -228,9 +230,10 @@ class MetadataStore:
                         fcntl.lockf(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, stripe)
                         break
                     except (BlockingIOError, PermissionError):  # EAGAIN or EACCES: held
+                        waited = True
                         await asyncio.sleep(0.002)
                 try:
-                    yield
+                    yield waited
                 finally:
                     fcntl.lockf(self._lock_fd, fcntl.LOCK_UN, 1, stripe)
         finally:
