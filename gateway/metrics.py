@@ -362,15 +362,17 @@ class Metrics:
     @contextlib.contextmanager
     def origin_call(self, origin: str, operation: str) -> Iterator[None]:
         """Count one origin request, its latency to the answer, and its failure if any."""
-        self.origin_requests.labels(origin, operation).inc()
+        self._child(self.origin_requests, origin, operation).inc()
         started = time.perf_counter()
         try:
             yield
         except Exception as exc:
-            self.origin_errors.labels(origin, operation, type(exc).__name__).inc()
+            self._child(self.origin_errors, origin, operation, type(exc).__name__).inc()
             raise
         finally:
-            self.origin_duration.labels(origin, operation).observe(time.perf_counter() - started)
+            self._child(self.origin_duration, origin, operation).observe(
+                time.perf_counter() - started
+            )
 
     def _create_known_series(self) -> None:
         """Export bounded label sets at 0 from the start.

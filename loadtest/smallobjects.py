@@ -38,7 +38,7 @@ import yaml
 
 from loadtest.datasets import ORIGIN_KEY, ORIGIN_SECRET, origin_client
 from loadtest.origin import Origin, diff_counts
-from loadtest.procs import Pinning, free_port, stop_process, wait_http
+from loadtest.procs import Pinning, cpu_seconds, free_port, stop_process, tree, wait_http
 from loadtest.targets import HOARD_KEY, HOARD_SECRET, REPO, Context, Nginx
 
 BUCKET = "small"
@@ -167,11 +167,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             creds = (HOARD_KEY, HOARD_SECRET) if name == "hoard" else (ORIGIN_KEY, ORIGIN_SECRET)
             urls = presign(endpoint, keys, *creds)
             try:
+                roots = {"moto": [origin.moto.pid],  # type: ignore[union-attr]
+                         "proxy": [origin.proxy.pid]}  # type: ignore[union-attr]  # fmt: skip
+                if proc is not None or nginx is not None:
+                    roots[name] = [proc.pid] if proc is not None else [p.pid for p in nginx.procs]  # type: ignore[union-attr]
                 for phase in ("cold", "warm"):
                     before = origin.counts()
+                    # The client is this process alone; its children are the other parts.
+                    pids = {"client": [os.getpid()], **{part: tree(r) for part, r in roots.items()}}
+                    cpu_before = {part: cpu_seconds(p) for part, p in pids.items()}
                     row[phase] = asyncio.run(epoch(urls, args.concurrency, args.seed))
                     counts = diff_counts(origin.counts(), before)
                     row[phase]["origin"] = {k: v for k, v in counts.items() if v}
+                    row[phase]["cpu_us_per_object"] = {
+                        part: round((cpu_seconds(p) - cpu_before[part]) * 1e6 / args.objects)
+                        for part, p in pids.items()
+                    }
                 if name == "hoard":
                     files, used = disk_usage(workdir / "hoard" / "cache")
                     row["cache_files"] = files

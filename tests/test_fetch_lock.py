@@ -80,7 +80,8 @@ async def test_tasks_of_one_process_take_a_stripe_in_turn(tmp_path: Path) -> Non
     first_in, release_first, order = asyncio.Event(), asyncio.Event(), []
 
     async def first() -> None:
-        async with store.fetch_lock(SCOPE, "k"):
+        async with store.fetch_lock(SCOPE, "k") as waited:
+            assert not waited  # the stripe was free
             order.append("first")
             first_in.set()
             await release_first.wait()
@@ -88,7 +89,8 @@ async def test_tasks_of_one_process_take_a_stripe_in_turn(tmp_path: Path) -> Non
 
     async def second() -> None:
         await first_in.wait()
-        async with store.fetch_lock(SCOPE, "k"):
+        async with store.fetch_lock(SCOPE, "k") as waited:
+            assert waited  # it queued behind the first (a sibling's 404 may be news)
             order.append("second")
             assert probe(offset) == "held"  # the first one's unlock did not free it
 

@@ -235,21 +235,24 @@ class MetadataSource:
         object known here or in the store, past its TTL, is revalidated in bulk
         (``revalidate.py``). A stored answer some write made stale since it was
         learned is not believed (``_believable``).
+
+        The store is read once, under the fetch lock (free for one worker): a
+        sibling worker that fetched the key flushed it before opening the lock,
+        so a read taken before the lock would only be read again after it,
+        which cost every cold object a second trip to the store's thread.
         """
         if self.store is None:
             return await self._known_or(mount, okey, None, fetch)
         scope = scope_of(mount)
-        stored = await self._believable(scope, okey)
-        if stored is not None and stored.age < mount.metadata_ttl:
-            return Aged(stored.info, stored.age)
         asked = time.time()
-        async with self.store.fetch_lock(scope, okey):
-            if self.store.shared:  # a sibling worker may have fetched it meanwhile
-                stored = await self._believable(scope, okey)
-                if stored is not None and stored.age < mount.metadata_ttl:
-                    return Aged(stored.info, stored.age)
-                if self._shared is not None:  # or found it missing meanwhile
-                    self._shared.raise_missing(scope, okey, asked)
+        async with self.store.fetch_lock(scope, okey) as waited:
+            stored = await self._believable(scope, okey)
+            if stored is not None and stored.age < mount.metadata_ttl:
+                return Aged(stored.info, stored.age)
+            # A sibling that found it missing did so holding this lock: only a wait for
+            # the lock can have let it answer after ``asked``.
+            if waited and self._shared is not None:
+                self._shared.raise_missing(scope, okey, asked)
             learned = self.journal.seq()  # before asking: a write after it makes this suspect
             try:
                 answer = await self._known_or(mount, okey, stored, fetch)

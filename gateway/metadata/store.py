@@ -143,6 +143,8 @@ class MetadataStore:
         self._pending: dict[tuple[str, str, str], _Row] = {}
         self._confirmations: list[tuple[float, Scope, Sequence[ListEntry]]] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._writing: asyncio.Future[None] | None = None  # the write on the store's thread
+        self._next_write: asyncio.Future[None] | None = None  # the one callers join now
         # The row bound costs a count, which scans an index (seconds at 10 M rows), so it is
         # counted only when the rows this process wrote since could have passed the bound,
         # and once a minute for what sibling workers wrote. Touched in the store's thread.
@@ -216,8 +218,9 @@ class MetadataStore:
         return cursor.fetchone()
 
     @contextlib.asynccontextmanager
-    async def fetch_lock(self, scope: Scope, key: str, kind: str = "meta") -> AsyncIterator[None]:
+    async def fetch_lock(self, scope: Scope, key: str, kind: str = "meta") -> AsyncIterator[bool]:
         """Hold while fetching ``key``'s metadata, so sibling workers fetch it once.
+        Yields whether the stripe was taken when asked (another task or worker held it).
 
         ``kind`` names a separate set of stripes (``"list"``: a directory's
         listing), so a task holding a key's lock may take a listing's without
@@ -234,11 +237,12 @@ class MetadataStore:
         in-memory cache already coalesces.
         """
         if not self._shared or self._lock_fd is None:
-            yield
+            yield False
             return
         stripe = self.lock_offset(scope, key, kind)
         local, users = self._stripes.setdefault(stripe, (asyncio.Lock(), [0]))
         users[0] += 1
+        waited = local.locked()
         try:
             async with local:
                 while True:
@@ -246,9 +250,10 @@ class MetadataStore:
                         fcntl.lockf(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, stripe)
                         break
                     except (BlockingIOError, PermissionError):  # EAGAIN or EACCES: held
+                        waited = True
                         await asyncio.sleep(0.002)
                 try:
-                    yield
+                    yield waited
                 finally:
                     fcntl.lockf(self._lock_fd, fcntl.LOCK_UN, 1, stripe)
         finally:
@@ -306,11 +311,33 @@ class MetadataStore:
         )
 
     async def flush(self) -> None:
-        if not (self._pending or self._confirmations) or self._db is None:
+        """Write every row saved before the call (and whatever joins it).
+
+        A group commit: callers that arrive while a write runs share the next
+        one. With sibling workers each cold object's fetch flushes its row
+        before opening the fetch lock; one transaction and one trip to the
+        store's thread then serves every object that finished meanwhile.
+        """
+        if self._db is None or not (self._pending or self._confirmations or self._writing):
             return
-        batch, self._pending = self._pending, {}
-        confirmations, self._confirmations = self._confirmations, []
-        await self._call(self._write, batch, confirmations)
+        if self._next_write is None:
+            self._next_write = asyncio.ensure_future(self._write_after(self._writing))
+        await asyncio.shield(self._next_write)
+
+    async def _write_after(self, previous: asyncio.Future[None] | None) -> None:
+        """Write what is pending once ``previous`` (the write running when this one
+        was asked for) is done; its failure is its own callers' to see."""
+        if previous is not None:
+            await asyncio.gather(previous, return_exceptions=True)
+        self._writing, self._next_write = self._next_write, None
+        try:
+            if self._pending or self._confirmations:
+                batch, self._pending = self._pending, {}
+                confirmations, self._confirmations = self._confirmations, []
+                await self._call(self._write, batch, confirmations)
+        finally:
+            if self._writing is asyncio.current_task():
+                self._writing = None
 
     def _write(
         self,
