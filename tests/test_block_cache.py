@@ -19,7 +19,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.conftest import moto_origin
+from tests.conftest import moto_origin, seed
 from tests.harness import HoardProcess, sum_samples
 from tests.inprocess import get_all, hoard_app
 from tests.origin_proxy import OriginProxy
@@ -352,8 +352,7 @@ def test_second_pass_over_a_dataset_costs_no_origin_request(node, proxy, origin_
 
 
 def test_cached_listing_pages_match_the_origin(tmp_path, proxy, origin_client, bucket):
-    for i in range(1200):
-        origin_client.put_object(Bucket=bucket, Key=f"ds/{i % 13}/f{i:05d}", Body=b"")
+    seed(bucket, {f"ds/{i % 13}/f{i:05d}": b"" for i in range(1200)})
     node = HoardProcess(tmp_path, hoard_config(proxy)).start()
     try:
         client = node.client()
