@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import compileall
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -14,11 +16,26 @@ from moto.s3.models import s3_backends
 from moto.s3.utils import compute_checksum
 from moto.server import ThreadedMotoServer
 
-from tests.harness import free_port
+from tests.harness import REPO, free_port
 from tests.origin_proxy import OriginProxy
 
 ORIGIN_KEY = "origin-access"
 ORIGIN_SECRET = "origin-secret"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Compile the gateway (and loadtest) to bytecode once, before any process starts.
+
+    With PYTHONDONTWRITEBYTECODE set (this machine sets it), no process writes
+    ``__pycache__``, so each of the suite's hundred-odd ``hoard serve`` processes
+    compiled all of gateway/ from source again, about 0.15 s of CPU per start.
+    Processes still read bytecode that exists, and compileall writes it
+    whatever that variable says (``__pycache__`` is git-ignored); unchanged
+    files are not compiled twice.
+    """
+    if sys.dont_write_bytecode:
+        for package in ("gateway", "loadtest"):
+            compileall.compile_dir(REPO / package, quiet=1)
 
 
 def moto_origin(proxy: OriginProxy, **settings: object) -> dict:
