@@ -91,12 +91,17 @@ def origin_client(moto_endpoint: str):
     )
 
 
-@pytest.fixture
-def proxy(moto_endpoint: str) -> Iterator[OriginProxy]:
+def _running_proxy(moto_endpoint: str) -> Iterator[OriginProxy]:
     """A counting (and fault-injecting) proxy in front of moto: what reaches the origin."""
     running = OriginProxy(moto_endpoint).start()
     yield running
     running.stop()
+
+
+proxy = pytest.fixture(_running_proxy, name="proxy")
+# One proxy for a module whose Hoard processes outlive a test (module-scoped nodes
+# name its endpoint); a module uses it as its ``proxy`` with ``proxy = module_proxy``.
+module_proxy = pytest.fixture(_running_proxy, scope="module")
 
 
 @pytest.fixture
