@@ -30,7 +30,7 @@ from gateway.cluster.peers import (
     MetadataQuery,
     sign,
 )
-from tests.conftest import moto_origin
+from tests.conftest import module_proxy, moto_origin
 from tests.harness import HoardProcess, metric
 from tests.origin_proxy import OriginProxy
 from tests.rawhttp import signed_send
@@ -89,11 +89,7 @@ def wait_live(nodes: list[HoardProcess], count: int, timeout: float = 10.0) -> N
     raise AssertionError([cluster_view(node)["live"] for node in nodes])
 
 
-@pytest.fixture(scope="module")
-def proxy(moto_endpoint) -> Iterator[OriginProxy]:
-    running = OriginProxy(moto_endpoint).start()
-    yield running
-    running.stop()
+proxy = module_proxy  # one proxy for the module's nodes
 
 
 @pytest.fixture(scope="module")
