@@ -17,6 +17,7 @@ node's whichever worker answers (``gateway/node/``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +25,9 @@ from aiohttp import web
 
 from gateway import errors
 from gateway.access import denied
+from gateway.blocks import BlockSource
 from gateway.invalidator import Invalidator
+from gateway.metadata.memory import MetadataCache
 from gateway.metrics import Metrics
 from gateway.prefetch.api import PrefetchApi
 from gateway.s3.auth import Authenticator, Principal
@@ -98,3 +101,16 @@ class Admin:
         except errors.NoSuchBucket:
             return web.json_response({"error": "NoSuchBucket"}, status=404)
         return web.json_response({"bucket": bucket, "prefix": prefix, **dropped})
+
+
+def worker_stats(blocks: BlockSource, metadata: MetadataCache) -> dict[str, Any]:
+    """This worker's tiers: fill and size figures, for ``/_hoard/stats`` (``node/stats.py``
+    sums the workers')."""
+    memory, disk = blocks.memory, blocks.disk.stats() if blocks.disk else None
+    return {
+        "memory": {"used_bytes": memory.used, "capacity": memory.capacity,
+                   "blocks": len(memory), "evictions": memory.evictions},
+        "disk": dataclasses.asdict(disk) if disk is not None else None,
+        "fills": {"started": blocks.fills.started, "coalesced": blocks.fills.joined},
+        "metadata": metadata.stats(),
+    }  # fmt: skip

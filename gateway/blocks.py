@@ -46,7 +46,6 @@ the origin.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator
@@ -65,7 +64,6 @@ from gateway.origins.base import ObjectStream
 from gateway.pieces import BlockRef, FileSegment, Piece
 from gateway.tasks import TaskSet
 
-_TAIL_CHUNK = 1024 * 1024
 _STAGED_MEMORY = 65536  # staged block digests remembered (more than the memory tier holds)
 
 
@@ -395,6 +393,8 @@ class BlockSource:
         metadata fill, read-ahead) must still find it, or it would fetch it again.
         """
         committed = False
+        began = writer is not None
+        rooms = self.disk.rooms_made if self.disk is not None else 0
         try:
             if stream is None and self.placement is not None:
                 async with aclosing(self.placement.handoff(ref)) as handoff:
@@ -405,6 +405,8 @@ class BlockSource:
             flight.finish()
             if writer is not None:
                 committed = await writer.commit()
+            if began and not committed and self.disk is not None:
+                committed = await self._store_after_room(ref, flight, rooms)
             if stage or self.memory.admits(ref.length):
                 kept = self.memory.put(ref.block, flight.data(), oversize=stage)
                 if stage and kept:
@@ -414,6 +416,15 @@ class BlockSource:
         finally:
             if writer is not None and not committed:
                 await writer.abort()
+
+    async def _store_after_room(self, ref: BlockRef, flight: Flight, rooms: int) -> bool:
+        """The block's write failed on a full disk that has since made room: store the
+        bytes the flight holds, once. Without this the tier would keep a hole where a
+        recent block belongs each time the file system fills (its ceiling is a guess)."""
+        assert self.disk is not None
+        if self.disk.rooms_made == rooms:
+            return False  # not a full disk (a failing one, a claim elsewhere): no retry
+        return await self.disk.put(ref.block, flight.data())
 
     async def _pour(
         self,
@@ -449,14 +460,7 @@ class BlockSource:
         if follower is None:
             return await self._from_disk(ref, flight)
         try:
-            have = 0
-            while have < ref.length:
-                available = await follower.wait_for(min(have + _TAIL_CHUNK, ref.length))
-                data = await asyncio.to_thread(
-                    os.pread, follower.fd, available - have, follower.data_offset + have
-                )
-                flight.append(data)
-                have += len(data)
+            await follower.copy_to(flight.append)
             return True
         except FillAbandoned:
             if flight.received:
@@ -480,16 +484,6 @@ class BlockSource:
         )
         disk = await self.disk.drop_prefix(origin, bucket, prefix) if self.disk else 0
         return {"memory_blocks": memory, "disk_blocks": disk}
-
-    def stats(self) -> dict[str, object]:
-        """The tiers' fill and size figures, for ``/_hoard/stats``."""
-        disk = self.disk.stats() if self.disk else None
-        return {
-            "memory": {"used_bytes": self.memory.used, "capacity": self.memory.capacity,
-                       "blocks": len(self.memory), "evictions": self.memory.evictions},
-            "disk": dataclasses.asdict(disk) if disk is not None else None,
-            "fills": {"started": self.fills.started, "coalesced": self.fills.joined},
-        }  # fmt: skip
 
     async def close(self) -> None:
         await self.fills.close()

@@ -230,9 +230,6 @@ class Reader:
     def mount_label(self, bucket: str) -> str:
         return self.namespace.label(bucket)
 
-    def stats(self) -> dict[str, object]:
-        return {**self.blocks.stats(), "metadata": self.metadata.stats()}
-
     def catch_up(self) -> None:
         """Apply what sibling workers invalidated (``invalidator.py``): every read starts so."""
         self.changes.catch_up()

@@ -21,7 +21,7 @@ from aiohttp import web
 
 from gateway import errors, tls
 from gateway.accesslog import AccessLog
-from gateway.admin import Admin
+from gateway.admin import Admin, worker_stats
 from gateway.blocks import BlockSource
 from gateway.cache.admission import Doorkeeper
 from gateway.cache.disk import DiskTier
@@ -157,7 +157,10 @@ def build(
     access = AccessLog(as_json=settings.log_format == "json", enabled=settings.access_log)
     warm = _warm(settings, reader, WarmTiers(blocks, disk, store), metrics, cluster)
     warm_http = WarmHttp(warm)
-    stats = WorkerStats(cache.dir / "node" / "stats" if shared else None, reader.stats)
+    stats = WorkerStats(
+        cache.dir / "node" / "stats" if shared else None,
+        functools.partial(worker_stats, blocks, metadata),
+    )
     admin = Admin(
         reader.changes, auth, metrics, stats.node, cluster.snapshot if cluster is not None else None,
         prefetch_api, warm_http,

@@ -72,10 +72,12 @@ async def test_listings_page_and_roll_up_as_s3_does() -> None:
     assert [e.key for e in rest.entries] == ["c/x/1", "c/y"]
 
 
-async def _wired(tmp_path: Path, origin: MemoryOrigin) -> tuple[Reader, DiskTier]:
+async def _wired(
+    tmp_path: Path, origin: MemoryOrigin, disk: DiskTier | None = None
+) -> tuple[Reader, DiskTier]:
     mount = Mount(bucket="b", origin=origin, origin_bucket="b")
     metrics = Metrics()
-    disk = DiskTier(tmp_path / "cache", 64 * 1024 * 1024)
+    disk = disk or DiskTier(tmp_path / "cache", 64 * 1024 * 1024)
     await disk.start()
     blocks = BlockSource(MemoryTier(8 * 1024 * 1024, 16 * 1024), disk, BlockMetrics(metrics))
     return Reader(Namespace([mount]), blocks, MetadataCache(), metrics, BLOCK), disk
@@ -100,6 +102,31 @@ async def test_64_readers_held_at_a_cold_origin_cost_one_get_per_block(tmp_path)
         origin.calls.clear()
         assert [await read_object(reader, "b", "shard") for _ in range(8)] == [data] * 8
         assert sum(origin.calls.values()) == 0  # served from the cache
+    finally:
+        await reader.blocks.close()
+        await disk.close()
+
+
+async def test_a_block_whose_write_met_a_full_disk_is_stored_once_room_is_made(
+    tmp_path: Path, tiny_fs: Path
+) -> None:
+    """The file system fills long before the tier's bound; each time it does, the tier
+    lowers its limit and evicts. The block whose write met the full disk is stored
+    then, not left a hole among the most recent reads (they are read again first)."""
+    origin = MemoryOrigin()
+    bodies = {f"k{i:02d}": os.urandom(BLOCK) for i in range(40)}  # 2.5 MiB through 1 MiB
+    for key, body in bodies.items():
+        origin.put("b", key, body)
+    reader, disk = await _wired(tmp_path, origin, DiskTier(tiny_fs / "cache", 1 << 30))
+    try:
+        for key, body in bodies.items():
+            assert await read_object(reader, "b", key) == body
+            (ref,) = await reader.block_refs("b", key)
+            await reader.blocks.fills.settled(ref.block)  # its commit has returned
+            found = await disk.get(ref.block)
+            assert found is not None, f"{key} not on disk after {disk.rooms_made} full disks"
+            found.close()
+        assert disk.rooms_made >= 1  # the file system did fill, more than once likely
     finally:
         await reader.blocks.close()
         await disk.close()

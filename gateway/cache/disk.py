@@ -161,6 +161,7 @@ class DiskTier:
         self._reserve = disk_space.Reserve(self.directory / "reserve")
         self._on_full = on_full
         self._making_room = False
+        self.rooms_made = 0  # full-disk passes that made room: a write lost to one may retry
         self._fsync = fsync
         self._touch_interval = touch_interval
         self._on_evict = on_evict
@@ -410,6 +411,7 @@ class DiskTier:
             evicted = await disk_space.evict_to(
                 self._index, self._reserve, self.limit, self._remove_evicted
             )
+            self.rooms_made += 1
             if self._on_full is not None:
                 self._on_full()
             self.errors.error("room", "disk tier: file system full with %d bytes held; limit "

@@ -15,6 +15,7 @@ import contextlib
 import errno
 import fcntl
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ _VERIFY_CHUNK = 1 << 20  # bytes read per step when checking a block's checksum
 _POLL = 0.003  # seconds between fstat polls of a followed part file
 _PROBE = 0.025  # seconds between checks that a followed filler is still alive
 _HEADER_TIMEOUT = 10.0  # a filler writes the header right after it claims the part
+_TAIL_CHUNK = 1 << 20  # bytes a follower reads from the part file at a time
 
 
 class FillAbandoned(Exception):
@@ -97,6 +99,18 @@ class PartFollower:
         if header is None:
             raise FillAbandoned(f"part file of {block.digest} has no valid header")
         self.length = header.length
+
+    async def copy_to(self, sink: Callable[[bytes], None], chunk: int = _TAIL_CHUNK) -> None:
+        """Hand every data byte to ``sink`` as the filler writes it, ``chunk`` at a time
+        (raises as ``wait_for``)."""
+        have = 0
+        while have < self.length:
+            available = await self.wait_for(min(have + chunk, self.length))
+            data = await asyncio.to_thread(
+                os.pread, self.fd, available - have, self.data_offset + have
+            )
+            sink(data)
+            have += len(data)
 
     def close(self) -> None:
         for fd in (self.fd, self._probe):

@@ -1,7 +1,7 @@
 """``/_hoard/stats`` for the node: each worker's counts, summed, whichever worker answers.
 
 Every worker keeps its own memory tier, metadata memory and fill table, so
-its ``Reader.stats()`` is a part of the node's. Each worker writes its part
+its ``admin.worker_stats`` is a part of the node's. Each worker writes its part
 to ``cache.dir/node/stats/<pid>.json`` every ``cli.GAUGE_REFRESH`` seconds; the
 worker answering a call sums its own live part with its siblings' files that
 are fresh (written within ``max_age``: a dead worker's part drops out by
