@@ -107,13 +107,30 @@ async def _serve(
     ahead: tuple[First | None, WireAnswer | None],
     server: dict[str, Any],
 ) -> None:
-    runner = _Runner(app, rejected, *ahead, handle_signals=True, **server)
-    await runner.setup()
+    runner = await start(app, sock, rejected, ssl_context, ahead, handle_signals=True, **server)
     try:
-        await web.SockSite(runner, sock, ssl_context=ssl_context).start()
         await asyncio.Event().wait()  # until a signal raises GracefulExit
     finally:
         await runner.cleanup()
+
+
+async def start(
+    app: web.Application,
+    sock: socket.socket,
+    rejected: Rejected,
+    ssl_context: ssl.SSLContext | None,
+    ahead: tuple[First | None, WireAnswer | None],
+    **server: Any,
+) -> web.AppRunner:
+    """``app`` serving on ``sock`` until the returned runner's ``cleanup`` (tests serve so)."""
+    runner = _Runner(app, rejected, *ahead, **server)
+    await runner.setup()
+    try:
+        await web.SockSite(runner, sock, ssl_context=ssl_context).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner
 
 
 class _Runner(web.AppRunner):
