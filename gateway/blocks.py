@@ -416,16 +416,14 @@ class BlockSource:
                 async with stream or await self._open_rest(ref, flight) as origin:
                     writer = await self._pour(ref, origin.chunks(), flight, writer, origin=True)
             flight.finish()
-            # In memory before anything awaits: a reader woken by finish() hands the last
-            # bytes to its client only after this, so that client's next GET is a hit.
+            if writer is not None:
+                committed = await writer.commit()
             if stage or self.memory.admits(ref.length):
                 kept = self.memory.put(ref.block, flight.data(), oversize=stage)
                 if stage and kept:
                     self._staged[ref.block.digest] = 0
                     if len(self._staged) > _STAGED_MEMORY:
                         self._staged.popitem(last=False)
-            if writer is not None:
-                committed = await writer.commit()
         finally:
             if writer is not None and not committed:
                 await writer.abort()

@@ -129,10 +129,18 @@ def seeded(origin_client, bucket: str) -> str:
 
 
 async def _warm(served: Served, target: str) -> None:
+    """A first GET, then the wait until its block is held: the fill puts it in memory a
+    moment after the client has every byte, and a GET meanwhile is no hit."""
     reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
     writer.write(served.request(target))
     assert (await read_answer(reader)).body == SMALL
     writer.close()
+    metrics, deadline = served.app[STATE]["metrics"], time.monotonic() + 30
+    while time.monotonic() < deadline:
+        metrics.render()  # refreshes the tier gauges
+        if served.sample("hoard_cache_bytes", tier="memory") >= len(SMALL):
+            return
+        await asyncio.sleep(0.005)  # polling the event itself, not waiting in its place
 
 
 async def test_hits_are_answered_on_the_wire_without_aiohttp(tmp_path, proxy, seeded) -> None:
