@@ -74,6 +74,7 @@ _GENERAL_HEADERS = (
     "Range", "If-Match", "If-None-Match", "If-Modified-Since", "If-Unmodified-Since",
     "x-amz-checksum-mode", "x-amz-copy-source", "Expect",
 )  # fmt: skip
+_GENERAL_LOWER = frozenset(name.lower() for name in (*_GENERAL_HEADERS, "Content-Length"))
 _HEADER_BLOCKS = 16_384  # objects whose rendered header block is kept
 # Set per request, never from the object (the general path's prepare hook sets them too).
 _PER_REQUEST = ("Server", "x-amz-request-id", "x-amz-id-2")
@@ -211,7 +212,7 @@ class HitPath:
             return None
         if not served or call.route.operation != "GetObject":
             return None
-        if any(param in call.query for param in OVERRIDES):
+        if call.query and not OVERRIDES.keys().isdisjoint(call.query):
             return None  # response-* overrides: the general path checks and applies them
         return call
 
@@ -281,7 +282,8 @@ def _plain_message(message: RawRequestMessage) -> str | None:
     if message.upgrade or message.chunked or message.path.startswith(("/_hoard/", "/metrics")):
         return None
     headers = message.headers
-    if "Content-Length" in headers or any(name in headers for name in _GENERAL_HEADERS):
+    # A hit carries a few headers: each is looked up, not each of those that refuse one.
+    if any(name.lower() in _GENERAL_LOWER for name in headers):
         return None
     return headers.get("Host")
 
