@@ -67,15 +67,16 @@ class Served:
 
 @contextlib.asynccontextmanager
 async def serve(
-    workdir: Path, proxy: OriginProxy, bucket: str, handler: type = RequestHandler, **server: Any
-) -> AsyncIterator[Served]:
+    workdir: Path, proxy: OriginProxy, bucket: str, handler: type = RequestHandler,
+    memory: str = "64MiB", **server: Any,
+) -> AsyncIterator[Served]:  # fmt: skip
     """The app and the listener as ``hoard serve`` runs them; ``handler``: the aiohttp
     connection handler whose internals the wire is checked against."""
     config = {
         "origins": {"moto": moto_origin(proxy)},
         "default_origin": "moto",
         "mounts": [{"bucket": bucket, "origin": "moto", "metadata_ttl": "forever"}],
-        "cache": {"dir": str(workdir / "cache"), "block_size": "1MiB", "memory": "64MiB"},
+        "cache": {"dir": str(workdir / "cache"), "block_size": "1MiB", "memory": memory},
         "credentials": [{"access_key": ACCESS_KEY, "secret_key": SECRET_KEY}],
         "log_format": "json",
     }
@@ -128,7 +129,7 @@ def seeded(origin_client, bucket: str) -> str:
     return bucket
 
 
-async def _warm(served: Served, target: str) -> None:
+async def _warm(served: Served, target: str, tier: str = "memory") -> None:
     """A first GET, then the wait until its block is held: the fill puts it in memory a
     moment after the client has every byte, and a GET meanwhile is no hit."""
     reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
@@ -138,7 +139,7 @@ async def _warm(served: Served, target: str) -> None:
     metrics, deadline = served.app[STATE]["metrics"], time.monotonic() + 30
     while time.monotonic() < deadline:
         metrics.render()  # refreshes the tier gauges
-        if served.sample("hoard_cache_bytes", tier="memory") >= len(SMALL):
+        if served.sample("hoard_cache_bytes", tier=tier) >= len(SMALL):
             return
         await asyncio.sleep(0.005)  # polling the event itself, not waiting in its place
 
@@ -158,6 +159,28 @@ async def test_hits_are_answered_on_the_wire_without_aiohttp(tmp_path, proxy, se
         writer.close()
         assert served.hits() == hits + 5
         assert served.behind_aiohttp == []  # no aiohttp request was built for them
+        assert proxy.counts["GET"] == gets
+
+
+async def test_disk_hits_are_answered_on_the_wire_with_sendfile(tmp_path, proxy, seeded) -> None:
+    target = f"/{seeded}/small.bin"
+    async with serve(tmp_path, proxy, seeded, memory="0") as served:
+        await _warm(served, target, "disk")
+        hits, gets = (
+            served.sample("hoard_hit_path_responses_total", source="disk"),
+            proxy.counts["GET"],
+        )
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        for _ in range(3):
+            writer.write(served.request(target))
+            assert (await read_answer(reader)).body == SMALL
+        assert served.behind_aiohttp[1:] == []  # the first may look its record up behind aiohttp
+        batch = [served.request(target), served.request(target, extra="Range: bytes=5-9\r\n")]
+        writer.write(b"".join(batch * 3))  # pipelined: sendfile's bytes stay in order too
+        answers = [await read_answer(reader) for _ in range(6)]
+        writer.close()
+        assert [a.body for a in answers] == [SMALL, SMALL[5:10]] * 3
+        assert served.sample("hoard_hit_path_responses_total", source="disk") == hits + 6
         assert proxy.counts["GET"] == gets
 
 
