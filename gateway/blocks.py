@@ -150,13 +150,26 @@ class BlockSource:
         The disk is not asked while a fill of the block runs: its file is not
         complete yet, and the fill's waiters get the bytes as they arrive.
         """
+        held = self.cached_held(ref, offset, length)
+        if held is not None:
+            return held
+        if self.fills.get(ref.block) is None and self.disk is not None:
+            found = await self.disk.get(ref.block)
+            if found is not None:
+                segment = FileSegment(found.fd, found.data_offset + offset, length, found.close)
+                return segment, "disk"
+        return None
+
+    def cached_held(self, ref: BlockRef, offset: int, length: int) -> tuple[Piece, str] | None:
+        """``cached`` when no await is needed (memory, or a disk block ``Disk.get_held``
+        finds); None otherwise, and then ``cached`` tells."""
         cached = self.memory.get(ref.block)
         if cached is not None:
             if self._staged and ref.block.digest in self._staged:  # a digest is a hash to compute
                 self._staged_hit(ref, cached)
             return memoryview(cached)[offset : offset + length], "memory"
         if self.fills.get(ref.block) is None and self.disk is not None:
-            found = await self.disk.get(ref.block)
+            found = self.disk.get_held(ref.block)
             if found is not None:
                 segment = FileSegment(found.fd, found.data_offset + offset, length, found.close)
                 return segment, "disk"

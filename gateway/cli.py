@@ -48,7 +48,7 @@ from gateway.metrics_process import enable_multiprocess
 from gateway.node.cores import available_cores
 from gateway.node.supervisor import supervise
 from gateway.safety import ambient_origins, private_cache, refusals
-from gateway.server import HIT_PATH, rejected
+from gateway.server import HIT_PATH, HIT_WIRE, rejected
 from gateway.wiring import TLS_CONTEXT, build
 
 EXIT_CONFIG = 2
@@ -203,7 +203,7 @@ def serve(settings: Settings, reload: Callable[[], Settings] | None = None) -> N
 def _run(app: web.Application, settings: Settings, sock: socket.socket) -> None:
     listener.run(
         app, sock, functools.partial(rejected, app), _event_loop(settings.event_loop),
-        ssl_context=app.get(TLS_CONTEXT), first=app[HIT_PATH].answer,
+        ssl_context=app.get(TLS_CONTEXT), first=app[HIT_PATH].answer, wire=app[HIT_WIRE],  # type: ignore[arg-type]
         shutdown_timeout=settings.shutdown_timeout, access_log=None,
         # Bodies are stored as sent: a gzip-encoded upload must reach the origin still gzipped.
         auto_decompress=False,

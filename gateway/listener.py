@@ -29,9 +29,9 @@ from http import HTTPStatus
 from typing import Any
 
 from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
 
 from gateway.config import split_listen
+from gateway.hotwire import HitConnection, WireAnswer
 
 EXIT_BIND = 1
 log = logging.getLogger("hoard")
@@ -74,12 +74,14 @@ def run(
     loop: asyncio.AbstractEventLoop,
     ssl_context: ssl.SSLContext | None = None,
     first: First | None = None,
+    wire: WireAnswer | None = None,
     **server: Any,
 ) -> None:
     """Serve ``app`` on ``sock`` (over TLS with ``ssl_context``) until SIGTERM/SIGINT,
-    as ``web.run_app`` does; ``first`` sees each request before the application."""
+    as ``web.run_app`` does; ``first`` sees each request before the application, and
+    ``wire`` before aiohttp builds a request of it (``hotwire.py``)."""
     asyncio.set_event_loop(loop)
-    main = loop.create_task(_serve(app, sock, rejected, ssl_context, first, server))
+    main = loop.create_task(_serve(app, sock, rejected, ssl_context, (first, wire), server))
     try:
         loop.run_until_complete(main)
     except (web.GracefulExit, KeyboardInterrupt):
@@ -102,30 +104,50 @@ async def _serve(
     sock: socket.socket,
     rejected: Rejected,
     ssl_context: ssl.SSLContext | None,
-    first: First | None,
+    ahead: tuple[First | None, WireAnswer | None],
     server: dict[str, Any],
 ) -> None:
-    runner = _Runner(app, rejected, first, handle_signals=True, **server)
-    await runner.setup()
+    runner = await start(app, sock, rejected, ssl_context, ahead, handle_signals=True, **server)
     try:
-        await web.SockSite(runner, sock, ssl_context=ssl_context).start()
         await asyncio.Event().wait()  # until a signal raises GracefulExit
     finally:
         await runner.cleanup()
 
 
+async def start(
+    app: web.Application,
+    sock: socket.socket,
+    rejected: Rejected,
+    ssl_context: ssl.SSLContext | None,
+    ahead: tuple[First | None, WireAnswer | None],
+    **server: Any,
+) -> web.AppRunner:
+    """``app`` serving on ``sock`` until the returned runner's ``cleanup`` (tests serve so)."""
+    runner = _Runner(app, rejected, *ahead, **server)
+    await runner.setup()
+    try:
+        await web.SockSite(runner, sock, ssl_context=ssl_context).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner
+
+
 class _Runner(web.AppRunner):
     def __init__(
-        self, app: web.Application, rejected: Rejected, first: First | None, **kwargs: Any
-    ) -> None:
+        self, app: web.Application, rejected: Rejected, first: First | None,
+        wire: WireAnswer | None, **kwargs: Any,
+    ) -> None:  # fmt: skip
         super().__init__(app, **kwargs)
         self._rejected = rejected
         self._first = first
+        self._wire = wire
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
         server.__class__ = _Server  # the same object, handing out Hoard's connection handler
         server.rejected = self._rejected  # type: ignore[attr-defined]
+        server.wire = self._wire  # type: ignore[attr-defined]
         if self._first is not None:
             server.request_handler = _first_then(self._first, server.request_handler)
         return server
@@ -142,12 +164,13 @@ def _first_then(first: First, handler: Handler) -> Handler:
 
 class _Server(web.Server):
     rejected: Rejected
+    wire: WireAnswer | None
 
-    def __call__(self) -> RequestHandler:
+    def __call__(self) -> HitConnection:
         return _Handler(self, loop=self._loop, **self._kwargs)
 
 
-class _Handler(RequestHandler):
+class _Handler(HitConnection):
     def handle_error(
         self,
         request: Any,

@@ -215,6 +215,14 @@ class Metrics:
             "Block bytes epoch-order prefetch fetched ahead of readers (not already cached).",
             registry=self.registry,
         )
+        self.hit_wire = Gauge(
+            "hoard_hit_wire_enabled",
+            "1: hits are answered inside the connection's protocol, as they are parsed "
+            "(gateway/hotwire.py); 0: behind aiohttp's request machinery, because the aiohttp "
+            "internals it needs are missing (logged at start).",
+            registry=self.registry,
+            multiprocess_mode="min",
+        )
         self.prefetch_streams = Gauge(
             "hoard_prefetch_streams",
             "Epoch-order prefetch streams registered on this node.",

@@ -138,19 +138,49 @@ class Reader:
         general read that follows counts its lookup once.
         """
         self.catch_up()
+        known = self._held_entry(bucket, key)
+        if known is None:
+            return None
+        mount, okey, info = known
+        found = await self.blocks.cached(self._ref(mount, okey, info, 0), 0, info.size)
+        if found is None:
+            return None
+        # An entry held is served (stale ones while one refresh runs): the same object.
+        again = self._held_entry(bucket, key)
+        read = await self._metadata_for_read(mount, okey, None) if again == known else None
+        return self._held_answer(bucket, key, info, read, found)
+
+    def held_now(self, bucket: str, key: str) -> tuple[ObjectInfo, Piece, str] | None:
+        """``held`` without an await (the hit path answering inside the connection's
+        protocol): None also when only an await could tell (a disk block not yet
+        looked up, metadata to fetch), and then ``held`` tells."""
+        self.catch_up()
+        known = self._held_entry(bucket, key)
+        if known is None:
+            return None
+        mount, okey, info = known
+        found = self.blocks.cached_held(self._ref(mount, okey, info, 0), 0, info.size)
+        if found is None:
+            return None
+        read = self.source.held_for_read(mount, okey)
+        return self._held_answer(bucket, key, info, read, found)
+
+    def _held_entry(self, bucket: str, key: str) -> tuple[Mount, str, ObjectInfo] | None:
+        """The mount, origin key and held metadata of an object of one block (not empty)."""
         mount = self.namespace.resolve(bucket)
         okey = mount.origin_key(key)
         known = self.metadata.known(scope_of(mount), okey)
         # A TTL of 0 asks the origin on every read: nothing held is an answer by itself.
         if known is None or mount.metadata_ttl <= 0 or not 0 < known[0].size <= self.block_size:
             return None
-        found = await self.blocks.cached(self._ref(mount, okey, known[0], 0), 0, known[0].size)
-        if found is None:
-            return None
-        # An entry held is served (stale ones while one refresh runs): the same object.
-        again = self.metadata.known(scope_of(mount), okey)
-        info = await self._metadata_for_read(mount, okey, None) if again == known else None
-        if info is not known[0]:
+        return mount, okey, known[0]
+
+    def _held_answer(
+        self, bucket: str, key: str, info: ObjectInfo, read: ObjectInfo | None,
+        found: tuple[Piece, str],
+    ) -> tuple[ObjectInfo, Piece, str] | None:  # fmt: skip
+        """``found`` as the answer if the metadata read for it is the one it was found by."""
+        if read is not info:
             if isinstance(found[0], FileSegment):
                 found[0].release()
             return None

@@ -34,6 +34,7 @@ from gateway.accesslog import AccessLog
 from gateway.admin import Admin
 from gateway.cluster.peer_server import PeerServer
 from gateway.cluster.peers import PREFIX as PEER_PREFIX
+from gateway.hotwire import wire_answer
 from gateway.metrics import Metrics
 from gateway.s3 import xml
 from gateway.s3.front import S3Front
@@ -44,6 +45,8 @@ log = logging.getLogger("hoard")
 
 STATE = web.AppKey("state", dict)
 HIT_PATH = web.AppKey("hit_path", HitPath)  # answers hits before the application (s3/hits.py)
+# Answers hits as they are parsed (hotwire.py); None: aiohttp lacks what it needs.
+HIT_WIRE = web.AppKey("hit_wire", object)
 
 
 class RequestIds:
@@ -193,8 +196,10 @@ def build_app(
         "access_log": access,
         "request_ids": RequestIds(),
     }
-    app[HIT_PATH] = HitPath(front, front.reader, front.body, metrics, state["request_ids"].new,
-                            functools.partial(account, state))  # fmt: skip
+    app[HIT_PATH] = hits = HitPath(front, front.reader, front.body, metrics,
+                                   state["request_ids"].new, functools.partial(account, state))  # fmt: skip
+    app[HIT_WIRE] = wire_answer(hits.answer_now)
+    metrics.hit_wire.set(0 if app[HIT_WIRE] is None else 1)
 
     async def dispatch(request: web.Request) -> web.StreamResponse:
         path = request.raw_path.split("?", 1)[0]

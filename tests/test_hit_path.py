@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -72,6 +73,17 @@ def _get(node: HoardProcess, target: str, headers: dict[str, str] | None = None)
     return signed_send(node.port, "GET", target, headers=headers)
 
 
+def _miss(node: HoardProcess, target: str, tier: str = "memory") -> RawResponse:
+    """A first GET, then the wait until its block landed in ``tier``: the fill puts it
+    there a moment after the client has every byte, and a GET meanwhile is no hit."""
+    answer = _get(node, target)
+    selector = f'hoard_cache_bytes{{tier="{tier}"}}'
+    deadline = time.monotonic() + 30
+    while metric(node.endpoint, selector) < len(answer.body) and time.monotonic() < deadline:
+        time.sleep(0.01)  # polling the event itself (the gauge), not waiting in its place
+    return answer
+
+
 def _comparable(answer: RawResponse) -> dict[str, list[str]]:
     """Header name (lower case) -> every value sent, without the per-request ones."""
     fields: dict[str, list[str]] = {}
@@ -92,7 +104,7 @@ def _same_answer(general: RawResponse, hit: RawResponse) -> None:
 
 def test_a_hit_answers_as_the_general_path_did(node, proxy, seeded) -> None:
     target = f"/{seeded}/small.bin"
-    general = _get(node, target)
+    general = _miss(node, target)
     assert general.status == 200 and general.body == SMALL
     gets, hits = proxy.counts["GET"], _hits(node, "memory")
 
@@ -112,7 +124,7 @@ def test_a_hit_answers_as_the_general_path_did(node, proxy, seeded) -> None:
 
 def test_hits_keep_the_connection_open(node, seeded) -> None:
     target, host = f"/{seeded}/small.bin", f"127.0.0.1:{node.port}"
-    assert _get(node, target).status == 200
+    assert _miss(node, target).status == 200
     hits = _hits(node)
     connection = http.client.HTTPConnection("127.0.0.1", node.port, timeout=30)
     sockets = []
@@ -183,7 +195,7 @@ def test_signatures_and_key_limits_still_hold_for_held_objects(node, seeded) -> 
 
 def test_hits_are_counted_and_logged_as_the_general_path_counts_them(node, seeded) -> None:
     target = f"/{seeded}/small.bin"
-    assert _get(node, target).status == 200
+    assert _miss(node, target).status == 200
     selector = f'hoard_requests_total{{operation="GetObject",status="200",mount="{seeded}"}}'
     served = f'hoard_bytes_served_total{{source="memory",mount="{seeded}"}}'
     requests, memory_bytes = metric(node.endpoint, selector), metric(node.endpoint, served)
@@ -211,7 +223,7 @@ def test_disk_tier_hits_take_the_hit_path_with_sendfile(tmp_path, proxy, seeded)
     disk_only = _node(tmp_path, proxy, seeded, "0")
     try:
         target = f"/{seeded}/small.bin"
-        general = _get(disk_only, target)
+        general = _miss(disk_only, target, "disk")
         gets = proxy.counts["GET"]
         hits = _hits(disk_only, "disk")
         hit = _get(disk_only, target)

@@ -245,6 +245,16 @@ class DiskTier:
         self._touched[block.digest] = time.time()
         return self._open.keep(block.digest, found)
 
+    def get_held(self, block: BlockId) -> BlockFile | None:
+        """``get`` when no await is needed (its file kept open, or its packed record
+        known and checked); None otherwise, and then ``get`` tells."""
+        found = self._open.get(block.digest)
+        if found is None and self._packed is not None:
+            found = self._packed.open_held(block)
+        if found is not None:
+            self._touched[block.digest] = time.time()
+        return found
+
     async def follow(self, block: BlockId) -> PartFollower | None:
         """Tail the fill another process claimed; None if no fill is in progress.
 

@@ -128,6 +128,16 @@ class _Pending:
     done: asyncio.Future[bool]
 
 
+def _fingerprint(stat: os.stat_result) -> tuple[int, int, int]:
+    """What changes when a segment's bytes may have: its record checks are redone then."""
+    return (stat.st_ino, stat.st_mtime_ns, stat.st_ctime_ns)
+
+
+def _lend(segment: _Segment, place: Place) -> PackedFile:
+    segment.users += 1
+    return PackedFile(segment.fd, place.offset + HEADER_SIZE, place.length, (), segment)
+
+
 class Bad(Exception):
     """A packed block's record cannot be served (truncated, checksum, header)."""
 
@@ -247,15 +257,32 @@ class PackedBlocks:
             return None
         if stat.st_size < place.offset + HEADER_SIZE + place.length:
             raise Bad(f"segment {place.segment} ends before the record (truncated)")
-        fingerprint = (stat.st_ino, stat.st_mtime_ns, stat.st_ctime_ns)
+        fingerprint = _fingerprint(stat)
         if segment.verified.get(block.digest) != fingerprint:
             if place.length <= _VERIFY_ON_LOOP:
                 _verify(segment.fd, block, place)
             else:
                 await asyncio.to_thread(_verify, segment.fd, block, place)
             segment.verified[block.digest] = fingerprint
-        segment.users += 1
-        return PackedFile(segment.fd, place.offset + HEADER_SIZE, place.length, (), segment)
+        return _lend(segment, place)
+
+    def open_held(self, block: BlockId) -> PackedFile | None:
+        """``locate`` and ``open`` when neither must wait: the place known, the segment
+        open and unchanged since the record last passed its check. None otherwise, and
+        then ``locate`` and ``get`` tell (the hit path's answer without a task)."""
+        place = self._places.get(block.digest)
+        segment = self._segments.get(place.segment) if isinstance(place, Place) else None
+        if segment is None or not isinstance(place, Place):
+            return None
+        try:
+            stat = os.fstat(segment.fd)
+        except OSError:
+            return None
+        if stat.st_nlink == 0 or stat.st_size < place.offset + HEADER_SIZE + place.length:
+            return None
+        if segment.verified.get(block.digest) != _fingerprint(stat):
+            return None
+        return _lend(segment, place)
 
     def forget(self, removed: Removed) -> None:
         """Blocks and segments taken out of the index: stop serving them."""

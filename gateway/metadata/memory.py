@@ -153,6 +153,18 @@ class MetadataCache:
         load = partial(self._load_head, k, policy, fetch)
         return await self._lookup("head", k, load, policy, entry)
 
+    def head_held(
+        self, scope: Hashable, key: str, policy: Policy, fetch: FetchHead
+    ) -> ObjectInfo | None:
+        """``head`` when the answer is held (fresh, or stale and refreshed meanwhile by
+        ``fetch``), counted as ``head`` counts it; None when only a flight can tell."""
+        k = (scope, key)
+        entry = self._heads.get(scope, key)
+        if entry is None or entry.value is None:
+            return None
+        held = self._held("head", k, partial(self._load_head, k, policy, fetch), policy, entry)
+        return None if held is None else held.value
+
     def has_entry(self, scope: Hashable, key: str) -> bool:
         """Whether metadata of ``key`` is held, fresh or stale (a refresh needs no bytes)."""
         return self.known(scope, key) is not None
@@ -422,15 +434,9 @@ class MetadataCache:
         flight for it (``miss``; see ``_join`` for ``early``), falling back on an
         origin failure to a stale entry still young enough."""
         kind = "head" if tag == "head" else "list"
-        now = self._clock()
-        if entry is not None and now < entry.fresh_until:
-            return self._served(kind, entry.value, "hit", policy.label)
-        if lookups.usable(entry, now, policy.stale_while_revalidate):
-            if (tag, k) not in self._flights:  # exactly one refresh; nobody awaits it
-                self._flights.start((tag, k), load).add_done_callback(
-                    partial(_log_refresh_failure, (tag, k))
-                )
-            return self._served(kind, entry.value, "stale", policy.label)
+        held = self._held(tag, k, load, policy, entry)
+        if held is not None:
+            return held
         try:
             loaded = await self._join((tag, k), load, early)
             return self._served(kind, loaded, "miss", policy.label)
@@ -444,6 +450,23 @@ class MetadataCache:
         except Exception:
             self._count(kind, "miss", policy.label)
             raise
+
+    def _held(
+        self, tag: str, k: tuple[Any, ...], load: Load, policy: Policy, entry: Entry | None
+    ) -> Lookup[Any] | None:
+        """``entry`` served without waiting if fresh (``hit``) or revalidating (``stale``,
+        starting one refresh); None if only a flight can answer."""
+        kind = "head" if tag == "head" else "list"
+        now = self._clock()
+        if entry is not None and now < entry.fresh_until:
+            return self._served(kind, entry.value, "hit", policy.label)
+        if lookups.usable(entry, now, policy.stale_while_revalidate):
+            if (tag, k) not in self._flights:  # exactly one refresh; nobody awaits it
+                self._flights.start((tag, k), load).add_done_callback(
+                    partial(_log_refresh_failure, (tag, k))
+                )
+            return self._served(kind, entry.value, "stale", policy.label)
+        return None
 
     async def _join(self, fk: tuple[str, Any], load: Load, early: Early | None) -> Any:
         """The flight's answer; with ``early``, a whole listing's walk is watched as it

@@ -137,6 +137,15 @@ class MetadataSource:
         )
         return lookup.value
 
+    def held_for_read(self, mount: Mount, okey: str) -> ObjectInfo | None:
+        """``for_read`` when memory holds the answer (a stale one starts its refresh, as
+        ``for_read`` does); None when only an await could tell (the hit path's)."""
+
+        def refresh() -> Awaitable[ObjectInfo | Aged]:
+            return self._stored_or(mount, okey, lambda: self.owner_head(mount, okey))
+
+        return self.memory.head_held(scope_of(mount), okey, policy_of(mount), refresh)
+
     async def listing(self, mount: Mount, prefix: str, delimiter: str, after: str,
                       max_keys: int) -> ListPage:  # fmt: skip
         """A page of ``mount``'s origin bucket, in origin keys."""

@@ -116,7 +116,7 @@ class BodySender:
         another file or connection. ``release`` (the block's lease) runs when
         the thread is done, not when this coroutine is.
         """
-        sent = _sendfile_nonblocking(sockfd, segment.fd, segment.offset, segment.count)
+        sent = sendfile_now(sockfd, segment.fd, segment.offset, segment.count)
         if sent >= segment.count:
             return
         sock_copy, file_copy = os.dup(sockfd), os.dup(segment.fd)
@@ -172,7 +172,7 @@ async def _flushed(transport: asyncio.Transport) -> None:
     raise ConnectionResetError("client is not reading")
 
 
-def _sendfile_nonblocking(sockfd: int, fd: int, offset: int, count: int) -> int:
+def sendfile_now(sockfd: int, fd: int, offset: int, count: int) -> int:
     """Send what the socket takes right now; return how much that was."""
     sent = 0
     while sent < count:
@@ -196,7 +196,7 @@ def _sendfile_waiting(sockfd: int, fd: int, offset: int, count: int) -> None:
         poller.register(sockfd, select.POLLOUT)
         sent = 0
         while sent < count:
-            sent += _sendfile_nonblocking(sockfd, fd, offset + sent, count - sent)
+            sent += sendfile_now(sockfd, fd, offset + sent, count - sent)
             if sent < count:
                 events = poller.poll(_POLL_TIMEOUT_MS)
                 if not events:

@@ -26,21 +26,34 @@ path's byte for byte but for the order of header lines: the same headers from
 ``objects.object_headers``, ``Server`` and the request id; metrics and the
 access log get the same record through ``server.account``.
 
-NOTE: the answer is written to the transport directly, then the hit waits
-for the transport to drain before the connection's next request runs, as
-aiohttp's own writer does: a client that stops reading holds one answer.
+Two ways in. ``answer_now`` runs inside the connection's protocol as the
+request's bytes arrive (``gateway/hotwire.py``): everything it needs is held
+(``Reader.held_now``: memory, or a disk record whose place is known), so it
+answers without a task, a coroutine or an aiohttp request, and writes a disk
+record with a non-blocking ``sendfile`` (the rest, if the socket is full, as
+bytes read with ``pread``). ``answer`` is the same decision for a request that
+reached aiohttp (the connection was busy, or a disk lookup must wait).
+
+NOTE: the answer is written to the transport directly; the connection's next
+request runs only once the transport is below its high-water mark (``answer``
+waits for the drain, as aiohttp's own writer does; the protocol holds the next
+request until ``resume_writing``): a client that stops reading holds one answer.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from email.utils import formatdate
+from typing import Any
 
 from aiohttp import web
 from aiohttp.http import HttpVersion11
+from aiohttp.http_parser import RawRequestMessage
 from multidict import CIMultiDict
 
 from gateway import errors
@@ -48,7 +61,8 @@ from gateway.metrics import Metrics
 from gateway.origins.base import ObjectInfo
 from gateway.pieces import FileSegment, Piece
 from gateway.reader import Reader
-from gateway.s3.body import BodySender
+from gateway.s3.body import BodySender, sendfile_now
+from gateway.s3.call import Call
 from gateway.s3.errors import S3Error
 from gateway.s3.front import S3Front
 from gateway.s3.objects import OVERRIDES, cut_reason, object_headers
@@ -60,11 +74,33 @@ _GENERAL_HEADERS = (
     "Range", "If-Match", "If-None-Match", "If-Modified-Since", "If-Unmodified-Since",
     "x-amz-checksum-mode", "x-amz-copy-source", "Expect",
 )  # fmt: skip
+_GENERAL_LOWER = frozenset(name.lower() for name in (*_GENERAL_HEADERS, "Content-Length"))
 _HEADER_BLOCKS = 16_384  # objects whose rendered header block is kept
 # Set per request, never from the object (the general path's prepare hook sets them too).
 _PER_REQUEST = ("Server", "x-amz-request-id", "x-amz-id-2")
 
 Account = Callable[[web.BaseRequest, int, int, float], None]
+
+
+class WireRequest(dict[str, Any]):
+    """A request parsed on the wire, as ``S3Front.admit`` and ``server.account`` read it:
+    method, host, raw path and headers, and a dict for what they note, as aiohttp's
+    request is. No ``BaseRequest`` is built for a hit answered on the wire."""
+
+    __slots__ = ("_url", "headers", "host", "method", "raw_path")
+
+    def __init__(self, message: RawRequestMessage, host: str) -> None:
+        super().__init__()
+        self.method: str = message.method
+        self.host = host
+        self.raw_path: str = message.path
+        self.headers = message.headers
+        self._url = message.url
+
+    @property
+    def path(self) -> str:
+        """The decoded path, as aiohttp's request has it (the access log's)."""
+        return str(self._url.path)
 
 
 class HitPath:
@@ -84,62 +120,120 @@ class HitPath:
         self._blocks: OrderedDict[tuple[str, str], tuple[ObjectInfo, bytes, bool]] = OrderedDict()
         self._date = (0, "")
 
+    def answer_now(
+        self, message: RawRequestMessage, transport: asyncio.Transport, sockfd: int | None
+    ) -> bool:
+        """Answer ``message`` if it is a hit held now, without awaiting anything; False:
+        nothing was sent. ``sockfd``: the connection's socket for sendfile (None: TLS)."""
+        if not isinstance(message, RawRequestMessage):
+            return False  # what the parser refused: aiohttp's error handler answers it
+        host = _plain_message(message)
+        if host is None:
+            return False
+        request = WireRequest(message, host)
+        started = time.perf_counter()
+        call = self._admitted(request)
+        if call is None:
+            return False
+        try:
+            held = self._reader.held_now(call.bucket, call.key)
+        except (S3Error, errors.HoardError):
+            return False
+        except Exception:  # nothing is sent yet: the general path answers, as S3 XML
+            log.exception("hit path failed before answering, request %s", request["request_id"])
+            return False
+        if held is None:
+            return False
+        info, piece, tier = held
+        head = self._head(request, call.bucket, call.key, info, piece, tier, transport)
+        if head is None:
+            return False
+        try:
+            if isinstance(piece, FileSegment):
+                _write_segment(transport, sockfd, head, piece)
+            else:
+                transport.writelines((head, piece))
+        except Exception as exc:  # the headers may be gone: cut, as objects._stream does
+            _cut(request, transport, exc, 0)
+        finally:
+            if isinstance(piece, FileSegment):
+                piece.release()
+        self._metrics.hit(tier)
+        self._account(request, 200, info.size, time.perf_counter() - started)  # type: ignore[arg-type]
+        return True
+
     async def answer(self, request: web.Request) -> web.StreamResponse | None:
         """The answer to a hit, already sent; None: the general path answers ``request``."""
         if not _plain(request):
             return None
-        request_id = self._new_id()
-        request["request_id"] = request_id
         started = time.perf_counter()
+        call = self._admitted(request)
+        if call is None:
+            return None
         try:
-            call, served = self._front.admit(request, request_id)
-            if not served or call.route.operation != "GetObject":
-                return None
-            if any(param in call.query for param in OVERRIDES):
-                return None  # response-* overrides: the general path checks and applies them
             held = await self._reader.held(call.bucket, call.key)
         except (S3Error, errors.HoardError):
             return None  # the general path answers the error, as it would have
         except Exception:  # nothing is sent yet: the general path answers, as S3 XML
-            log.exception("hit path failed before answering, request %s", request_id)
+            log.exception("hit path failed before answering, request %s", request["request_id"])
             return None
         if held is None:
             return None
         info, piece, tier = held
-        if not self._send(request, request_id, call.bucket, call.key, info, piece, tier):
+        transport = request.transport
+        head = None if transport is None else self._head(request, call.bucket, call.key, info,
+                                                         piece, tier, transport)  # fmt: skip
+        if head is None:
             return None
         try:
             if isinstance(piece, FileSegment):
+                transport.write(head)  # the body follows with sendfile
                 await self._body.send(request, request.writer, piece)
+            else:
+                transport.writelines((head, piece))
             await request.writer.drain()
         except Exception as exc:  # the headers are gone: cut, as objects._stream does
-            _cut(request, exc, 0)
+            _cut(request, transport, exc, 0)
         self._metrics.hit(tier)
         self._account(request, 200, info.size, time.perf_counter() - started)
         return _Sent()
 
-    def _send(
-        self, request: web.Request, request_id: str, bucket: str, key: str, info: ObjectInfo,
-        piece: Piece, tier: str,
-    ) -> bool:  # fmt: skip
-        """Write the status line, headers and (from memory) the body; False if the headers
-        cannot be sent as they are (the general path refuses them as it always did)."""
-        transport = request.transport
+    def _admitted(self, request: web.BaseRequest | WireRequest) -> Call | None:
+        """The call of a GET of an object the front admits as it is (no ``response-*``
+        overrides); None: the general path answers (a refusal too, as it would have)."""
+        request_id = self._new_id()
+        request["request_id"] = request_id
+        try:
+            call, served = self._front.admit(request, request_id)  # type: ignore[arg-type]
+        except (S3Error, errors.HoardError):
+            return None
+        except Exception:  # nothing is sent yet: the general path answers, as S3 XML
+            log.exception("hit path failed before answering, request %s", request_id)
+            return None
+        if not served or call.route.operation != "GetObject":
+            return None
+        if call.query and not OVERRIDES.keys().isdisjoint(call.query):
+            return None  # response-* overrides: the general path checks and applies them
+        return call
+
+    def _head(
+        self, request: web.BaseRequest | WireRequest, bucket: str, key: str, info: ObjectInfo,
+        piece: Piece, tier: str, transport: asyncio.Transport,
+    ) -> bytes | None:  # fmt: skip
+        """The status line and headers of the answer; None if they cannot be sent as they
+        are (the general path refuses them as it always did) or the client is gone."""
         rendered = self._rendered(bucket, key, info)
-        if rendered is None or transport is None or transport.is_closing():
+        if rendered is None or transport.is_closing():
             if isinstance(piece, FileSegment):
                 piece.release()
-            return False
+            return None
         block, dated = rendered
         now = self._now() if not dated else ""
+        request_id = request["request_id"]
         tail = (f"{now}Server: Hoard\r\nx-amz-request-id: {request_id}\r\n"
                 f"x-amz-id-2: {request_id}\r\n\r\n").encode()  # fmt: skip
-        if isinstance(piece, FileSegment):
-            transport.write(block + tail)  # the body follows with sendfile
-        else:
-            transport.writelines((block + tail, piece))
         request["source"], request["served"] = tier, {tier: info.size}
-        return True
+        return block + tail
 
     def _rendered(self, bucket: str, key: str, info: ObjectInfo) -> tuple[bytes, bool] | None:
         """``info``'s status line and headers up to the per-request ones, and whether they
@@ -180,15 +274,50 @@ def _plain(request: web.Request) -> bool:
     return not any(name in headers for name in _GENERAL_HEADERS)
 
 
-def _cut(request: web.Request, exc: Exception, sent: int) -> None:
+def _plain_message(message: RawRequestMessage) -> str | None:
+    """The Host of a request parsed on the wire of the kind the hit path may answer
+    (``_plain``'s rules; no body, no upgrade); None: not such a request."""
+    if message.method != "GET" or message.version != HttpVersion11 or message.should_close:
+        return None
+    if message.upgrade or message.chunked or message.path.startswith(("/_hoard/", "/metrics")):
+        return None
+    headers = message.headers
+    # A hit carries a few headers: each is looked up, not each of those that refuse one.
+    if any(name.lower() in _GENERAL_LOWER for name in headers):
+        return None
+    return headers.get("Host")
+
+
+def _write_segment(
+    transport: asyncio.Transport, sockfd: int | None, head: bytes, segment: FileSegment
+) -> None:
+    """Headers, then the record with ``sendfile`` as far as the socket takes it now; what it
+    does not take (or everything, over TLS or behind bytes still queued) is read with
+    ``pread`` and queued on the transport, in order."""
+    sent = 0
+    if sockfd is not None and transport.get_write_buffer_size() == 0:
+        transport.write(head)
+        if transport.get_write_buffer_size() == 0:  # the headers are on the socket
+            sent = sendfile_now(sockfd, segment.fd, segment.offset, segment.count)
+        head = b""
+    if sent < segment.count:
+        rest = os.pread(segment.fd, segment.count - sent, segment.offset + sent)
+        if len(rest) != segment.count - sent:
+            raise OSError(f"block file ended {segment.count - sent - len(rest)} bytes early")
+        transport.writelines((head, rest))
+
+
+def _cut(
+    request: web.BaseRequest | WireRequest, transport: asyncio.Transport, exc: Exception,
+    sent: int,
+) -> None:  # fmt: skip
     """A body that could not be finished: recorded as cut, the connection dropped."""
     reason = "client_gone" if isinstance(exc, ConnectionResetError | TimeoutError) else None
     reason = reason or cut_reason(exc)
     if reason != "client_gone":
         log.warning("hit cut, request %s: %s (%s)", request["request_id"], reason, exc)
     request["cut"], request["sent"] = reason, sent
-    if request.transport is not None:
-        request.transport.abort()
+    transport.abort()
 
 
 class _Sent(web.StreamResponse):

@@ -1,0 +1,170 @@
+"""Hits answered inside the connection's protocol, as their bytes arrive.
+
+aiohttp's per-request machinery (the ``RequestHandler.start`` loop, a
+``BaseRequest``, a task per request, a ``StreamResponse``) costs about as much
+CPU as nginx spends on a whole small hit, so no hit path behind it can reach
+nginx. aiohttp's C parser already parses the request inside ``data_received``;
+``HitConnection`` (aiohttp's connection handler, subclassed) lets it, and then,
+while aiohttp's loop for the connection is idle, hands each parsed request at
+the head of the queue to ``HitPath.answer_now`` before aiohttp sees it: a hit
+is answered there and then, synchronously; the first request that is not one
+(or that needs an await: a miss, a disk lookup not yet done, an error) wakes
+aiohttp's loop, which answers it and every request queued behind it, in order.
+A hit never overtakes an earlier request of its connection: the protocol only
+answers while aiohttp has nothing of that connection queued or running.
+
+What aiohttp would do for the answer is done here too: the request counted on
+the server, the keep-alive deadline moved (a connection serving only hits is
+not idle), and back-pressure: when the transport's buffer passes its high-water
+mark (``pause_writing``), the protocol stops answering and stops reading until
+``resume_writing``, as aiohttp's writer waits for the drain, so a client that
+stops reading holds one answer and the kernel's buffers, not a growing queue.
+
+This reaches into aiohttp's internals (the message queue, the loop's waiter,
+the parser's flow control; aiohttp 3.14, pinned in ``pyproject.toml``).
+``missing_internals`` checks they are there at start; if any is not, the
+connection handler stays aiohttp's own, the hit path runs behind aiohttp as
+before (``HitPath.answer``), a warning is logged and
+``hoard_hit_wire_enabled`` is 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp.http_parser import HttpRequestParser, RawRequestMessage
+from aiohttp.streams import EMPTY_PAYLOAD
+from aiohttp.web_protocol import RequestHandler
+
+log = logging.getLogger(__name__)
+
+# Answers a parsed request if it is a hit held now: (message, transport, socket fd or None).
+WireAnswer = Callable[[RawRequestMessage, asyncio.Transport, "int | None"], bool]
+
+# What HitConnection reads or calls of aiohttp's connection handler and parser.
+_HANDLER_INTERNALS = (
+    "_messages", "_waiter", "_parser", "_paused", "_buffer_paused", "_reading_paused",
+    "_close", "_force_close", "_manager", "_keepalive", "_keepalive_timeout",
+    "_next_keepalive_close_time", "_msg_queue_resume_size", "_resume_reading_if_drained",
+    "_pause_transport_reading", "_resume_transport_reading", "data_received", "resume_writing",
+)  # fmt: skip
+_PARSER_INTERNALS = ("message_consumed", "feed_data")
+
+
+def missing_internals(
+    handler: type = RequestHandler, parser: type = HttpRequestParser
+) -> list[str]:
+    """The aiohttp internals ``HitConnection`` needs that ``handler`` or ``parser`` lack."""
+    missing = [name for name in _HANDLER_INTERNALS if not hasattr(handler, name)]
+    missing += [f"parser.{name}" for name in _PARSER_INTERNALS if not hasattr(parser, name)]
+    return missing
+
+
+def wire_answer(answer: WireAnswer, handler: type = RequestHandler) -> WireAnswer | None:
+    """``answer`` if aiohttp's internals are as ``HitConnection`` needs them, else None
+    (logged: hits are then answered behind aiohttp's request machinery)."""
+    missing = missing_internals(handler)
+    if missing:
+        log.warning("hits answered behind aiohttp (slower): aiohttp lacks %s", ", ".join(missing))
+        return None
+    return answer
+
+
+class HitConnection(RequestHandler):
+    """aiohttp's connection handler, answering hits as they are parsed (see the module).
+
+    ``manager.wire`` (the server's) is the answer; None: aiohttp's handler as it is.
+    """
+
+    __slots__ = ("_answering", "_holding", "_sockfd", "_wire")
+
+    def __init__(self, manager: Any, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._wire: WireAnswer | None = getattr(manager, "wire", None)
+        self._sockfd: int | None = None
+        self._answering = False  # answering now: a nested data_received only parses
+        self._holding = False  # reading paused by this class until the transport drains
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        if transport.get_extra_info("sslcontext") is None:  # TLS: bytes through the transport
+            sock = transport.get_extra_info("socket")
+            self._sockfd = sock.fileno() if sock is not None else None
+
+    def data_received(self, data: bytes) -> None:
+        waiter = self._waiter
+        if (
+            self._wire is None
+            or waiter is None
+            or waiter.done()
+            or self._close
+            or self._force_close
+        ):
+            super().data_received(data)  # aiohttp's loop has (or is about to have) the queue
+            return
+        # aiohttp parses and queues; its loop stays asleep until a request is left for it.
+        self._waiter = None
+        try:
+            super().data_received(data)
+        finally:
+            self._waiter = waiter
+        if self._close or self._force_close:
+            waiter.cancel()  # what close() or force_close() did to the loop's waiter
+            return
+        if not self._answering:
+            self._answer_queued(waiter)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if not self._holding:
+            return
+        self._holding = False
+        if not self._buffer_paused and not self._reading_paused:
+            self._resume_transport_reading()
+        waiter = self._waiter
+        if waiter is not None and not waiter.done() and not self._answering and self._messages:
+            self._answer_queued(waiter)
+
+    def _answer_queued(self, waiter: asyncio.Future[None]) -> None:
+        """Answer the hits at the head of the queue; then hold the rest until the transport
+        drains, or wake aiohttp's loop for the first request that is not a hit."""
+        self._answering = True
+        try:
+            answered = self._answer_head()
+            # The parser stops at a full queue; parse what it held back, as aiohttp's loop does.
+            while self._buffer_paused and len(self._messages) <= self._msg_queue_resume_size:
+                queued = len(self._messages)
+                self._resume_reading_if_drained()
+                if len(self._messages) == queued:
+                    break
+                answered += self._answer_head()
+        finally:
+            self._answering = False
+        if answered:
+            assert self._manager is not None
+            self._manager.requests_count += answered
+            self._next_keepalive_close_time = self._loop.time() + self._keepalive_timeout
+        if not self._messages or waiter.done():
+            return
+        if self._paused:
+            self._holding = True  # resume_writing answers the rest
+            self._pause_transport_reading()
+        else:
+            waiter.set_result(None)
+
+    def _answer_head(self) -> int:
+        """Hits answered from the head of the queue, until one is not or writing pauses."""
+        answer, messages, transport = self._wire, self._messages, self.transport
+        answered = 0
+        while messages and not self._paused and transport is not None and answer is not None:
+            message, payload = messages[0]
+            if payload is not EMPTY_PAYLOAD or not answer(message, transport, self._sockfd):  # type: ignore[arg-type]
+                break
+            messages.popleft()
+            self._parser.message_consumed()  # type: ignore[union-attr]
+            answered += 1
+            transport = self.transport  # None once a cut answer closed it
+        return answered
