@@ -24,9 +24,9 @@ from aiohttp import web
 
 from gateway import errors
 from gateway.access import denied
+from gateway.invalidator import Invalidator
 from gateway.metrics import Metrics
 from gateway.prefetch.api import PrefetchApi
-from gateway.reader import Reader
 from gateway.s3.auth import Authenticator, Principal
 from gateway.s3.errors import S3Error
 from gateway.s3.front import request_view
@@ -37,22 +37,22 @@ from gateway.warm.http import WarmHttp
 class Admin:
     def __init__(
         self,
-        reader: Reader,
+        changes: Invalidator,
         auth: Authenticator,
         metrics: Metrics,
+        stats: Callable[[], dict[str, Any]],
         cluster: Callable[[], dict[str, Any]] | None = None,
         prefetch: PrefetchApi | None = None,
         warm: WarmHttp | None = None,
-        stats: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
-        """``stats``: the node's stats (summed over its workers); default this reader's."""
-        self._reader = reader
+        """``changes`` drops a prefix; ``stats`` are the node's (summed over its workers)."""
+        self._changes = changes
         self._auth = auth
         self._metrics = metrics
         self._cluster = cluster  # the membership snapshot, in a cluster
         self._prefetch = prefetch
         self._warm = warm
-        self._stats = stats or reader.stats
+        self._stats = stats
 
     async def handle(self, request: web.Request, path: str) -> web.StreamResponse:
         try:
@@ -94,7 +94,7 @@ class Admin:
         if refused is not None:
             return refused
         try:
-            dropped = await self._reader.changes.drop(bucket, prefix)
+            dropped = await self._changes.drop(bucket, prefix)
         except errors.NoSuchBucket:
             return web.json_response({"error": "NoSuchBucket"}, status=404)
         return web.json_response({"bucket": bucket, "prefix": prefix, **dropped})

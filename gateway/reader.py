@@ -49,11 +49,9 @@ class Reader:
     def __init__(self, namespace: Namespace, blocks: BlockSource, metadata: MetadataCache,
                  metrics: Metrics, block_size: int, read_ahead: ReadAheadPolicy | None = None,
                  store: MetadataStore | None = None, router: MetadataRouter | None = None,
-                 observe: Callable[[str, str], None] | None = None,
                  journal: Journal | SoloJournal | None = None,
                  pages: SharedAnswers | None = None) -> None:  # fmt: skip
         """``router``: in a cluster, metadata misses go to their owner node;
-        ``observe(bucket, key)`` is told of every object GET (epoch-order prefetch);
         ``journal``: the node's invalidations, shared with sibling workers;
         ``pages``: origin answers shared with sibling workers asking at once."""
         self.namespace = namespace
@@ -67,7 +65,9 @@ class Reader:
         self.source = MetadataSource(metadata, store, owner, self.journal,
                                      metrics.revalidated, pages)  # fmt: skip
         self.streams = Streams(read_ahead or ReadAheadPolicy(4, 4, 10.0))
-        self._observe = observe
+        # Told ``(bucket, key)`` of every object GET: epoch-order prefetch subscribes
+        # (it looks keys up through this reader, so it is built after it).
+        self.observers: list[Callable[[str, str], None]] = []
         self._writes = WriteThrough(self.source, blocks, block_size, self.catch_up,
                                     metrics.write_through_bytes.inc)  # fmt: skip
         self.changes = Invalidator(namespace, self.source, blocks, self._writes, self.journal)
@@ -105,8 +105,7 @@ class Reader:
         """
         self.catch_up()
         mount = self.namespace.resolve(bucket)
-        if self._observe is not None:
-            self._observe(bucket, key)
+        self._observed(bucket, key)
         okey = mount.origin_key(key)
         info = await self._metadata_for_read(mount, okey, byte_range)
         if precondition is not None:
@@ -155,8 +154,7 @@ class Reader:
             if isinstance(found[0], FileSegment):
                 found[0].release()
             return None
-        if self._observe is not None:
-            self._observe(bucket, key)
+        self._observed(bucket, key)
         client_info = info if info.key == key else dataclasses.replace(info, key=key)
         return client_info, *found
 
@@ -224,6 +222,10 @@ class Reader:
         self.catch_up()
         origin = origin_named(self.namespace.origins(), query.origin)
         return await self.source.answer_peer(query, origin)
+
+    def _observed(self, bucket: str, key: str) -> None:
+        for observe in self.observers:
+            observe(bucket, key)
 
     def mount_label(self, bucket: str) -> str:
         return self.namespace.label(bucket)

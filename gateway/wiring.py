@@ -63,6 +63,7 @@ from gateway.server import build_app
 from gateway.warm.fanout import ShareClient
 from gateway.warm.http import WarmHttp
 from gateway.warm.jobs import WarmJobs
+from gateway.warm.share import WarmTiers
 from gateway.warm.store import JobStore
 from gateway.writer import Writer
 
@@ -119,8 +120,7 @@ def build(
         if settings.workers > 1
         else None
     )
-    cluster = _cluster(settings, metrics, namespace, lambda: blocks, lambda: reader, body,
-                       lambda: prefetch_api, node_view)  # fmt: skip
+    cluster = _cluster(settings, metrics, body, node_view)
     placement = cluster.placement if cluster is not None else None
     admission = (
         Doorkeeper(cache.admission, cache.admission_window) if cache.admission != "always" else None
@@ -138,13 +138,14 @@ def build(
     )
     journal = Journal(cache.dir / "journal")  # what sibling workers invalidated
     router = cluster.directory if cluster is not None else None
-    prefetcher = Prefetcher(settings.prefetch, lambda: reader, metrics, cache.block_size)
-    registry = Registry(cache.dir / "prefetch", settings.prefetch.max_streams)
-    node_prefetch = NodePrefetch(registry, prefetcher, leadership)  # the node's streams
     read_ahead = ReadAheadPolicy(cache.read_ahead, cache.read_ahead_max, cache.read_ahead_idle)
     reader = Reader(namespace, blocks, metadata, metrics, cache.block_size, read_ahead, store,
-                    router, observe=node_prefetch.observe, journal=journal,
+                    router, journal=journal,
                     pages=SharedPages(cache.dir / "node" / "pages", store) if shared else None)  # fmt: skip
+    prefetcher = Prefetcher(settings.prefetch, reader.block_refs, blocks, metrics, cache.block_size)
+    registry = Registry(cache.dir / "prefetch", settings.prefetch.max_streams)
+    node_prefetch = NodePrefetch(registry, prefetcher, leadership)  # the node's streams
+    reader.observers.append(node_prefetch.observe)
     prefetch_api = PrefetchApi(
         node_prefetch, reader, settings.prefetch, cluster.announce if cluster is not None else None
     )
@@ -154,14 +155,15 @@ def build(
     writer = Writer(namespace, reader, cluster.broadcast if cluster is not None else None)
     front = S3Front(reader, writer, auth, settings.virtual_host_domains, body)
     access = AccessLog(as_json=settings.log_format == "json", enabled=settings.access_log)
-    warm = _warm(settings, reader, metrics, cluster)
+    warm = _warm(settings, reader, WarmTiers(blocks, disk, store), metrics, cluster)
     warm_http = WarmHttp(warm)
     stats = WorkerStats(cache.dir / "node" / "stats" if shared else None, reader.stats)
     admin = Admin(
-        reader, auth, metrics, cluster.snapshot if cluster is not None else None,
-        prefetch_api, warm_http, stats.node,
+        reader.changes, auth, metrics, stats.node, cluster.snapshot if cluster is not None else None,
+        prefetch_api, warm_http,
     )  # fmt: skip
     if cluster is not None:
+        cluster.server.serve(PeerAnswers(namespace, blocks, reader, prefetch_api))
         cluster.server.mount("warm", warm_http.peer)
     app = build_app(
         front, metrics, settings.virtual_host_domains, admin, access,
@@ -242,7 +244,11 @@ async def _every(interval: float, *steps: Callable[[], None]) -> None:
 
 
 def _warm(
-    settings: Settings, reader: Reader, metrics: Metrics, cluster: ClusterNode | None
+    settings: Settings,
+    reader: Reader,
+    tiers: WarmTiers,
+    metrics: Metrics,
+    cluster: ClusterNode | None,
 ) -> WarmJobs:
     """Warm jobs of this node, sharing jobs with the other live nodes in a cluster."""
     peers = None
@@ -250,53 +256,53 @@ def _warm(
         peers = ShareClient(cluster.client, cluster.membership.self_url,
                             cluster.membership.live, settings.warm.poll_timeout)  # fmt: skip
     store = JobStore(settings.cache.dir / "warm")
-    return WarmJobs(reader, store, metrics, settings.warm, settings.cache.pin_limit, peers)
+    return WarmJobs(reader, tiers, store, metrics, settings.warm, settings.cache.pin_limit, peers)
 
 
 def _cluster(
-    settings: Settings,
-    metrics: Metrics,
-    namespace: Namespace,
-    blocks: Callable[[], BlockSource],
-    reader: Callable[[], Reader],
-    body: BodySender,
-    prefetch: Callable[[], PrefetchApi],
-    node_view: LeaderDocument | None,
+    settings: Settings, metrics: Metrics, body: BodySender, node_view: LeaderDocument | None
 ) -> ClusterNode | None:
     """This node's cluster part, or None for a single node (no peers, no DNS)."""
     if not settings.cluster.enabled:
         return None
-    origins = {origin.name: origin for origin in namespace.origins()}
+    _, port = split_listen(settings.listen)
+    return ClusterNode(settings.cluster, port, metrics, body, node=node_view)
 
-    async def read_block(request: BlockRequest) -> AsyncIterator[Piece]:
-        """A peer asks this node, as the block's owner: its tiers, else (unless only
-        what is cached is wanted) its origin fill."""
-        origin = origins.get(request.origin)
+
+class PeerAnswers:
+    """What this node answers other nodes with (``cluster.peer_server.NodeAnswers``)."""
+
+    def __init__(
+        self, namespace: Namespace, blocks: BlockSource, reader: Reader, prefetch: PrefetchApi
+    ) -> None:
+        self._origins = {origin.name: origin for origin in namespace.origins()}
+        self._blocks = blocks
+        self._reader = reader
+        self._prefetch = prefetch
+
+    async def read_block(self, request: BlockRequest) -> AsyncIterator[Piece]:
+        """As the block's owner: its tiers, else (unless only what is cached is
+        wanted) its origin fill."""
+        origin = self._origins.get(request.origin)
         if origin is None:
             raise errors.OriginUnavailable(f"no origin named {request.origin!r} here")
         ref = BlockRef(request.block_id, origin, request.first, request.last)
-        async for piece in blocks().pieces(
+        async for piece in self._blocks.pieces(
             ref, request.offset, request.length, local=True, cached_only=request.cached_only
         ):
             yield piece
 
-    async def invalidate(items: list[Invalidation]) -> None:
-        await reader().changes.invalidate_origin(items)
+    async def invalidate(self, items: list[Invalidation]) -> None:
+        await self._reader.changes.invalidate_origin(items)
 
-    async def metadata(query: MetadataQuery) -> dict[str, object]:
-        return await reader().answer_peer(query)
+    async def metadata(self, query: MetadataQuery) -> dict[str, object]:
+        return await self._reader.answer_peer(query)
 
-    async def drop_all() -> None:
-        await reader().changes.forget_metadata()
+    async def drop_all(self) -> None:
+        await self._reader.changes.forget_metadata()
 
-    _, port = split_listen(settings.listen)
-
-    async def on_message(name: str, message: bytes) -> None:
-        await prefetch().on_peer(name, message)
-
-    return ClusterNode(settings.cluster, port, metrics, read_block, invalidate, body,
-                       metadata=metadata, drop_all=drop_all, on_message=on_message,
-                       node=node_view)  # fmt: skip
+    async def on_message(self, name: str, body: bytes) -> None:
+        await self._prefetch.on_peer(name, body)
 
 
 def _reload_peers(cluster: ClusterNode, reload: Callable[[], Settings]) -> None:

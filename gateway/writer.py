@@ -180,7 +180,7 @@ class Writer:
     def _source(self, bucket: str, key: str, target: Writable) -> tuple[str, str]:
         """A copy source in gateway names → (origin bucket, origin key) on ``target``'s origin."""
         mount = self.namespace.resolve(bucket)
-        if mount.origin is not target:
+        if self._capability(mount).writable is not target:
             raise errors.NotImplementedByOrigin("Copying between two origins is not supported.")
         return mount.origin_bucket, mount.origin_key(key)
 

@@ -32,7 +32,7 @@ from gateway import wiring
 from gateway.config_load import build_settings
 from gateway.pieces import FileSegment
 from gateway.reader import Reader
-from tests.harness import ACCESS_KEY, SECRET_KEY
+from tests.harness import ACCESS_KEY, SECRET_KEY, sum_samples
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +68,12 @@ async def get_all(urls: list[str], headers: dict[str, str] | None = None) -> lis
                 return await answer.read()
 
         return await asyncio.gather(*(one(url) for url in urls))
+
+
+async def metric(endpoint: str, selector: str) -> float:
+    """``harness.metric`` for an app in this loop: a blocking scrape would stall the app."""
+    async with aiohttp.ClientSession() as session, session.get(f"{endpoint}/metrics") as answer:
+        return sum_samples(await answer.text(), selector)
 
 
 async def read_object(

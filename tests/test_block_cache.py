@@ -12,14 +12,13 @@ import hashlib
 import os
 import socket
 import struct
-import threading
 import time
 from pathlib import Path
 
 import aiohttp
 import pytest
 
-from tests.conftest import moto_origin
+from tests.conftest import moto_origin, seed
 from tests.harness import HoardProcess, sum_samples
 from tests.inprocess import get_all, hoard_app
 from tests.origin_proxy import OriginProxy
@@ -112,27 +111,29 @@ def test_workers_share_one_origin_get_per_block_and_report_every_process(
         assert node.stop() == 0
 
 
-def test_ranges_across_block_boundaries(node, proxy, origin_client, bucket):
+async def test_ranges_across_block_boundaries(tmp_path, proxy, origin_client, bucket):
     data = put(origin_client, bucket, "obj", 3 * BLOCK + 12345)
-    url = f"{node.endpoint}/{bucket}/obj"
-    cases = [(0, 0), (BLOCK - 1, BLOCK), (BLOCK - 10, 2 * BLOCK + 10), (3 * BLOCK, len(data) - 1),
-             (5, len(data) - 1), (len(data) - 1, len(data) - 1)]  # fmt: skip
-    for first, last in cases:
-        (body,) = get_many([url], {"Range": f"bytes={first}-{last}"})
-        assert body == data[first : last + 1], (first, last)
-    (suffix,) = get_many([url], {"Range": "bytes=-100"})
-    assert suffix == data[-100:]
-    proxy.reset()
-    assert get_many([url]) == [data]
-    assert proxy.counts["GetObject"] == 0  # every block was filled by the ranged reads
+    async with hoard_app(tmp_path, hoard_config(proxy)) as node:
+        url = f"{node.endpoint}/{bucket}/obj"
+        cases = [(0, 0), (BLOCK - 1, BLOCK), (BLOCK - 10, 2 * BLOCK + 10),
+                 (3 * BLOCK, len(data) - 1), (5, len(data) - 1), (len(data) - 1, len(data) - 1)]  # fmt: skip
+        for first, last in cases:
+            (body,) = await get_all([url], {"Range": f"bytes={first}-{last}"})
+            assert body == data[first : last + 1], (first, last)
+        (suffix,) = await get_all([url], {"Range": "bytes=-100"})
+        assert suffix == data[-100:]
+        proxy.reset()
+        assert await get_all([url]) == [data]
+        assert proxy.counts["GetObject"] == 0  # every block was filled by the ranged reads
 
 
-def test_ranged_get_fetches_only_the_blocks_it_covers(node, proxy, origin_client, bucket):
+async def test_ranged_get_fetches_only_the_blocks_it_covers(tmp_path, proxy, origin_client, bucket):
     data = put(origin_client, bucket, "big", 6 * BLOCK)
     proxy.reset()
-    (body,) = get_many(
-        [f"{node.endpoint}/{bucket}/big"], {"Range": f"bytes={2 * BLOCK + 1}-{2 * BLOCK + 100}"}
-    )
+    async with hoard_app(tmp_path, hoard_config(proxy)) as node:
+        (body,) = await get_all(
+            [f"{node.endpoint}/{bucket}/big"], {"Range": f"bytes={2 * BLOCK + 1}-{2 * BLOCK + 100}"}
+        )
     assert body == data[2 * BLOCK + 1 : 2 * BLOCK + 101]
     assert (
         proxy.counts["GetObject"] == 1
@@ -160,36 +161,37 @@ def _block_files(cache_dir: Path) -> list[Path]:
     return [p for p in (cache_dir / "blocks").rglob("*") if p.is_file()]
 
 
-def test_corrupted_block_is_refetched_never_served(node, proxy, origin_client, bucket):
+async def test_corrupted_block_is_refetched_never_served(tmp_path, proxy, origin_client, bucket):
     data = put(origin_client, bucket, "fragile", 2 * MiB)
-    url = f"{node.endpoint}/{bucket}/fragile"
-    assert get_many([url]) == [data]
-    # The answer may be sent before its block is written and indexed (the fill writes
-    # to disk beside the client): wait for the index to hold it, not for time to pass.
-    _wait_for_disk_bytes(node.endpoint, 2 * MiB)
-    files = _block_files(node.workdir / "cache")
-    assert len(files) == 1
-    raw = bytearray(files[0].read_bytes())
-    raw[-1000] ^= 0xFF
-    files[0].write_bytes(bytes(raw))
-    # The memory tier may hold the block too; the memory copy is not the corrupted one,
-    # so to prove the disk path, drop memory by reading enough other blocks is overkill:
-    # the block is 2 MiB, above the memory tier's 1 MiB item limit, so disk serves it.
-    proxy.reset()
-    assert get_many([url]) == [data]
-    assert proxy.counts["GetObject"] == 1
-    metrics = asyncio.run(_text(f"{node.endpoint}/metrics"))
-    assert "hoard_cache_corrupt_blocks_total 1.0" in metrics
+    async with hoard_app(tmp_path, hoard_config(proxy)) as node:
+        url = f"{node.endpoint}/{bucket}/fragile"
+        assert await get_all([url]) == [data]
+        # The answer may be sent before its block is written and indexed (the fill writes
+        # to disk beside the client): wait for the index to hold it, not for time to pass.
+        await _wait_for_disk_bytes(node.endpoint, 2 * MiB)
+        files = _block_files(tmp_path / "cache")
+        assert len(files) == 1
+        raw = bytearray(files[0].read_bytes())
+        raw[-1000] ^= 0xFF
+        files[0].write_bytes(bytes(raw))
+        # The memory tier may hold the block too; the memory copy is not the corrupted one,
+        # so to prove the disk path, drop memory by reading enough other blocks is overkill:
+        # the block is 2 MiB, above the memory tier's 1 MiB item limit, so disk serves it.
+        proxy.reset()
+        assert await get_all([url]) == [data]
+        assert proxy.counts["GetObject"] == 1
+        metrics = await _text(f"{node.endpoint}/metrics")
+        assert "hoard_cache_corrupt_blocks_total 1.0" in metrics
 
 
-def _wait_for_disk_bytes(endpoint: str, wanted: int, timeout: float = 30.0) -> None:
+async def _wait_for_disk_bytes(endpoint: str, wanted: int, timeout: float = 30.0) -> None:
     """Until the disk tier's indexed bytes (``hoard_cache_bytes{tier="disk"}``) reach ``wanted``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        exposition = asyncio.run(_text(f"{endpoint}/metrics"))
+        exposition = await _text(f"{endpoint}/metrics")
         if sum_samples(exposition, 'hoard_cache_bytes{tier="disk"}') >= wanted:
             return
-        time.sleep(0.02)
+        await asyncio.sleep(0.02)
     raise AssertionError(f"the disk tier never held {wanted} bytes")
 
 
@@ -207,63 +209,58 @@ async def _text(url: str) -> str:
         return await answer.text()
 
 
-def test_etag_change_after_ttl_serves_new_bytes_never_mixed(tmp_path, proxy, origin_client, bucket):
+async def test_etag_change_after_ttl_serves_new_bytes_never_mixed(
+    tmp_path, proxy, origin_client, bucket
+):
     config = hoard_config(proxy)
     config["mounts"] = [{"bucket": "ttl-mount", "origin": "moto", "origin_bucket": bucket,
                          "metadata_ttl": "1s"}]  # fmt: skip
-    node = HoardProcess(tmp_path, config).start()
-    try:
+    async with hoard_app(tmp_path, config) as node:
         old = put(origin_client, bucket, "changing", 3 * BLOCK)
         url = f"{node.endpoint}/ttl-mount/changing"
-        assert get_many([url]) == [old]
+        assert await get_all([url]) == [old]
         new = put(origin_client, bucket, "changing", 3 * BLOCK)
         deadline = time.monotonic() + 20
         seen_new = False
         while time.monotonic() < deadline and not seen_new:
-            (body,) = get_many([url])
+            (body,) = await get_all([url])
             assert body in (old, new), "a response mixed two versions"
             seen_new = body == new
-            time.sleep(0.3)
+            await asyncio.sleep(0.3)
         assert seen_new
-    finally:
-        node.stop()
 
 
-def test_disk_bound_respected_with_dataset_3x_the_bound(tmp_path, proxy, origin_client, bucket):
-    node = HoardProcess(
-        tmp_path, hoard_config(proxy, size="16MiB", block_size="1MiB", memory="1MiB")
-    ).start()
-    try:
-        objects = {f"d/{i}": put(origin_client, bucket, f"d/{i}", 3 * MiB) for i in range(16)}
+async def test_disk_bound_respected_with_dataset_3x_the_bound(
+    tmp_path, proxy, origin_client, bucket
+):
+    objects = {f"d/{i}": put(origin_client, bucket, f"d/{i}", 3 * MiB) for i in range(16)}
+    config = hoard_config(proxy, size="16MiB", block_size="1MiB", memory="1MiB")
+    async with hoard_app(tmp_path, config) as node:
         for key, data in objects.items():
-            assert get_many([f"{node.endpoint}/{bucket}/{key}"]) == [data]
-            used = _file_bytes(_block_files(node.workdir / "cache"))
+            assert await get_all([f"{node.endpoint}/{bucket}/{key}"]) == [data]
+            used = _file_bytes(_block_files(tmp_path / "cache"))
             assert used <= 16 * MiB + 2 * MiB, used
         for key, data in list(objects.items())[:3]:  # evicted early, refetched correctly
-            assert get_many([f"{node.endpoint}/{bucket}/{key}"]) == [data]
-    finally:
-        node.stop()
+            assert await get_all([f"{node.endpoint}/{bucket}/{key}"]) == [data]
 
 
-def test_leader_disconnect_does_not_cancel_other_waiters(node, proxy, origin_client, bucket):
+async def test_leader_disconnect_does_not_cancel_other_waiters(
+    tmp_path, proxy, origin_client, bucket
+):
     data = put(origin_client, bucket, "slow", 2 * MiB)
     proxy.reset()
     proxy.mode = "slow"
     proxy.slow_delay = 0.02
-    url = f"{node.endpoint}/{bucket}/slow"
-
-    def leader() -> None:
-        import requests
-
-        with requests.get(url, stream=True, timeout=30) as answer:
-            next(answer.iter_content(1024))  # take a little, then hang up
-
-    thread = threading.Thread(target=leader)
-    thread.start()
-    time.sleep(0.3)
-    bodies = get_many([url] * 8)
-    thread.join()
-    proxy.mode = "ok"
+    try:
+        async with hoard_app(tmp_path, hoard_config(proxy)) as node:
+            url = f"{node.endpoint}/{bucket}/slow"
+            async with aiohttp.ClientSession() as session, session.get(url) as leader:
+                # Its first bytes mean the fill is under way (the origin trickles the
+                # rest); then the leader hangs up, and eight readers come for the block.
+                await leader.content.readexactly(1024)
+            bodies = await get_all([url] * 8)
+    finally:
+        proxy.mode = "ok"
     assert all(body == data for body in bodies)
     assert proxy.counts["GetObject"] == 1
 
@@ -289,33 +286,34 @@ def test_client_gone_before_the_headers_is_not_an_error(node, proxy, origin_clie
     assert proxy.counts["GetObject"] == 1
 
 
-def test_origin_down_after_warm_up_serves_cache_and_stale_metadata(
+async def test_origin_down_after_warm_up_serves_cache_and_stale_metadata(
     tmp_path, proxy, origin_client, bucket
 ):
     config = hoard_config(proxy)
     config["mounts"] = [{"bucket": "warm", "origin": "moto", "origin_bucket": bucket,
                          "metadata_ttl": "1s"}]  # fmt: skip
-    node = HoardProcess(tmp_path, config).start()
-    try:
-        data = put(origin_client, bucket, "warm-obj", 3 * MiB)
-        put(origin_client, bucket, "listed/a", 10)
-        assert get_many([f"{node.endpoint}/warm/warm-obj"]) == [data]
-        assert b"listed/a" in get_many([f"{node.endpoint}/warm?list-type=2&prefix=listed/"])[0]
-        time.sleep(1.5)  # the metadata is stale now
-        proxy.mode = "down"
-        assert get_many([f"{node.endpoint}/warm/warm-obj"]) == [data]
-        assert b"listed/a" in get_many([f"{node.endpoint}/warm?list-type=2&prefix=listed/"])[0]
-    finally:
-        proxy.mode = "ok"
-        node.stop()
+    data = put(origin_client, bucket, "warm-obj", 3 * MiB)
+    put(origin_client, bucket, "listed/a", 10)
+    listed = "/warm?list-type=2&prefix=listed/"
+    async with hoard_app(tmp_path, config) as node:
+        try:
+            assert await get_all([f"{node.endpoint}/warm/warm-obj"]) == [data]
+            assert b"listed/a" in (await get_all([node.endpoint + listed]))[0]
+            await asyncio.sleep(1.5)  # the metadata is stale now (time is the condition)
+            proxy.mode = "down"
+            assert await get_all([f"{node.endpoint}/warm/warm-obj"]) == [data]
+            assert b"listed/a" in (await get_all([node.endpoint + listed]))[0]
+        finally:
+            proxy.mode = "ok"
 
 
-def test_64_identical_lists_cost_one_origin_list(node, proxy, origin_client, bucket):
+async def test_64_identical_lists_cost_one_origin_list(tmp_path, proxy, origin_client, bucket):
     for i in range(30):
         origin_client.put_object(Bucket=bucket, Key=f"imgs/{i:03d}.jpg", Body=b"x")
     proxy.reset()
-    url = f"{node.endpoint}/{bucket}?list-type=2&prefix=imgs/&max-keys=7"
-    bodies = get_many([url] * 64)
+    async with hoard_app(tmp_path, hoard_config(proxy)) as node:
+        url = f"{node.endpoint}/{bucket}?list-type=2&prefix=imgs/&max-keys=7"
+        bodies = await get_all([url] * 64)
     assert len({hashlib.sha256(b).hexdigest() for b in bodies}) == 1
     assert proxy.counts["ListObjects"] == 1
 
@@ -342,21 +340,23 @@ def test_disk_full_still_serves_from_origin(tmp_path, proxy, origin_client, buck
         os.system(f"umount {cache_dir}")
 
 
-def test_second_pass_over_a_dataset_costs_no_origin_request(node, proxy, origin_client, bucket):
+async def test_second_pass_over_a_dataset_costs_no_origin_request(
+    tmp_path, proxy, origin_client, bucket
+):
     images = {
         f"imgs/{i:03d}.jpg": put(origin_client, bucket, f"imgs/{i:03d}.jpg", 96 * 1024)
         for i in range(40)
     }
-    urls = [f"{node.endpoint}/{bucket}/{key}" for key in images]
-    assert get_many(urls) == list(images.values())
-    proxy.reset()
-    assert get_many(urls) == list(images.values())
+    async with hoard_app(tmp_path, hoard_config(proxy)) as node:
+        urls = [f"{node.endpoint}/{bucket}/{key}" for key in images]
+        assert await get_all(urls) == list(images.values())
+        proxy.reset()
+        assert await get_all(urls) == list(images.values())
     assert sum(proxy.counts.values()) == 0
 
 
 def test_cached_listing_pages_match_the_origin(tmp_path, proxy, origin_client, bucket):
-    for i in range(1200):
-        origin_client.put_object(Bucket=bucket, Key=f"ds/{i % 13}/f{i:05d}", Body=b"")
+    seed(bucket, {f"ds/{i % 13}/f{i:05d}": b"" for i in range(1200)})
     node = HoardProcess(tmp_path, hoard_config(proxy)).start()
     try:
         client = node.client()
@@ -424,17 +424,20 @@ async def _status(url: str) -> int:
         return answer.status
 
 
-def test_failed_cold_fill_is_a_clear_s3_error_and_not_cached(node, proxy, origin_client, bucket):
+async def test_failed_cold_fill_is_a_clear_s3_error_and_not_cached(
+    tmp_path, proxy, origin_client, bucket
+):
     data = put(origin_client, bucket, "unlucky", 3 * MiB)
-    url = f"{node.endpoint}/{bucket}/unlucky"
-    proxy.mode = "down"
-    try:
-        status, body = asyncio.run(_status_and_body(url))
-        assert status == 503 and b"<Code>SlowDown</Code>" in body
-    finally:
-        proxy.mode = "ok"
-    assert get_many([url]) == [data]  # the failure was not cached
-    metrics = asyncio.run(_text(f"{node.endpoint}/metrics"))
+    async with hoard_app(tmp_path, hoard_config(proxy)) as node:
+        url = f"{node.endpoint}/{bucket}/unlucky"
+        proxy.mode = "down"
+        try:
+            status, body = await _status_and_body(url)
+            assert status == 503 and b"<Code>SlowDown</Code>" in body
+        finally:
+            proxy.mode = "ok"
+        assert await get_all([url]) == [data]  # the failure was not cached
+        metrics = await _text(f"{node.endpoint}/metrics")
     assert (
         'hoard_origin_errors_total{error="OriginThrottled",operation="GetObject",origin="moto"}'
         in metrics

@@ -35,7 +35,7 @@ from xml.etree import ElementTree
 import pytest
 from awscrt import checksums as crt
 
-from tests.conftest import ORIGIN_KEY, ORIGIN_SECRET
+from tests.conftest import ORIGIN_KEY, ORIGIN_SECRET, seed
 from tests.harness import ACCESS_KEY, SECRET_KEY, HoardProcess
 from tests.rawhttp import RawResponse, signed_send
 
@@ -668,20 +668,13 @@ LISTED = ["a", "b", "dir/a", "dir/b", "dir/c", "dir/sub/x", "dir/sub/y", "e f", 
 
 @pytest.fixture(scope="module")
 def buckets(origin_client) -> None:
-    from concurrent.futures import ThreadPoolExecutor
-
     for name in (MAIN, VERSIONED, LISTING):
         origin_client.create_bucket(Bucket=name)
     origin_client.create_bucket(Bucket=LOCKED, ObjectLockEnabledForBucket=True)
     origin_client.put_bucket_versioning(
         Bucket=VERSIONED, VersioningConfiguration={"Status": "Enabled"}
     )
-    with ThreadPoolExecutor(8) as pool:
-        list(
-            pool.map(
-                lambda k: origin_client.put_object(Bucket=LISTING, Key=k, Body=k.encode()), LISTED
-            )
-        )
+    seed(LISTING, {key: key.encode() for key in LISTED})
     origin_client.create_multipart_upload(Bucket=LISTING, Key="dir/in-progress")
 
 

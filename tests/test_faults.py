@@ -17,6 +17,8 @@ import aiohttp
 import pytest
 
 from tests.harness import HoardProcess, metric
+from tests.inprocess import get_all, hoard_app
+from tests.inprocess import metric as metric_of
 from tests.origin_proxy import Fault, OriginProxy, fail_every, fail_nth
 from tests.test_block_cache import get_many, put
 from tests.test_origin_protection import config
@@ -36,16 +38,15 @@ def fault_config(proxy: OriginProxy, **origin: object) -> dict:
 
 
 @pytest.mark.parametrize("kind", ["reset", "truncate"])
-def test_bodies_cut_mid_way_at_every_fourth_get_are_resumed_unseen(
+async def test_bodies_cut_mid_way_at_every_fourth_get_are_resumed_unseen(
     tmp_path, proxy, origin_client, bucket, kind
 ):
     objects = {f"cut/{i}": put(origin_client, bucket, f"cut/{i}", 1 * MiB + 1000) for i in range(8)}
-    node = HoardProcess(tmp_path, fault_config(proxy)).start()
-    try:
+    async with hoard_app(tmp_path, fault_config(proxy)) as node:
         proxy.reset()
         proxy.faults = fail_every(4, Fault(kind, after=100 * KiB))  # p = 0.25, after a 200
         keys = list(objects)
-        bodies = get_many([f"{node.endpoint}/{bucket}/{key}" for key in keys])
+        bodies = await get_all([f"{node.endpoint}/{bucket}/{key}" for key in keys])
         assert bodies == [objects[key] for key in keys]  # no error, no wrong byte
         blocks = 8 * 5
         cut = proxy.injected[kind]
@@ -54,32 +55,29 @@ def test_bodies_cut_mid_way_at_every_fourth_get_are_resumed_unseen(
         assert proxy.counts["GetObject"] == blocks + cut
         resumed = [r for _, r in proxy.ranges if r and int(r[6:].split("-")[0]) % BLOCK]
         assert len(resumed) == cut
-        assert metric(node.endpoint, 'hoard_origin_resumes_total{origin="moto"}') == cut
+        assert await metric_of(node.endpoint, 'hoard_origin_resumes_total{origin="moto"}') == cut
         # The second pass is all cache: the resumed blocks were stored whole.
         proxy.reset()
-        assert get_many([f"{node.endpoint}/{bucket}/{key}" for key in keys]) == list(
+        assert await get_all([f"{node.endpoint}/{bucket}/{key}" for key in keys]) == list(
             objects.values()
         )
         assert proxy.counts["GetObject"] == 0
-    finally:
-        node.stop()
 
 
-def test_the_first_block_get_of_a_metadata_miss_resumes_too(tmp_path, proxy, origin_client, bucket):
+async def test_the_first_block_get_of_a_metadata_miss_resumes_too(
+    tmp_path, proxy, origin_client, bucket
+):
     data = put(origin_client, bucket, "one", 200 * KiB)  # one block: the miss's GET is all
-    node = HoardProcess(tmp_path, fault_config(proxy)).start()
-    try:
+    async with hoard_app(tmp_path, fault_config(proxy)) as node:
         proxy.reset()
         proxy.faults = fail_nth(1, Fault("reset", after=50 * KiB))
-        assert get_many([f"{node.endpoint}/{bucket}/one"]) == [data]
+        assert await get_all([f"{node.endpoint}/{bucket}/one"]) == [data]
         assert proxy.injected["reset"] == 1
         # The block as asked, then its rest, from the byte after the break to the object's end.
         assert [r for _, r in proxy.ranges] == [
             f"bytes=0-{BLOCK - 1}",
             f"bytes={50 * KiB}-{200 * KiB - 1}",
         ]
-    finally:
-        node.stop()
 
 
 async def _get_body(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes | None]:
@@ -134,48 +132,45 @@ def test_an_object_replaced_while_partly_cached_heals_at_once(
 
 
 @pytest.mark.parametrize("kind", ["stall", "hang"])
-def test_a_stalled_get_is_hedged_and_the_hedge_serves_the_client(
+async def test_a_stalled_get_is_hedged_and_the_hedge_serves_the_client(
     tmp_path, proxy, origin_client, bucket, kind
 ):
     data = put(origin_client, bucket, "slow", 200 * KiB)
-    node = HoardProcess(tmp_path, fault_config(proxy, retry={"hedge_after": "300ms"})).start()
-    try:
-        proxy.reset()
-        proxy.faults = fail_nth(1, Fault(kind, after=10 * KiB))
-        # The first GET stays held (nobody releases it); the hedge answers the client.
-        assert get_body(f"{node.endpoint}/{bucket}/slow") == (200, data)
-        assert proxy.stalled.is_set() and proxy.injected[kind] == 1
-        assert metric(node.endpoint, 'hoard_origin_hedges_total{won="true"}') == 1
-        assert proxy.counts["GetObject"] == 2
-    finally:
-        proxy.release()
-        node.stop()
+    async with hoard_app(tmp_path, fault_config(proxy, retry={"hedge_after": "300ms"})) as node:
+        try:
+            proxy.reset()
+            proxy.faults = fail_nth(1, Fault(kind, after=10 * KiB))
+            # The first GET stays held (until released below); the hedge answers the client.
+            assert await _get_body(f"{node.endpoint}/{bucket}/slow") == (200, data)
+            assert proxy.stalled.is_set() and proxy.injected[kind] == 1
+            assert await metric_of(node.endpoint, 'hoard_origin_hedges_total{won="true"}') == 1
+            assert proxy.counts["GetObject"] == 2
+        finally:
+            proxy.release()
 
 
-def test_a_read_waits_at_most_the_deadline_then_503_before_headers_or_a_cut_after(
+async def test_a_read_waits_at_most_the_deadline_then_503_before_headers_or_a_cut_after(
     tmp_path, proxy, origin_client, bucket
 ):
     put(origin_client, bucket, "never", 100 * KiB)
     data = put(origin_client, bucket, "half", 2 * BLOCK)
     settings = fault_config(proxy, retry={"hedge_after": "200ms", "deadline": "1s"})
     settings["cache"]["read_ahead"] = 0
-    node = HoardProcess(tmp_path, settings).start()
-    try:
-        proxy.faults = lambda number, path, byte_range: (
-            Fault("hang") if path.endswith("never") or byte_range.startswith(f"bytes={BLOCK}-")
-            else None
-        )  # fmt: skip
-        status, body = get_body(f"{node.endpoint}/{bucket}/never")
-        assert status == 503 and b"<Code>ServiceUnavailable</Code>" in (body or b""), body
-        assert get_body(f"{node.endpoint}/{bucket}/half", {"Range": "bytes=0-99"}) == (
-            206,
-            data[:100],
-        )
-        assert get_body(f"{node.endpoint}/{bucket}/half") == (200, None)  # block 0, then cut
-        assert metric(node.endpoint, 'hoard_responses_cut_total{reason="origin_unavailable"}') == 1
-    finally:
-        proxy.release()
-        node.stop()
+    async with hoard_app(tmp_path, settings) as node:
+        try:
+            proxy.faults = lambda number, path, byte_range: (
+                Fault("hang") if path.endswith("never") or byte_range.startswith(f"bytes={BLOCK}-")
+                else None
+            )  # fmt: skip
+            status, body = await _get_body(f"{node.endpoint}/{bucket}/never")
+            assert status == 503 and b"<Code>ServiceUnavailable</Code>" in (body or b""), body
+            half = f"{node.endpoint}/{bucket}/half"
+            assert await _get_body(half, {"Range": "bytes=0-99"}) == (206, data[:100])
+            assert await _get_body(half) == (200, None)  # block 0, then cut
+            cut = 'hoard_responses_cut_total{reason="origin_unavailable"}'
+            assert await metric_of(node.endpoint, cut) == 1
+        finally:
+            proxy.release()
 
 
 def test_a_cache_disk_smaller_than_its_size_evicts_and_keeps_caching(

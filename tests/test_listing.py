@@ -5,13 +5,13 @@ from __future__ import annotations
 import random
 import uuid
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
 import pytest
 
 from gateway.origins.base import ListEntry, ListPage
 from gateway.origins.listing import common_prefix, paginate, prefix_end
+from tests.conftest import seed
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
 
@@ -233,8 +233,7 @@ def moto_bucket(origin_client) -> tuple[str, list[ListEntry]]:
     bucket = f"listing-{uuid.uuid4().hex[:12]}"
     origin_client.create_bucket(Bucket=bucket)
     keys = moto_keys()
-    with ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda k: origin_client.put_object(Bucket=bucket, Key=k, Body=b"x"), keys))
+    seed(bucket, dict.fromkeys(keys, b"x"))
     stored = []
     for page in origin_client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
         stored += [

@@ -34,6 +34,8 @@ ANSWERS = [
     info("naive", last_modified=datetime(2026, 1, 1, 12, 0)),
     info("elsewhere", last_modified=datetime(2026, 1, 1, tzinfo=timezone(timedelta(hours=2)))),
     info("ünï/日", size=0),
+    info("upper", etag='"' + "0F" * 16 + '"'),  # not stored as bytes: it would come back lower
+    info("unquoted", etag="0f" * 16),
 ]
 
 
@@ -152,4 +154,24 @@ async def test_concurrent_flushes_share_writes_and_each_row_is_on_disk_when_its_
         assert 1 <= len(writes) < len(keys)
     finally:
         sibling.close()
+        await store.close()
+
+
+async def test_a_row_written_with_a_text_etag_reads_back_the_same(tmp_path: Path) -> None:
+    """Rows from before MD5 ETags were stored as 16 bytes keep their meaning."""
+    path = tmp_path / "metadata.sqlite3"
+    store = MetadataStore(path)
+    await store.start()
+    store.save(SCOPE, "plain", info("plain"), learned=3)
+    await store.close()
+    db = sqlite3.connect(path)  # as an older Hoard wrote it
+    db.execute("UPDATE objects SET etag = ?", (info("plain").etag,))
+    db.commit()
+    db.close()
+    store = MetadataStore(path)
+    await store.start()
+    try:
+        stored = await store.load(SCOPE, "plain")
+        assert stored is not None and stored.info == info("plain")
+    finally:
         await store.close()

@@ -21,8 +21,8 @@ import pytest
 from gateway.cli import _parser, load
 from gateway.config import ConfigError
 from gateway.node.cores import available_cores, cgroup_quota
+from tests.conftest import module_proxy
 from tests.harness import FreshAdmin, HoardProcess, metric
-from tests.origin_proxy import OriginProxy
 from tests.test_block_cache import hoard_config
 from tests.test_cluster import cluster_config
 from tests.test_faults import _children
@@ -31,11 +31,7 @@ from tests.test_warm import lock_holder, wait_for
 MiB = 1024 * 1024
 
 
-@pytest.fixture(scope="module")
-def proxy(moto_endpoint) -> Iterator[OriginProxy]:
-    running = OriginProxy(moto_endpoint).start()
-    yield running
-    running.stop()
+proxy = module_proxy  # one proxy for the module's nodes
 
 
 @pytest.fixture(scope="module")

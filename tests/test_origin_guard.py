@@ -24,7 +24,7 @@ from gateway.origins.base import BucketInfo, ListPage, ObjectInfo, Origin
 from gateway.origins.breaker import Ticket
 from gateway.origins.guard import OriginGuard
 from gateway.origins.posix import PosixOrigin
-from gateway.origins.writable import Forwarding, Writable
+from gateway.origins.writable import READ_ONLY, Capability
 from tests.fakes import Clock
 
 pytestmark = pytest.mark.timeout(20)
@@ -137,8 +137,10 @@ async def test_guard_is_an_origin_and_passes_writes_through(tree: Path) -> None:
     posix = PosixOrigin("nfs", tree)
     guarded = OriginGuard(posix, posix_config(tree), OriginGuardMetrics(Metrics(), "nfs"))
     assert isinstance(guarded, Origin) and guarded.name == "nfs"
-    assert isinstance(guarded, Writable) and not isinstance(guarded, Forwarding)
-    result = await guarded.put_object("bucket", "new", _body(b"abc"))
+    # Declared, not discovered: the posix origin is written through its own API.
+    assert guarded.capability == Capability(writable=posix)
+    assert Capability.of(guarded).forwarding is None
+    result = await guarded.capability.writable.put_object("bucket", "new", _body(b"abc"))
     assert result.etag
     assert await read(await guarded.get_object("bucket", "new")) == b"abc"
 
@@ -151,8 +153,13 @@ def test_s3_guard_forwards(moto_endpoint: str) -> None:
     from gateway.origins.s3 import S3Origin
 
     config = S3OriginConfig(type="s3", endpoint=moto_endpoint)
-    guarded = OriginGuard(S3Origin("aws", config), config, OriginGuardMetrics(Metrics(), "aws"))
-    assert isinstance(guarded, Forwarding) and not isinstance(guarded, Writable)
+    inner = S3Origin("aws", config)
+    guarded = OriginGuard(inner, config, OriginGuardMetrics(Metrics(), "aws"))
+    assert guarded.capability == Capability(forwarding=inner)
+
+
+def test_an_origin_that_declares_nothing_is_read_only() -> None:
+    assert Capability.of(object()) == READ_ONLY == Capability(None, None)
 
 
 # --- concurrency and priority --------------------------------------------------------

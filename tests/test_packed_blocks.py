@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
+import sqlite3
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -248,3 +250,63 @@ async def test_a_full_disk_while_appending_stores_nothing_torn_and_keeps_the_res
         assert kept and await read_back(tier, kept[-1]) == payload(kept[-1], 16 << 10)
     finally:
         await tier.close()
+
+
+def _deny_commit(action: int, arg: str | None, *_: object) -> int:
+    if action == sqlite3.SQLITE_TRANSACTION and arg == "COMMIT":
+        return sqlite3.SQLITE_DENY
+    return sqlite3.SQLITE_OK
+
+
+async def test_a_full_disk_eviction_whose_commit_fails_removes_no_file_its_rows_name(
+    tiny_fs: Path,
+) -> None:
+    """The rows of an eviction are committed before its files go: if that commit fails
+    (made to fail here), every block the index still names is on disk and reads back."""
+    tier = packed_tier(tiny_fs, 1 << 30)
+    await tier.start()
+    filler = tiny_fs / "filler"
+    try:
+        stored = [block_id(f"kept{i}") for i in range(8)]
+        for block in stored:
+            assert await tier.put(block, payload(block, 16 << 10))
+        # another program fills the file system
+        with open(filler, "wb", buffering=0) as f, contextlib.suppress(OSError):
+            while True:
+                f.write(bytes(4096))
+        index = tier._index  # the commit made to fail: SQLite's authorizer denies COMMIT
+        await index.run(index.read, lambda conn: conn.set_authorizer(_deny_commit))
+        extra = block_id("extra")
+        assert not await tier.put(extra, payload(extra, 16 << 10))  # no room, no eviction
+        await index.run(index.read, lambda conn: conn.set_authorizer(None))
+        for block in stored:
+            assert await read_back(tier, block) == payload(block, 16 << 10)
+        assert tier.stats().corrupt == 0
+        filler.unlink()  # room again: caching goes on
+        later = [block_id(f"later{i}") for i in range(4)]
+        kept = [b for b in later if await tier.put(b, payload(b, 16 << 10))]
+        assert kept and await read_back(tier, kept[-1]) == payload(kept[-1], 16 << 10)
+        assert tier.stats().corrupt == 0
+    finally:
+        await tier.close()
+
+
+async def test_an_index_of_an_older_layout_is_started_over_never_misread(tmp_path: Path) -> None:
+    directory = tmp_path / "cache"
+    first = packed_tier(directory)
+    await first.start()
+    old = block_id("old")
+    assert await first.put(old, payload(old))
+    await first.close()
+    with contextlib.closing(sqlite3.connect(directory / "index.sqlite3")) as db:
+        db.execute("PRAGMA user_version = 0")  # what every index made before layouts says
+    second = packed_tier(directory)
+    await second.start()
+    try:
+        assert second.stats().entries == 0 and second.stats().used_bytes == 0
+        assert await read_back(second, old) is None  # its row went with the old layout
+        assert await second.put(old, payload(old))  # and it is cached anew
+        assert await read_back(second, old) == payload(old)
+        assert second.stats().corrupt == 0
+    finally:
+        await second.close()

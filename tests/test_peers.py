@@ -56,6 +56,7 @@ class Owner:
         self.queries: list[MetadataQuery] = []
         self.answer: dict | Exception = {}  # what a metadata query gets
         self.dropped_all = 0
+        self.messages: list[tuple[str, bytes]] = []
         self.finished = asyncio.Event()  # the producer was closed, one way or another
         self.completed = False  # it ran to its end (rather than being closed early)
 
@@ -85,11 +86,17 @@ class Owner:
     async def drop_all(self) -> None:
         self.dropped_all += 1
 
+    async def on_message(self, name: str, body: bytes) -> None:
+        self.messages.append((name, body))
+
 
 async def _serve(owner: Owner, sender: BodySender | None = None, clock=time.time, secret=SECRET):
-    server = PeerServer(secret, owner.read_block, owner.invalidate, sender, clock,
-                        metadata=owner.metadata, drop_all=owner.drop_all)  # fmt: skip
+    server = PeerServer(secret, sender, clock)
+    server.serve(owner)
+    return await _listen(server)
 
+
+async def _listen(server: PeerServer):
     async def dispatch(request: web.Request) -> web.StreamResponse:
         return await server.handle(request, request.raw_path.split("?", 1)[0])
 
@@ -236,6 +243,25 @@ async def test_a_server_without_a_secret_refuses_everything() -> None:
         await runner.cleanup()
     with pytest.raises(ValueError):
         PeerClient("")
+
+
+async def test_a_node_still_starting_answers_503_until_it_serves() -> None:
+    """The cluster part is built before the tiers; until the wiring hands it what to
+    answer with, a signed request is a 503 the asking node reads as unavailable."""
+    owner = Owner()
+    server = PeerServer(SECRET)
+    runner, url = await _listen(server)
+    client = PeerClient(SECRET)
+    try:
+        with pytest.raises(PeerUnavailable, match="503"):
+            await _read_all(client, url)
+        assert not await client.message(url, "prefetch", b"{}")
+        server.serve(owner)
+        assert await client.message(url, "prefetch", b"{}")
+        assert owner.messages == [("prefetch", b"{}")]
+    finally:
+        await client.close()
+        await runner.cleanup()
 
 
 async def test_wrong_secret_is_unavailable_to_the_client(peer) -> None:

@@ -41,9 +41,8 @@ from gateway.config_load import build_settings
 from gateway.config_units import parse_umask
 from gateway.prefetch.order import OrderError, manifest_keys
 from gateway.safety import ambient_origins, is_loopback, weakness
-from tests.conftest import ORIGIN_KEY, ORIGIN_SECRET
+from tests.conftest import ORIGIN_KEY, ORIGIN_SECRET, module_proxy
 from tests.harness import ACCESS_KEY, REPO, SECRET_KEY, HoardProcess, metric, s3_client
-from tests.origin_proxy import OriginProxy
 from tests.rawhttp import RawResponse, presign, send, sign_headers, signed_send
 
 LIMITED = ("limited-key", "limited-secret-0123456789")
@@ -51,11 +50,7 @@ READONLY = ("readonly-key", "readonly-secret-0123456789")
 SECRET_LINE = b"db_password=hunter2"
 
 
-@pytest.fixture(scope="module")
-def proxy(moto_endpoint: str) -> Iterator[OriginProxy]:
-    running = OriginProxy(moto_endpoint).start()
-    yield running
-    running.stop()
+proxy = module_proxy  # one proxy for the module's nodes
 
 
 @pytest.fixture(scope="module")

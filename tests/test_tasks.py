@@ -44,3 +44,20 @@ async def test_cancel_stops_every_task_and_a_failure_stays_with_its_task() -> No
     await tasks.cancel()
     assert stuck.cancelled() and isinstance(failed.exception(), ValueError)
     assert len(tasks) == 0
+
+
+async def test_a_named_task_is_found_until_it_ends_and_a_later_namesake_keeps_its_name() -> None:
+    tasks, release = TaskSet(), asyncio.Event()
+    first = tasks.spawn(release.wait(), name="job-1")
+    assert "job-1" in tasks and tasks.get("job-1") is first
+    # A second task under the name (a replay started again) replaces the first in the
+    # lookup, and the first one ending must not remove it.
+    second = tasks.spawn(asyncio.Event().wait(), name="job-1")
+    release.set()
+    await first
+    await asyncio.sleep(0)  # the first task's done callbacks run
+    assert tasks.get("job-1") is second
+    tasks.stop()
+    await asyncio.gather(second, return_exceptions=True)
+    await asyncio.sleep(0)
+    assert "job-1" not in tasks and tasks.get("job-1") is None and len(tasks) == 0

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from gateway.client.admin import AdminClient, AdminError
-from tests.conftest import moto_origin
+from tests.conftest import module_proxy, moto_origin
 from tests.harness import ACCESS_KEY, FreshAdmin, HoardProcess
 from tests.origin_proxy import OriginProxy
 from tests.test_faults import _children
@@ -73,11 +73,7 @@ def blocks_of(sizes: list[int]) -> int:
     return sum(-(-size // BLOCK) for size in sizes)
 
 
-@pytest.fixture(scope="module")
-def proxy(moto_endpoint) -> Iterator[OriginProxy]:
-    running = OriginProxy(moto_endpoint).start()
-    yield running
-    running.stop()
+proxy = module_proxy  # one proxy for the module's nodes
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["workers1", "workers2"])

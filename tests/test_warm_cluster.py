@@ -54,7 +54,9 @@ def _stores(node: HoardProcess, block: BlockId) -> bool:
     """Whether the node's disk tier indexes the block (its own file, or packed in a segment)."""
     index = Path(node.config["cache"]["dir"]) / "index.sqlite3"
     with contextlib.closing(sqlite3.connect(index)) as conn:
-        row = conn.execute("SELECT 1 FROM blocks WHERE digest = ?", (block.digest,)).fetchone()
+        row = conn.execute(
+            "SELECT 1 FROM blocks WHERE digest = ?", (bytes.fromhex(block.digest),)
+        ).fetchone()
     return row is not None
 
 
@@ -134,7 +136,7 @@ def _settle(proxy: OriginProxy, quiet: float = 0.5, timeout: float = 20.0) -> in
     raise AssertionError("origin traffic never stopped")
 
 
-def _wait_for(condition, timeout: float = 30.0) -> None:
+def _wait_for(condition, timeout: float = 90.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():

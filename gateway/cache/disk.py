@@ -6,6 +6,7 @@ Layout under ``directory``::
     segments/<pid>-<t>.seg    small blocks packed: records of header + data (``disk_packed.py``)
     tmp/<digest>.part         a fill in progress, flock'ed by the process filling it
     index.sqlite3             the index (``disk_index.py``), WAL mode
+    reserve                   room kept back for the eviction a full disk needs (``disk_space.py``)
 
 Storage is split from the index, as in python-diskcache: ``disk_files.py``
 decides how a block becomes a file and how it is read back, ``disk_index.py``
@@ -52,6 +53,9 @@ partial reaches ``blocks/`` and blocks already stored keep serving, so the
 caller can go on serving from memory. A full file system (ENOSPC, or SQLite's
 "database or disk is full") also lowers the tier's limit to a low watermark
 and evicts down to it, so later fills replace old blocks (``disk_space.py``).
+That eviction, too, commits its rows before it removes a file (a reserve file
+is given back to make room for the commit), so no committed row ever names a
+removed file; if the commit fails anyway, nothing is removed.
 Errors are logged once per interval and kind, with a count, never per block.
 
 Other programs writing into ``cache.dir``: a block is checked (header, size,
@@ -82,7 +86,6 @@ the fill itself.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import logging
 import sqlite3
@@ -155,6 +158,7 @@ class DiskTier:
         self.capacity = capacity
         self.limit = capacity  # lowered when the file system fills first (disk_space.py)
         self.errors = disk_space.ErrorLog(log)
+        self._reserve = disk_space.Reserve(self.directory / "reserve")
         self._on_full = on_full
         self._making_room = False
         self._fsync = fsync
@@ -191,6 +195,7 @@ class DiskTier:
         for path in (self._blocks, self._tmp, self.directory / "segments"):
             await asyncio.to_thread(path.mkdir, parents=True, exist_ok=True)
         await self._index.open()
+        await asyncio.to_thread(self._reserve.hold)
         await disk_recovery.recover(self._index, self._blocks, self._tmp, self._final, self._packed)
         await self._remove_evicted(await self._index.evict(self.capacity))
         self._flusher = asyncio.create_task(self._flush_loop())
@@ -402,21 +407,14 @@ class DiskTier:
             self.limit = await asyncio.to_thread(
                 disk_space.ceiling, self.directory, held, self.limit
             )
-            # The write-ahead log may be what filled the disk: fold it into the database
-            # first, or the eviction's own commit finds no room to write.
-            with contextlib.suppress(sqlite3.Error):
-                await self._index.checkpoint()
-            # The files go before the rows' commit, which may need the room they free.
-            evicted = await self._index.evict_freeing(
-                self.limit, lambda removed: files.unlink_many(self._paths(removed))
+            evicted = await disk_space.evict_to(
+                self._index, self._reserve, self.limit, self._remove_evicted
             )
-            await self._remove_evicted(evicted)
-            await self._index.checkpoint()
             if self._on_full is not None:
                 self._on_full()
             self.errors.error("room", "disk tier: file system full with %d bytes held; limit "
-                              "lowered to %d bytes, %d blocks evicted", held, self.limit,
-                              len(evicted))  # fmt: skip
+                              "lowered to %d bytes, %d files and segments evicted", held,
+                              self.limit, evicted)  # fmt: skip
         except (OSError, sqlite3.Error) as exc:
             self.errors.error("room", "disk tier: cannot make room on a full disk: %s", exc)
         finally:

@@ -23,6 +23,16 @@ Rules that keep several processes honest:
   a crash, leftovers that ``DiskTier.start`` removes. A row without a file (a
   refill racing an eviction) costs only capacity until it ages out.
 
+- The tables have a layout number (``LAYOUT``, SQLite's ``user_version``); an
+  index of another layout, as every index made before the number was, is
+  started over at open rather than read with today's meaning.
+
+Each row is kept small, because there is one per block and a cache of small
+objects holds millions: the digest is 20 raw bytes, a packed block names its
+segment by an integer id and keeps no last use or creation time (its segment
+does), and the by-access index covers own-file blocks only (eviction orders
+segments, not their blocks). About 180 bytes a packed block, indexes included.
+
 Not guaranteed: ``last_access`` is as fresh as the callers' batches (see
 ``touch``); ``totals`` as seen by another process is as fresh as its last
 transaction.
@@ -50,22 +60,31 @@ THREAD_NAME = "hoard-disk-index"
 _WAL_PAGES = 64  # write-ahead log pages before a checkpoint (SQLite's default: 1,000)
 _EVICT_BATCH = 64  # least recently used rows fetched per eviction query
 
+# The layout of the tables below (PRAGMA user_version). An index of another layout
+# is started over at open: its rows would be misread (the block files it named are
+# then unindexed, and ``disk_recovery.py`` removes them).
+LAYOUT = 2
+_TABLES = ("blocks", "segments", "dead_segments", "totals", "pins")
+
 _SCHEMA = """
 BEGIN IMMEDIATE;
 CREATE TABLE IF NOT EXISTS blocks (
-    digest TEXT PRIMARY KEY,
+    digest BLOB PRIMARY KEY,         -- BlockId.digest, 20 raw bytes
     origin TEXT NOT NULL,
     bucket TEXT NOT NULL,
     key TEXT NOT NULL,
-    etag TEXT NOT NULL,
     block_index INTEGER NOT NULL,
     length INTEGER NOT NULL,         -- data bytes
-    file_size INTEGER NOT NULL,      -- header + data: what counts against capacity
-    last_access REAL NOT NULL,       -- time.time() of the last recorded hit
-    created REAL NOT NULL
+    file_size INTEGER NOT NULL,      -- header + data: what counts against capacity (0: packed)
+    last_access REAL,                -- time.time() of the last recorded hit (own files only)
+    created REAL,                    -- own files only
+    segment INTEGER,                 -- segments.id of a packed block; NULL: its own file
+    seg_offset INTEGER,
+    checksum INTEGER
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS blocks_by_object ON blocks (origin, bucket, key);
-CREATE INDEX IF NOT EXISTS blocks_by_access ON blocks (last_access);
+CREATE INDEX IF NOT EXISTS blocks_by_access ON blocks (last_access) WHERE segment IS NULL;
+CREATE INDEX IF NOT EXISTS blocks_by_segment ON blocks (segment) WHERE segment IS NOT NULL;
 CREATE TABLE IF NOT EXISTS totals (
     one INTEGER PRIMARY KEY CHECK (one = 1),
     used INTEGER NOT NULL,
@@ -73,12 +92,15 @@ CREATE TABLE IF NOT EXISTS totals (
 );
 INSERT OR IGNORE INTO totals VALUES (1, 0, 0);
 CREATE TABLE IF NOT EXISTS segments (
-    name TEXT PRIMARY KEY,           -- file name under segments/
+    id INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: rows of a dead one may linger
+    name TEXT NOT NULL UNIQUE,       -- file name under segments/
     size INTEGER NOT NULL,           -- bytes appended so far: what counts against capacity
     last_access REAL NOT NULL,       -- the latest hit on any of its blocks
     created REAL NOT NULL
-) WITHOUT ROWID;
+);
 CREATE INDEX IF NOT EXISTS segments_by_access ON segments (last_access);
+-- Segments evicted on a full disk whose block rows are still to be deleted.
+CREATE TABLE IF NOT EXISTS dead_segments (id INTEGER PRIMARY KEY);
 CREATE TRIGGER IF NOT EXISTS segments_insert AFTER INSERT ON segments BEGIN
     UPDATE totals SET used = used + NEW.size;
 END;
@@ -103,18 +125,15 @@ COMMIT;
 # An upsert, not INSERT OR REPLACE: REPLACE deletes without firing delete
 # triggers (unless recursive_triggers is on), which would skew `totals`.
 _UPSERT = """
-INSERT INTO blocks (digest, origin, bucket, key, etag, block_index, length, file_size,
-                    last_access, created)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+INSERT INTO blocks (digest, origin, bucket, key, block_index, length, file_size,
+                    last_access, created, segment, seg_offset, checksum)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, NULL)
 ON CONFLICT (digest) DO UPDATE SET
     origin = excluded.origin, bucket = excluded.bucket, key = excluded.key,
-    etag = excluded.etag, block_index = excluded.block_index, length = excluded.length,
+    block_index = excluded.block_index, length = excluded.length,
     file_size = excluded.file_size, last_access = excluded.last_access,
-    created = excluded.created
+    created = excluded.created, segment = NULL, seg_offset = NULL, checksum = NULL
 """
-
-# max(): batches from several processes arrive out of order; never move an entry back.
-_TOUCH = "UPDATE blocks SET last_access = max(last_access, ?) WHERE digest = ?"
 
 _OBJECT = "origin = ? AND bucket = ? AND key = ?"
 # LIKE narrows through the index; substr() makes the match exact, because
@@ -136,7 +155,7 @@ class IndexRow:
 
     def values(self, now: float) -> tuple[Any, ...]:
         b = self.block
-        return (b.digest, b.origin, b.bucket, b.key, b.etag, b.index, self.length,
+        return (segment_sql.raw(b.digest), b.origin, b.bucket, b.key, b.index, self.length,
                 self.file_size, now, now)  # fmt: skip
 
 
@@ -192,14 +211,18 @@ class DiskIndex:
     async def evict(self, capacity: int) -> Removed:
         return await self.run(self._in_write, _evict, capacity)
 
-    async def evict_freeing(self, capacity: int, free: Callable[[Removed], None]) -> Removed:
-        """``evict``, with ``free(removed)`` run in the index thread before the commit: on
-        a full disk the commit itself needs room, which only the evicted files give back.
-        If the commit still fails, the rows stay and name files that are gone: a miss."""
-        return await self.run(self._evict_freeing, capacity, free)
+    async def evict_marking(self, capacity: int, victims: int) -> Removed:
+        """``evict`` for a full disk: at most ``victims`` own files and segments, each
+        segment only marked dead (its row goes, its blocks' rows wait for ``bury``), so
+        the commit writes a few pages. The caller removes the files after it."""
+        return await self.run(self._in_write, _evict_marking, capacity, victims)
+
+    async def bury(self) -> Removed:
+        """Delete the block rows of segments marked dead; returns their digests."""
+        return await self.run(self._in_write, segment_sql.bury)
 
     async def remove(self, digest: str) -> None:
-        await self.run(self._in_write, _delete_where, "digest = ?", (digest,))
+        await self.run(self._in_write, _delete_where, "digest = ?", (segment_sql.raw(digest),))
 
     async def drop_object(self, origin: str, bucket: str, key: str) -> Removed:
         return await self.run(self._in_write, _delete_where, _OBJECT, (origin, bucket, key))
@@ -258,7 +281,7 @@ class DiskIndex:
         capacity: int,
     ) -> tuple[Removed, set[str]]:
         with self._transaction() as conn:
-            conn.executemany(_TOUCH, [(when, digest) for digest, when in touches.items()])
+            segment_sql.touch(conn, touches)
             gone = segment_sql.add_packed(conn, rows, sizes)
             return _evict(conn, capacity), gone
 
@@ -296,11 +319,9 @@ class DiskIndex:
         # NORMAL in WAL mode never corrupts the database; a power cut may drop
         # the last transactions, which reconciliation at start-up absorbs.
         conn.execute(f"PRAGMA synchronous = {'FULL' if self._durable else 'NORMAL'}")
+        _start_over_unless_current(conn)
         conn.executescript(_SCHEMA)
         conn.executescript(f"BEGIN IMMEDIATE; {disk_pins.SCHEMA} COMMIT;")
-        conn.execute("BEGIN IMMEDIATE")
-        segment_sql.migrate(conn)
-        conn.execute("COMMIT")
         self._conn = conn
         self._read_totals()
         self.pinned = disk_pins.pinned_bytes(conn, time.time())
@@ -328,19 +349,13 @@ class DiskIndex:
             raise
         self.totals = totals
 
-    def _evict_freeing(self, capacity: int, free: Callable[[Removed], None]) -> Removed:
-        with self._transaction() as conn:
-            removed = _evict(conn, capacity)
-            free(removed)
-            return removed
-
     def _in_write(self, fn: Callable[..., T], *args: Any) -> T:
         with self._transaction() as conn:
             return fn(conn, *args)
 
     def _publish(self, row: IndexRow, touches: dict[str, float], capacity: int) -> Removed:
         with self._transaction() as conn:
-            conn.executemany(_TOUCH, [(when, digest) for digest, when in touches.items()])
+            segment_sql.touch(conn, touches)
             # stamped under the write lock: the new row is the most recent in
             # the index, so its own eviction pass takes it only if nothing else fits
             conn.execute(_UPSERT, row.values(time.time()))
@@ -364,11 +379,12 @@ class DiskIndex:
             self._read_totals()  # autocommit read: a refresh costs no write lock
             return
         with self._transaction() as conn:
-            conn.executemany(_TOUCH, [(when, digest) for digest, when in touches.items()])
+            segment_sql.touch(conn, touches)
 
     def _created(self) -> dict[str, float]:
         assert self._conn is not None
-        return dict(self._conn.execute("SELECT digest, created FROM blocks WHERE segment IS NULL"))
+        rows = self._conn.execute("SELECT digest, created FROM blocks WHERE segment IS NULL")
+        return {digest.hex(): created for digest, created in rows}
 
     def _read_totals(self) -> None:
         assert self._conn is not None
@@ -388,6 +404,10 @@ def _evict(conn: sqlite3.Connection, capacity: int) -> Removed:
     return segment_sql.evict(conn, capacity, _EVICT_BATCH)
 
 
+def _evict_marking(conn: sqlite3.Connection, capacity: int, victims: int) -> Removed:
+    return segment_sql.evict(conn, capacity, _EVICT_BATCH, victims, mark=True)
+
+
 def _delete_where(conn: sqlite3.Connection, where: str, args: tuple[Any, ...]) -> Removed:
     return segment_sql.delete_where(conn, where, args)
 
@@ -400,7 +420,25 @@ def _clear(conn: sqlite3.Connection) -> Removed:
 
 
 def _forget(conn: sqlite3.Connection, rows: list[tuple[str, float]]) -> None:
-    conn.executemany("DELETE FROM blocks WHERE digest = ? AND created = ?", rows)
+    conn.executemany(
+        "DELETE FROM blocks WHERE digest = ? AND created = ?",
+        [(segment_sql.raw(digest), created) for digest, created in rows],
+    )
+
+
+def _start_over_unless_current(conn: sqlite3.Connection) -> None:
+    """Drop the tables of an index of another layout (one transaction: the first worker
+    to open it does it; its siblings then find the current layout)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if conn.execute("PRAGMA user_version").fetchone()[0] != LAYOUT:
+            for table in _TABLES:  # their indexes and triggers go with them
+                conn.execute(f"DROP TABLE IF EXISTS {table}")
+            conn.execute(f"PRAGMA user_version = {LAYOUT}")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
 
 
 def _recount(conn: sqlite3.Connection) -> None:

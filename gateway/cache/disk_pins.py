@@ -25,7 +25,7 @@ import sqlite3
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS pins (
-    digest TEXT NOT NULL,
+    digest BLOB NOT NULL,            -- 20 raw bytes, as in blocks
     job TEXT NOT NULL,
     bytes INTEGER NOT NULL,          -- file bytes the block takes (header + data)
     expires REAL NOT NULL,           -- time.time() after which the pin is void (inf: never)
@@ -49,15 +49,16 @@ def pin(
     now: float,
 ) -> bool:  # fmt: skip
     """Pin ``digest`` for ``job`` unless that takes the pinned bytes over ``quota``."""
+    key = bytes.fromhex(digest)
     held = conn.execute(
-        "SELECT 1 FROM pins WHERE digest = ? AND expires > ?", (digest, now)
+        "SELECT 1 FROM pins WHERE digest = ? AND expires > ?", (key, now)
     ).fetchone()
     if held is None and pinned_bytes(conn, now) + size > quota:
         return False
     conn.execute(
         "INSERT INTO pins VALUES (?, ?, ?, ?) ON CONFLICT (digest, job) DO UPDATE SET"
         " bytes = excluded.bytes, expires = max(expires, excluded.expires)",
-        (digest, job, size, expires),
+        (key, job, size, expires),
     )
     return True
 

@@ -3,7 +3,8 @@
 Processes die mid-step (kill -9, OOM, power): a part file whose filler is
 gone, a block renamed into ``blocks/`` whose row never landed, a row whose
 file was unlinked before the row's deletion committed, a segment file of
-packed blocks with no row. None of these is wrong for long (an orphan file
+packed blocks with no row, rows of a segment evicted on a full disk but not
+yet deleted. None of these is wrong for long (an orphan file
 is unindexed space, a ghost row a miss), but each costs capacity until
 removed, so a starting tier removes them here before it serves.
 
@@ -55,6 +56,7 @@ async def recover(
     ghosts = [(d, c) for d, c in indexed.items() if d not in on_disk and c < cutoff]
     await index.forget(ghosts)
     if packed is not None:
+        packed.forget(await index.bury())  # rows of segments evicted before a crash
         await packed.reconcile(cutoff)
     await index.recount()
     if orphans or ghosts:

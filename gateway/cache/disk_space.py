@@ -10,10 +10,20 @@ recently used blocks down to it.
 Later fills then replace old blocks, as they would at capacity, instead of
 failing one by one while the tier stays frozen at what it wrote first.
 
+Making room must not destroy what the index still names: the eviction's rows
+are committed first and only then are its files removed. But on a full disk
+that commit itself needs room, which only removed files would give back. So
+the tier keeps a *reserve*: a file of ``RESERVE_BYTES`` allocated while there
+is room, given back to the file system just before the eviction's commit
+(which is kept to a few pages: at most ``FREEING_VICTIMS`` files and segments,
+each segment only marked dead), and taken again once room is made.
+
 Errors of one kind (a full disk, a failing write) are logged once per
 ``interval`` with a count of those since, never once per block (``ErrorLog``).
 
-Not guaranteed: the lowered limit is per process and lasts until restart
+Not guaranteed: that the reserve's bytes go to the eviction's commit rather
+than to a sibling worker's append racing it (then the commit fails, nothing is
+removed, and the next full disk tries again); the lowered limit is per process and lasts until restart
 (space freed later by other programs is not taken back until then); the
 statvfs figure is a snapshot, so a file system that other writers keep
 filling may report full again, and each report lowers the limit again.
@@ -21,15 +31,25 @@ filling may report full again, and each report lowers the limit again.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import errno
 import logging
 import os
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from gateway.cache.disk_index import DiskIndex
+from gateway.cache.segment_sql import Removed
+
 LOW_WATERMARK = 0.9  # share of (held + free) bytes the tier keeps after a full disk
+# Files and segments per eviction commit on a full disk: each changes at most ~4 pages
+# (its row and index entries, the totals), so a commit logs well under 100 KiB...
+FREEING_VICTIMS = 4
+_FREEING_VICTIMS_MAX = 1024  # later commits, each after the files of the one before went
+RESERVE_BYTES = 128 << 10  # ...and the reserve kept back for it holds that, with room to spare
 _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
@@ -52,6 +72,60 @@ def ceiling(directory: Path, held: int, limit: int) -> int:
     log), so one step may not be enough."""
     stat = os.statvfs(directory)
     return int(min(limit, held + stat.f_bavail * stat.f_frsize) * LOW_WATERMARK)
+
+
+async def evict_to(
+    index: DiskIndex, reserve: Reserve, limit: int, remove: Callable[[Removed], Awaitable[None]]
+) -> int:
+    """Evict to ``limit`` on a full disk: each commit first, then ``remove(removed)``
+    unlinks its files. Returns the files and segments evicted; raises sqlite3.Error
+    (nothing of that commit removed) or OSError."""
+    # The write-ahead log may be what filled the disk: fold it into the database
+    # first, and give back the reserve: the eviction's commit needs room.
+    with contextlib.suppress(sqlite3.Error):
+        await index.checkpoint()
+    await asyncio.to_thread(reserve.release)
+    evicted, victims = 0, FREEING_VICTIMS
+    while True:
+        removed = await index.evict_marking(limit, victims)
+        if not (removed.files or removed.segments):
+            break
+        evicted += len(removed.files) + len(removed.segments)
+        await remove(removed)
+        # What this commit's files gave back is room for a commit twice its size.
+        victims = min(2 * victims, _FREEING_VICTIMS_MAX)
+    await remove(await index.bury())
+    await index.checkpoint()
+    await asyncio.to_thread(reserve.hold)
+    return evicted
+
+
+class Reserve:
+    """A file of ``size`` allocated bytes, given back when the disk is full (thread calls)."""
+
+    def __init__(self, path: Path, size: int = RESERVE_BYTES) -> None:
+        self.path = path
+        self.size = size
+
+    def hold(self) -> bool:
+        """Allocate the reserve (shared by the workers of a node: one file); False if
+        there is no room for it yet."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError:
+            return False
+        try:
+            os.posix_fallocate(fd, 0, self.size)
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+
+    def release(self) -> None:
+        """Give the reserve's bytes back to the file system."""
+        with contextlib.suppress(FileNotFoundError):
+            os.truncate(self.path, 0)
 
 
 class ErrorLog:

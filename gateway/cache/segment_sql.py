@@ -1,21 +1,32 @@
 """The index's side of packed blocks: where a block sits in a segment, and whole-segment eviction.
 
-A packed block's row in ``blocks`` carries ``segment`` (the segment file's
-name; NULL for a block with its own file), ``seg_offset`` (where its record
-starts: header, then data) and ``checksum``; its ``file_size`` is 0, because
-the bytes it occupies are counted once, by its segment's row in ``segments``
-(whose ``size`` is every byte appended, live or dead). So ``totals.used`` is
-the disk the tier holds: own files plus whole segments.
+A packed block's row in ``blocks`` carries ``segment`` (the segment's integer
+id in ``segments``, whose row names its file; NULL for a block with its own
+file), ``seg_offset`` (where its record starts: header, then data) and
+``checksum``; its ``file_size`` is 0, because the bytes it occupies are counted
+once, by its segment's row (whose ``size`` is every byte appended, live or
+dead). So ``totals.used`` is the disk the tier holds: own files plus whole
+segments.
 
 Eviction is by last use, over own-file blocks and whole segments together: a
-segment's ``last_access`` is the latest hit on any of its blocks (a trigger
-keeps it), so a segment goes when none of its blocks was read for longer than
-the least recently used own file. Its live blocks go with it (see
-``disk_packed.py`` for why they are dropped rather than re-appended). A
+hit on a packed block moves its segment's ``last_access`` (the block's row has
+none of its own, nor an entry in the by-access index: bytes an index row of
+millions does not need), so a segment goes when none of its blocks was read
+for longer than the least recently used own file. Its live blocks go with it
+(see ``disk_packed.py`` for why they are dropped rather than re-appended). A
 segment holding a pinned block is not evicted.
 
+On a full disk an eviction only *marks* a segment dead (its row goes, its id
+is kept in ``dead_segments``) so that the commit, which must be made before
+any file goes, writes a few pages; ``bury`` deletes the dead segments' block
+rows once room is made. Until then those rows are no blocks: ``locate`` finds a
+packed block only through its segment's row.
+
+Digests are stored as 20 raw bytes (``raw``), not 40 hex characters: a digest
+is in the table and in each of its indexes, and the index has a row per block.
+
 Every function here runs inside a write transaction of ``DiskIndex``, in its
-thread.
+thread (``locate`` also outside one).
 """
 
 from __future__ import annotations
@@ -23,24 +34,6 @@ from __future__ import annotations
 import sqlite3
 import time
 from dataclasses import dataclass, field
-
-# Columns added to ``blocks`` by this feature; an index made before it gains them at open.
-_COLUMNS = {
-    "segment": "ALTER TABLE blocks ADD COLUMN segment TEXT",
-    "seg_offset": "ALTER TABLE blocks ADD COLUMN seg_offset INTEGER NOT NULL DEFAULT 0",
-    "checksum": "ALTER TABLE blocks ADD COLUMN checksum INTEGER NOT NULL DEFAULT 0",
-}
-
-_SCHEMA = (
-    "CREATE INDEX IF NOT EXISTS blocks_by_segment ON blocks (segment) WHERE segment IS NOT NULL",
-    """
-CREATE TRIGGER IF NOT EXISTS blocks_touch_segment AFTER UPDATE OF last_access ON blocks
-WHEN NEW.segment IS NOT NULL BEGIN
-    UPDATE segments SET last_access = max(last_access, NEW.last_access)
-    WHERE name = NEW.segment;
-END
-""",
-)
 
 # Least recently used first: own-file blocks (unpinned) and segments (no pinned block).
 _LRU = """
@@ -50,23 +43,40 @@ WHERE segment IS NULL AND NOT EXISTS
 UNION ALL
 SELECT 1, name, size, last_access FROM segments
 WHERE NOT EXISTS (SELECT 1 FROM blocks JOIN pins ON pins.digest = blocks.digest
-                  WHERE blocks.segment = segments.name AND pins.expires > ?1)
+                  WHERE blocks.segment = segments.id AND pins.expires > ?1)
 ORDER BY 4 LIMIT ?2
 """
 
 _PACKED_UPSERT = """
-INSERT INTO blocks (digest, origin, bucket, key, etag, block_index, length, file_size,
+INSERT INTO blocks (digest, origin, bucket, key, block_index, length, file_size,
                     last_access, created, segment, seg_offset, checksum)
-VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?)
+VALUES (?, ?, ?, ?, ?, ?, 0, NULL, NULL, ?, ?, ?)
 ON CONFLICT (digest) DO UPDATE SET
-    length = excluded.length, file_size = 0, last_access = excluded.last_access,
-    created = excluded.created, segment = excluded.segment,
-    seg_offset = excluded.seg_offset, checksum = excluded.checksum
+    length = excluded.length, file_size = 0, last_access = NULL, created = NULL,
+    segment = excluded.segment, seg_offset = excluded.seg_offset, checksum = excluded.checksum
 """
 
-_GROW = "UPDATE segments SET size = max(size, ?), last_access = max(last_access, ?) WHERE name = ?"
+_GROW = """
+UPDATE segments SET size = max(size, ?), last_access = max(last_access, ?) WHERE name = ?
+RETURNING id
+"""
 _U64 = (1 << 64) - 1
-_LOCATE = "SELECT segment, seg_offset, length, checksum FROM blocks WHERE digest = ?"
+# Through the segment's row: a row of a dead segment (evicted, not yet buried) is no block.
+_LOCATE = """
+SELECT segments.name, seg_offset, length, checksum, blocks.segment IS NULL
+FROM blocks LEFT JOIN segments ON segments.id = blocks.segment WHERE digest = ?
+"""
+# max(): batches from several processes arrive out of order; never move an entry back.
+_TOUCH_FILE = "UPDATE blocks SET last_access = max(last_access, ?) WHERE digest = ?"
+_TOUCH_SEGMENT = """
+UPDATE segments SET last_access = max(last_access, ?)
+WHERE id = (SELECT segment FROM blocks WHERE digest = ?)
+"""
+
+
+def raw(digest: str) -> bytes:
+    """A block digest as the index stores it: 20 bytes."""
+    return bytes.fromhex(digest)
 
 
 @dataclass(slots=True)
@@ -101,30 +111,32 @@ class Place:
     checksum: int
 
 
-def migrate(conn: sqlite3.Connection) -> None:
-    """Add the packed-block columns to an index made before them (idempotent)."""
-    have = {row[1] for row in conn.execute("PRAGMA table_info(blocks)")}
-    for column, statement in _COLUMNS.items():
-        if column not in have:
-            conn.execute(statement)
-    for statement in _SCHEMA:
-        conn.execute(statement)
-
-
 def locate(conn: sqlite3.Connection, digest: str) -> Place | bool | None:
     """The block's place in a segment; True if it has its own file; None if not indexed."""
-    row = conn.execute(_LOCATE, (digest,)).fetchone()
+    row = conn.execute(_LOCATE, (raw(digest),)).fetchone()
     if row is None:
         return None
-    segment, offset, length, checksum = row
-    if segment is None:
+    name, offset, length, checksum, own_file = row
+    if own_file:
         return True
-    return Place(segment, offset, length, checksum & _U64)
+    if name is None:  # its segment is dead
+        return None
+    return Place(name, offset, length, checksum & _U64)
+
+
+def touch(conn: sqlite3.Connection, touches: dict[str, float]) -> None:
+    """Record hits ({digest: time}): an own file's row, or a packed block's segment."""
+    args = [(when, raw(digest)) for digest, when in touches.items()]
+    conn.executemany(_TOUCH_FILE, args)  # a packed block's NULL stays NULL
+    conn.executemany(_TOUCH_SEGMENT, args)  # an own file's NULL segment matches none
 
 
 def add_segment(conn: sqlite3.Connection, name: str) -> None:
     now = time.time()
-    conn.execute("INSERT OR IGNORE INTO segments VALUES (?, 0, ?, ?)", (name, now, now))
+    conn.execute(
+        "INSERT OR IGNORE INTO segments (name, size, last_access, created) VALUES (?, 0, ?, ?)",
+        (name, now, now),
+    )
 
 
 def add_packed(
@@ -132,47 +144,79 @@ def add_packed(
 ) -> set[str]:
     """Index packed blocks and grow their segments to ``sizes``; returns the segments
     that are gone (evicted or dropped meanwhile), whose blocks were not indexed."""
-    gone = set()
+    gone, ids = set(), {}
     now = time.time()  # a new block is a use: the segment is as recent as its newest block
     for name, size in sizes.items():
-        grown = conn.execute(_GROW, (size, now, name))
-        if grown.rowcount == 0:
+        grown = conn.execute(_GROW, (size, now, name)).fetchone()
+        if grown is None:
             gone.add(name)
+        else:
+            ids[name] = grown[0]
     conn.executemany(_PACKED_UPSERT, [
-        (*identity, now, now, place.segment, place.offset, _signed(place.checksum))
-        for identity, place in rows if place.segment not in gone
+        (raw(digest), *identity, ids[place.segment], place.offset, _signed(place.checksum))
+        for (digest, *identity), place in rows if place.segment not in gone
     ])  # fmt: skip
     return gone
 
 
-def evict(conn: sqlite3.Connection, capacity: int, batch: int) -> Removed:
-    """Delete least recently used own-file blocks and whole segments until used <= capacity."""
+def evict(
+    conn: sqlite3.Connection, capacity: int, batch: int, victims: int | None = None,
+    *, mark: bool = False,
+) -> Removed:  # fmt: skip
+    """Delete least recently used own-file blocks and whole segments until used <= capacity,
+    or until ``victims`` of them are taken. ``mark``: a segment's row goes and its name is
+    marked dead, its blocks' rows stay for ``bury`` (a commit of a few pages, not of every
+    row of the segment: on a full disk, what must fit before any file may go)."""
     removed = Removed()
     used = _used(conn)
     now = time.time()
-    while used > capacity:
+    taken = 0
+    while used > capacity and (victims is None or taken < victims):
         rows = conn.execute(_LRU, (now, batch)).fetchall()
         if not rows:
             break
         for is_segment, name, size, _ in rows:
-            if used <= capacity:
+            if used <= capacity or (victims is not None and taken >= victims):
                 break
-            if is_segment:
+            if is_segment and mark:
+                conn.execute("INSERT OR IGNORE INTO dead_segments SELECT id FROM segments"
+                             " WHERE name = ?", (name,))  # fmt: skip
+                conn.execute("DELETE FROM segments WHERE name = ?", (name,))
+                removed.segments.append(name)
+            elif is_segment:
                 removed.extend(drop_segment(conn, name))
             else:
                 conn.execute("DELETE FROM blocks WHERE digest = ?", (name,))
-                removed.files.append(name)
+                removed.files.append(name.hex())
             used -= size
+            taken += 1
         used = _used(conn)
     return removed
 
 
+def bury(conn: sqlite3.Connection) -> Removed:
+    """Delete the block rows of segments marked dead by ``evict(mark=True)``."""
+    removed = Removed()
+    for (segment,) in conn.execute("SELECT id FROM dead_segments").fetchall():
+        removed.packed += _delete_rows(conn, segment)
+        conn.execute("DELETE FROM dead_segments WHERE id = ?", (segment,))
+    return removed
+
+
 def drop_segment(conn: sqlite3.Connection, name: str) -> Removed:
-    """Delete a segment's row and the rows of every block in it."""
-    packed = [d for (d,) in conn.execute("SELECT digest FROM blocks WHERE segment = ?", (name,))]
-    conn.execute("DELETE FROM blocks WHERE segment = ?", (name,))
-    conn.execute("DELETE FROM segments WHERE name = ?", (name,))
-    return Removed(packed=packed, segments=[name])
+    """Delete a segment's row and the rows of every block in it. A segment already
+    evicted (marked dead, its rows not yet buried) has no row: nothing is dropped here,
+    and its rows wait for ``bury``."""
+    row = conn.execute("DELETE FROM segments WHERE name = ? RETURNING id", (name,)).fetchone()
+    if row is None:
+        return Removed()
+    return Removed(packed=_delete_rows(conn, row[0]), segments=[name])
+
+
+def _delete_rows(conn: sqlite3.Connection, segment: int) -> list[str]:
+    found = conn.execute("SELECT digest FROM blocks WHERE segment = ?", (segment,)).fetchall()
+    conn.execute("DELETE FROM blocks WHERE segment = ?", (segment,))
+    return [d.hex() for (d,) in found]
 
 
 def delete_where(conn: sqlite3.Connection, where: str, args: tuple[object, ...]) -> Removed:
@@ -180,7 +224,7 @@ def delete_where(conn: sqlite3.Connection, where: str, args: tuple[object, ...])
     segment as dead bytes until the segment is evicted."""
     removed = Removed()
     for digest, segment in conn.execute(f"SELECT digest, segment FROM blocks WHERE {where}", args):
-        (removed.files if segment is None else removed.packed).append(digest)
+        (removed.files if segment is None else removed.packed).append(digest.hex())
     conn.execute(f"DELETE FROM blocks WHERE {where}", args)
     return removed
 

@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+from gateway.tasks import TaskSet
+
 log = logging.getLogger(__name__)
 
 Probe = Callable[[str], Awaitable[bool]]  # True if the peer at this URL answers healthy
@@ -119,7 +121,7 @@ class Membership:
         self._live: list[str] = [self.self_url]
         self.version = 0  # bumped each time live() changes
         self._listeners: list[Listener] = []
-        self._tasks: set[asyncio.Task[None]] = set()  # strong references to the loops
+        self._tasks = TaskSet()  # the probe (and DNS) loops
         self._node = node
         self._leading = False  # whether the last round was this worker's as the node's leader
         self._seen: list[Callable[[str], None]] = []
@@ -317,17 +319,13 @@ class Membership:
         """Start probing (and re-resolving DNS) in the background of the running loop."""
         if self._tasks:
             return
-        loop = asyncio.get_running_loop()
-        self._tasks.add(loop.create_task(self._every(self.probe_interval, self._round)))
+        self._tasks.spawn(self._every(self.probe_interval, self._round))
         if self._dns_name:
-            self._tasks.add(loop.create_task(self._every(self.dns_interval, self._dns_round)))
+            self._tasks.spawn(self._every(self.dns_interval, self._dns_round))
 
     async def close(self) -> None:
         """Stop the background tasks and wait until they are gone."""
-        tasks, self._tasks = list(self._tasks), set()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._tasks.cancel()
 
     async def _every(self, interval: float, step: Callable[[], Awaitable[None]]) -> None:
         loop = asyncio.get_running_loop()

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -36,12 +35,12 @@ from gateway.cluster.directory import MetadataRouter
 from gateway.cluster.membership import Membership, NodeShare
 from gateway.cluster.peer_client import PeerClient
 from gateway.cluster.peer_server import PeerServer, PieceSender
-from gateway.cluster.peers import MetadataQuery
 from gateway.cluster.placement import Placement
 from gateway.config import ClusterConfig
 from gateway.invalidation import Invalidation
 from gateway.metric_events import PeerMetrics
 from gateway.metrics import Metrics
+from gateway.tasks import TaskSet
 
 log = logging.getLogger(__name__)
 
@@ -52,17 +51,12 @@ class ClusterNode:
         config: ClusterConfig,
         port: int,
         metrics: Metrics,
-        read_block: Callable[..., AsyncIterator[Any]],
-        invalidate: Callable[[list[Invalidation]], Awaitable[None]],
         body_sender: PieceSender | None = None,
         *,
-        metadata: Callable[[MetadataQuery], Awaitable[Any]] | None = None,
-        drop_all: Callable[[], Awaitable[None]] | None = None,
-        on_message: Callable[[str, bytes], Awaitable[None]] | None = None,
         node: NodeShare | None = None,
     ) -> None:
-        """``on_message(name, body)`` takes other nodes' ``announce`` calls; ``node``
-        shares one membership among the workers of this node."""
+        """``node`` shares one membership among the workers of this node. What the
+        server answers with is handed to ``server.serve`` once the reader exists."""
         assert config.secret is not None
         secret = config.secret.get_secret_value()
         self.config = config
@@ -75,10 +69,7 @@ class ClusterNode:
         )  # fmt: skip
         self._ssl = tls.client_context(config.ca_bundle)  # for https:// peers
         self.client = PeerClient(secret, read_timeout=config.peer_read_timeout, ssl=self._ssl)
-        self.server = PeerServer(
-            secret, read_block, invalidate, body_sender,
-            metadata=metadata, drop_all=drop_all, on_message=on_message,
-        )  # fmt: skip
+        self.server = PeerServer(secret, body_sender)
         self.placement = Placement(
             self.membership,
             self.client,
@@ -91,7 +82,7 @@ class ClusterNode:
             self.placement, self.client, PeerMetrics(metrics), config.metadata_timeout, settle
         )
         self.backlog = Backlog(config.replay_limit)
-        self._replays: dict[str, asyncio.Task[None]] = {}  # running deliveries, by peer
+        self._replays = TaskSet()  # running deliveries, one per peer (named by its URL)
         self.membership.on_change(self._changed)
         self.membership.on_seen(self._seen)
 
@@ -114,22 +105,19 @@ class ClusterNode:
         if url in self.backlog and url not in self._replays:
             # At the first sign of life, before it rejoins the live set: the sooner
             # a restarted peer drops what it missed, the shorter it serves it.
-            self._replays[url] = asyncio.ensure_future(self._replay(url))
+            self._replays.spawn(self._replay(url), name=url)
 
     async def _replay(self, url: str) -> None:
         """Deliver what ``url`` missed; on failure keep it for the next probe."""
-        try:
-            items, drop_all = self.backlog.take(url)
-            self.metrics.peer_requests.labels("replay").inc()
-            timeout = self.config.invalidation_timeout
-            if await self.client.invalidate(url, items, timeout, drop_all=drop_all):
-                log.info("replayed %d missed invalidations to %s%s", len(items), url,
-                         " (drop all)" if drop_all else "")  # fmt: skip
-            else:
-                self.metrics.peer_errors.labels("replay", "unavailable").inc()
-                self.backlog.add(url, items, drop_all)
-        finally:
-            del self._replays[url]
+        items, drop_all = self.backlog.take(url)
+        self.metrics.peer_requests.labels("replay").inc()
+        timeout = self.config.invalidation_timeout
+        if await self.client.invalidate(url, items, timeout, drop_all=drop_all):
+            log.info("replayed %d missed invalidations to %s%s", len(items), url,
+                     " (drop all)" if drop_all else "")  # fmt: skip
+        else:
+            self.metrics.peer_errors.labels("replay", "unavailable").inc()
+            self.backlog.add(url, items, drop_all)
 
     async def start(self) -> None:
         """A first view of the peers (one probe round), then probing in the background."""
@@ -138,9 +126,7 @@ class ClusterNode:
         self.membership.start()
 
     async def close(self) -> None:
-        for task in list(self._replays.values()):
-            task.cancel()
-        await asyncio.gather(*self._replays.values(), return_exceptions=True)
+        await self._replays.cancel()
         await self.membership.close()
         await self.client.close()
         if self._probe_session is not None:

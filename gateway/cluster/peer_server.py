@@ -4,8 +4,11 @@ It serves the routes of the peer wire (``peers.py``): a block from the node's
 tiers or its own coalesced origin fill (``read_block``), a metadata answer as
 the key's owner (``metadata``), invalidations (``invalidate``, ``drop_all``),
 named messages (``on_message``, e.g. prefetch registrations), and routes other
-features mount under ``/_hoard/peer/<name>/`` (warm jobs). It holds only
-callables injected by the wiring, so it imports no tier and no reader.
+features mount under ``/_hoard/peer/<name>/`` (warm jobs). What it answers
+with is a ``NodeAnswers`` the wiring hands to ``serve`` once the reader exists
+(the node's cluster part is built before the tiers, which place blocks
+through it), so it imports no tier and no reader; a request before that is a
+503, as from a node still starting.
 
 Every request is checked before anything is read: the signature over method,
 target and date within ``MAX_SKEW``, and a body against the signed ``sha256``.
@@ -95,30 +98,45 @@ def _status_of(exc: Exception) -> web.Response:
     return _error(503, "Unavailable", str(exc) or type(exc).__name__)
 
 
+class NodeAnswers(Protocol):
+    """What this node answers other nodes with (``wiring.PeerAnswers`` is the real one)."""
+
+    def read_block(self, request: BlockRequest) -> AsyncIterator[Piece]:
+        """A block from this node's tiers or its own coalesced origin fill."""
+        ...
+
+    async def invalidate(self, items: list[Invalidation]) -> None: ...
+
+    async def metadata(self, query: MetadataQuery) -> dict[str, object]:
+        """The key's metadata as its owner knows it, JSON-ready."""
+        ...
+
+    async def drop_all(self) -> None:
+        """Forget every metadata entry (a peer missed too many invalidations)."""
+        ...
+
+    async def on_message(self, name: str, body: bytes) -> None:
+        """A named message another node ``announce``d (e.g. a prefetch registration)."""
+        ...
+
+
 class PeerServer:
-    """Answers this node's peer endpoints from injected callables."""
+    """Answers this node's peer endpoints with the ``NodeAnswers`` it serves."""
 
     def __init__(
         self,
         secret: str,
-        read_block: Callable[[BlockRequest], AsyncIterator[Piece]],
-        invalidate: Callable[[list[Invalidation]], Awaitable[None]],
         body_sender: PieceSender | None = None,
         clock: Callable[[], float] = time.time,
-        *,
-        metadata: Callable[[MetadataQuery], Awaitable[Any]] | None = None,
-        drop_all: Callable[[], Awaitable[None]] | None = None,
-        on_message: Callable[[str, bytes], Awaitable[None]] | None = None,
     ) -> None:
         self._secret = secret
-        self._on_message = on_message
-        self._read_block = read_block
-        self._invalidate = invalidate
-        self._metadata = metadata  # the owner's answer, JSON-ready
-        self._drop_all = drop_all
+        self._answers: NodeAnswers | None = None  # until ``serve``
         self._sender = body_sender  # None: FileSegments are read in a thread and written
         self._clock = clock
         self._mounted: dict[str, MountedHandler] = {}
+
+    def serve(self, answers: NodeAnswers) -> None:
+        self._answers = answers
 
     def mount(self, name: str, handler: MountedHandler) -> None:
         """Serve ``/_hoard/peer/<name>/...`` with ``handler(request, rest of path, body)``."""
@@ -128,14 +146,19 @@ class PeerServer:
         """Answer one request whose path is under ``/_hoard/peer/``."""
         if not self._authentic(request):
             return _error(403, "AccessDenied", "missing, wrong or expired cluster signature")
+        answers = self._answers
+        if answers is None:
+            return _error(503, "Unavailable", "this node is starting")
         if path.startswith(f"{PREFIX}block/") and request.method == "GET":
-            return await self._serve_block(request, path.removeprefix(f"{PREFIX}block/"))
+            block = path.removeprefix(f"{PREFIX}block/")
+            return await self._serve_block(request, block, answers)
         if path == f"{PREFIX}invalidate" and request.method == "POST":
-            return await self._serve_invalidate(request)
-        if path == f"{PREFIX}meta" and request.method == "GET" and self._metadata is not None:
-            return await self._serve_metadata(request)
+            return await self._serve_invalidate(request, answers)
+        if path == f"{PREFIX}meta" and request.method == "GET":
+            return await self._serve_metadata(request, answers)
         if path.startswith(f"{PREFIX}message/") and request.method == "POST":
-            return await self._serve_message(request, path.removeprefix(f"{PREFIX}message/"))
+            name = path.removeprefix(f"{PREFIX}message/")
+            return await self._serve_message(request, name, answers)
         name, _, rest = path.removeprefix(PREFIX).partition("/")
         if name in self._mounted:
             body = await request.read()
@@ -154,14 +177,16 @@ class PeerServer:
         expected = sign(self._secret, request.method, request.raw_path, date)
         return same_digest(expected, request.headers.get(SIGNATURE_HEADER, ""))
 
-    async def _serve_block(self, request: web.Request, digest: str) -> web.StreamResponse:
+    async def _serve_block(
+        self, request: web.Request, digest: str, answers: NodeAnswers
+    ) -> web.StreamResponse:
         try:
             block = BlockRequest.from_query(request.raw_path.partition("?")[2])
         except (ValueError, KeyError) as exc:
             return _error(400, "InvalidRequest", f"bad block request: {exc!r}")
         if block.block_id.digest != digest:
             return _error(400, "InvalidRequest", "the digest does not name the queried block")
-        async with aclosing(aiter(self._read_block(block))) as pieces:
+        async with aclosing(aiter(answers.read_block(block))) as pieces:
             # The first piece is awaited before the headers go out, so a block that
             # cannot be had is still a status the requesting node can act on.
             try:
@@ -225,19 +250,21 @@ class PeerServer:
         signed = request.query.get("sha256", "")
         return body if same_digest(hashlib.sha256(body).hexdigest(), signed) else None
 
-    async def _serve_message(self, request: web.Request, name: str) -> web.StreamResponse:
+    async def _serve_message(
+        self, request: web.Request, name: str, answers: NodeAnswers
+    ) -> web.StreamResponse:
         body = await self._signed_body(request)
         if body is None:
             return _error(403, "AccessDenied", "the body is too large or not the signed one")
-        if self._on_message is None:
-            return _error(404, "NoSuchEndpoint", "this node takes no peer messages")
         try:
-            await self._on_message(name, body)
+            await answers.on_message(name, body)
         except (ValueError, KeyError, TypeError) as exc:
             return _error(400, "InvalidRequest", f"bad {name} message: {exc!r}")
         return web.Response(status=204)
 
-    async def _serve_invalidate(self, request: web.Request) -> web.StreamResponse:
+    async def _serve_invalidate(
+        self, request: web.Request, answers: NodeAnswers
+    ) -> web.StreamResponse:
         body = await self._signed_body(request)
         if body is None:
             return _error(403, "AccessDenied", "the body does not match the signed digest")
@@ -247,22 +274,23 @@ class PeerServer:
         except (ValueError, TypeError) as exc:
             return _error(400, "InvalidRequest", f"bad invalidation: {exc!r}")
         try:
-            if request.query.get("all") == "1" and self._drop_all is not None:
-                await self._drop_all()
-            await self._invalidate(items)
+            if request.query.get("all") == "1":
+                await answers.drop_all()
+            await answers.invalidate(items)
         except Exception as exc:
             log.exception("peer invalidation failed")
             return _error(503, "Unavailable", str(exc) or type(exc).__name__)
         return web.Response(status=204)
 
-    async def _serve_metadata(self, request: web.Request) -> web.StreamResponse:
-        assert self._metadata is not None
+    async def _serve_metadata(
+        self, request: web.Request, answers: NodeAnswers
+    ) -> web.StreamResponse:
         try:
             query = MetadataQuery.from_query(request.raw_path.partition("?")[2])
         except (ValueError, KeyError) as exc:
             return _error(400, "InvalidRequest", f"bad metadata query: {exc!r}")
         try:
-            answer = await self._metadata(query)
+            answer = await answers.metadata(query)
         except Exception as exc:
             return _status_of(exc)
         return web.json_response(answer)

@@ -58,6 +58,7 @@ from gateway.origins.breaker import CircuitBreaker, State
 from gateway.origins.limits import PriorityGate, TokenBucket
 from gateway.origins.resume import Patience, ResumingStream, first_of, within
 from gateway.origins.retry import Backoff, RetryBudget, retryable
+from gateway.origins.writable import Capability
 
 
 class GuardEvents(Protocol):
@@ -91,6 +92,8 @@ class OriginGuard:
         """``clock``, ``sleep`` and ``rand`` are replaceable for tests."""
         self.name = origin.name
         self.inner = origin
+        # Writes go to the origin itself, unguarded: see ``writable.py``.
+        self.capability = Capability.of(origin)
         self._events = events
         self._clock = clock
         self._sleep = sleep
@@ -113,12 +116,6 @@ class OriginGuard:
             clock,
             on_change=lambda state: events.breaker(state.value),
         )
-
-    def __getattr__(self, name: str) -> Any:
-        # Only reached for what the guard does not define: writes and forwarding.
-        if name == "inner":
-            raise AttributeError(name)  # not set yet: no recursion through this method
-        return getattr(self.inner, name)
 
     # -- the Origin protocol ---------------------------------------------------------
 

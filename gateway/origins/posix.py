@@ -74,6 +74,7 @@ from gateway.origins.posix_records import Attrs, Records, object_info
 from gateway.origins.posix_stream import Fd, PosixObjectStream, span
 from gateway.origins.posix_walk import list_entries
 from gateway.origins.posix_write import PosixWriter
+from gateway.origins.writable import Capability
 
 _MISSING = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ENAMETOOLONG, errno.ELOOP, errno.EISDIR})
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -93,6 +94,7 @@ class PosixOrigin:
     def __init__(self, name: str, root: Path, *, fsync: bool = False) -> None:
         """``fsync``: flush every written file and its directory before answering."""
         self.name = name
+        self.capability = Capability(writable=self)  # S3 writes as calls of its own API
         # Resolved once, at start-up: every containment check compares real paths.
         self._root = os.path.realpath(root)
         self._root_slash = self._root.rstrip("/") + "/"

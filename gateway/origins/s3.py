@@ -51,6 +51,7 @@ from gateway.config import S3OriginConfig
 from gateway.origins import s3_get
 from gateway.origins.base import BucketInfo, ListEntry, ListPage, ObjectInfo
 from gateway.origins.s3_forward import ForwardRequest, ForwardResponse, S3Forwarder
+from gateway.origins.writable import Capability
 
 CHUNK_SIZE = 1024 * 1024  # largest piece chunks() yields
 _LIST_LIMIT = 1000  # S3 never returns more keys per ListObjectsV2 page
@@ -230,6 +231,7 @@ class S3Origin:
 
     def __init__(self, name: str, config: S3OriginConfig) -> None:
         self.name = name
+        self.capability = Capability(forwarding=self)  # requests it does not serve go as they are
         self._config = config
         self._lock = asyncio.Lock()
         self._stack: AsyncExitStack | None = None

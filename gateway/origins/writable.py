@@ -8,21 +8,20 @@ returning a value the S3 front answers with: ``Writable``. The writer asks
 which of the two a mount's origin is, once per request, and refuses an
 operation the origin offers neither way (NotImplemented).
 
-Both are structural protocols checked at run time (``isinstance``), so an
-origin wrapped in the guard (``guard.py``) is seen through it. The check is
-made once per origin, when the writer is built (``Capability.of``), not on
-every request: through the guard, each ``isinstance`` asks for every method
-of the protocol.
-
-Not guaranteed: ``isinstance`` on a runtime protocol checks that the methods
-exist, not their signatures.
+An origin says which it offers by the ``capability`` it holds: the S3
+origin ``Capability(forwarding=self)``, the posix origin
+``Capability(writable=self)``; an origin that holds none (a test double, a
+read-only store) can be read and not changed (``Capability.of``). The guard
+(``guard.py``) passes its inner origin's capability on as it is: writes are
+neither retried nor hedged (a body is consumed once, and a write is not
+idempotent), so they go straight to the origin.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 from gateway.origins.base import ObjectInfo
 from gateway.origins.posix_files import PutResult
@@ -30,12 +29,10 @@ from gateway.origins.posix_multipart import PartInfo, UploadInfo
 from gateway.origins.s3_forward import ForwardRequest, ForwardResponse
 
 
-@runtime_checkable
 class Forwarding(Protocol):
     async def forward(self, request: ForwardRequest) -> ForwardResponse: ...
 
 
-@runtime_checkable
 class Writable(Protocol):
     """An origin Hoard writes through its own API (the posix origin); names are origin names."""
 
@@ -99,12 +96,14 @@ class Writable(Protocol):
 class Capability:
     """How one origin can be changed: the same origin seen as each protocol, or None."""
 
-    forwarding: Forwarding | None
-    writable: Writable | None
+    forwarding: Forwarding | None = None
+    writable: Writable | None = None
 
-    @classmethod
-    def of(cls, origin: object) -> Capability:
-        return cls(
-            origin if isinstance(origin, Forwarding) else None,
-            origin if isinstance(origin, Writable) else None,
-        )
+    @staticmethod
+    def of(origin: object) -> Capability:
+        """What ``origin`` declared it can be changed through; nothing: read-only."""
+        declared = getattr(origin, "capability", None)
+        return declared if isinstance(declared, Capability) else READ_ONLY
+
+
+READ_ONLY = Capability()

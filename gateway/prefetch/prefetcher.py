@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -36,10 +36,15 @@ from gateway.config import PrefetchConfig
 from gateway.metrics import Metrics
 from gateway.prefetch.order import Order, OrderError
 from gateway.prefetch.stream import Stream
+from gateway.tasks import TaskSet
 
-if TYPE_CHECKING:  # the reader is built after the prefetcher (it calls ``observe``)
+if TYPE_CHECKING:
+    from gateway.blocks import BlockSource
     from gateway.pieces import BlockRef
-    from gateway.reader import Reader
+
+# ``Reader.block_refs``: every block of a key, its metadata looked up as a read would
+# (a cold lookup is the GET that fills block 0, admitted to disk as the flag says).
+BlockRefs = Callable[[str, str, bool | None], Awaitable[list["BlockRef"]]]
 
 log = logging.getLogger(__name__)
 
@@ -49,20 +54,22 @@ class _Running:
     stream: Stream
     busy: int = 0  # slots in use: lookups and block fetches in flight
     stopped: bool = False
-    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    tasks: TaskSet = field(default_factory=TaskSet)
 
 
 class Prefetcher:
     def __init__(
         self,
         config: PrefetchConfig,
-        reader: Callable[[], Reader],
+        block_refs: BlockRefs,
+        blocks: BlockSource,
         metrics: Metrics,
         block_size: int,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
-        self._reader = reader
+        self._block_refs = block_refs
+        self._blocks = blocks
         self._metrics = metrics
         self._block_size = block_size
         self._clock = clock
@@ -133,9 +140,8 @@ class Prefetcher:
     async def close(self) -> None:
         for running in list(self._streams.values()):
             self._stop(running)
-        tasks = [t for r in self._streams.values() for t in r.tasks]
-        self._streams.clear()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        stopping, self._streams = list(self._streams.values()), {}
+        await asyncio.gather(*(running.tasks.cancel() for running in stopping))
 
     # -- inside ------------------------------------------------------------------------
 
@@ -151,8 +157,7 @@ class Prefetcher:
 
     def _stop(self, running: _Running) -> None:
         running.stopped = True
-        for task in running.tasks:
-            task.cancel()
+        running.tasks.stop()
 
     def _pump(self, running: _Running) -> None:
         """Start lookups and block fetches, nearest first, while slots and window allow."""
@@ -164,9 +169,7 @@ class Prefetcher:
             running.busy += 1
             self._account(stream, work)
             with priority.background():  # the task's context is a copy of this one
-                task = asyncio.ensure_future(self._do(running, work))
-            running.tasks.add(task)
-            task.add_done_callback(running.tasks.discard)
+                running.tasks.spawn(self._do(running, work))
 
     def _next_work(self, stream: Stream) -> tuple[int, BlockRef | None] | None:
         """(key index, block) to fetch next, (key index, None) to look up, or None."""
@@ -199,9 +202,8 @@ class Prefetcher:
             self._pump(running)  # before this task ends: the freed slot is used at once
 
     async def _look_up(self, stream: Stream, index: int) -> None:
-        reader = self._reader()
         try:
-            refs = await reader.block_refs(stream.order.bucket, stream.keys[index], True)
+            refs = await self._block_refs(stream.order.bucket, stream.keys[index], True)
         except Exception as exc:  # a missing or failing key must not stop the stream
             stream.found(index, 0, [])
             stream.errors += 1
@@ -209,7 +211,7 @@ class Prefetcher:
             return
         # Looked at before anything else runs: a fill of block 0 running now is the
         # one this lookup's GET started (or a reader's), and counts as fetched.
-        filling = bool(refs) and reader.blocks.fills.get(refs[0].block) is not None
+        filling = bool(refs) and self._blocks.fills.get(refs[0].block) is not None
         if stream.found(index, refs[0].length if refs else 0, refs[1:]) and refs:
             stream.in_flight_bytes += refs[0].length
             await self._fetch(stream, refs[0], filling)  # under this lookup's slot
@@ -218,7 +220,7 @@ class Prefetcher:
         """Get ``ref``'s block cached (counted in flight by the caller); ``filling``:
         its fill was running already."""
         try:
-            fetched = await self._reader().blocks.preload(ref)
+            fetched = await self._blocks.preload(ref)
             fetched = ref.length if filling else fetched
             stream.fetched_bytes += fetched
             self._metrics.prefetch_bytes.inc(fetched)

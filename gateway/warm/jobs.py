@@ -36,8 +36,9 @@ from gateway import priority
 from gateway.config import WarmConfig
 from gateway.metrics import Metrics
 from gateway.reader import Reader
+from gateway.tasks import TaskSet
 from gateway.warm.fanout import ShareClient
-from gateway.warm.share import ShareRun, list_prefix
+from gateway.warm.share import ShareRun, WarmTiers, list_prefix
 from gateway.warm.spec import FINISHED, STATES, Progress, WarmSpec
 from gateway.warm.store import JobStore, new_id
 
@@ -54,16 +55,17 @@ CANCEL_WAIT = 10.0  # seconds a cancel waits for the sibling running the share t
 
 
 class WarmJobs:
-    def __init__(self, reader: Reader, store: JobStore, metrics: Metrics, config: WarmConfig,
-                 pin_quota: int, peers: ShareClient | None = None) -> None:  # fmt: skip
+    def __init__(self, reader: Reader, tiers: WarmTiers, store: JobStore, metrics: Metrics,
+                 config: WarmConfig, pin_quota: int, peers: ShareClient | None = None) -> None:  # fmt: skip
         self._reader = reader
+        self._tiers = tiers
         self._store = store
         self._metrics = metrics
         self._config = config
         self.pin_quota = pin_quota
         self._peers = peers
         self._runs: dict[str, ShareRun] = {}  # the shares this worker runs (it holds the claim)
-        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._tasks = TaskSet()  # shares (named by job id) and their last saves
         self._last: dict[tuple[str, str], dict[str, Any]] = {}  # (job, node): last answer
         self._slots = asyncio.Semaphore(config.max_running)
         self._claims: dict[str, int] = {}  # job id: the locked descriptor of a running share
@@ -85,10 +87,7 @@ class WarmJobs:
             await asyncio.gather(self._watcher, return_exceptions=True)
         for run in self._runs.values():
             run.interrupted = True
-        tasks = list(self._tasks.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._tasks.cancel()
 
     async def _watch(self) -> None:
         rounds = 0
@@ -131,7 +130,7 @@ class WarmJobs:
             progress = Progress()
             progress.finish("failed", f"cannot resume after a restart: job file damaged ({exc})")
             run = self._run(job_id, WarmSpec(bucket="?", prefix=""), progress)
-            self._spawn(self._saved_then_released(run))
+            self._tasks.spawn(self._saved_then_released(run))
             return
         if progress.state in FINISHED:
             self._release(job_id)
@@ -151,8 +150,8 @@ class WarmJobs:
     # -- this node's shares ------------------------------------------------------------
 
     def _run(self, job_id: str, spec: WarmSpec, progress: Progress) -> ShareRun:
-        return ShareRun(job_id, spec, progress, self._reader, self._store, self._metrics,
-                        self._config.concurrency, self.pin_quota)  # fmt: skip
+        return ShareRun(job_id, spec, progress, self._reader, self._tiers, self._store,
+                        self._metrics, self._config.concurrency, self.pin_quota)  # fmt: skip
 
     def _claim(self, job_id: str) -> bool:
         fd = self._store.claim(job_id)
@@ -175,14 +174,7 @@ class WarmJobs:
                 self._release(run.job_id)
 
         with priority.background():  # the task copies this context: its origin calls wait
-            task = asyncio.create_task(queued())
-        self._tasks[run.job_id] = task
-        task.add_done_callback(lambda _: self._tasks.pop(run.job_id, None))
-
-    def _spawn(self, work: Any) -> None:
-        task = asyncio.ensure_future(work)
-        self._tasks[f"save-{id(task)}"] = task
-        task.add_done_callback(lambda _: self._tasks.pop(f"save-{id(task)}", None))
+            self._tasks.spawn(queued(), name=run.job_id)
 
     async def add_share(self, job_id: str, spec: WarmSpec, created: float) -> dict[str, Any]:
         """Start this node's share of ``job_id`` (idempotent: a known share is left alone,
@@ -218,8 +210,8 @@ class WarmJobs:
         else:
             await self._store.ask_cancel(job_id)
             shown = await self._stopped_by_sibling(job_id)
-        if shown is not None and unpin and self._reader.blocks.disk is not None:
-            await self._reader.blocks.disk.unpin(job_id)
+        if shown is not None and unpin and self._tiers.disk is not None:
+            await self._tiers.disk.unpin(job_id)
         return shown
 
     async def _stop(self, job_id: str) -> dict[str, Any]:
@@ -280,7 +272,7 @@ class WarmJobs:
         return job_id
 
     async def _check_pin(self, spec: WarmSpec, nodes: int) -> None:
-        disk = self._reader.blocks.disk
+        disk = self._tiers.disk
         if disk is None:
             raise PinRefused("pinning needs the disk tier")
         free = self.pin_quota - disk.stats().pinned_bytes

@@ -24,10 +24,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable
+from dataclasses import dataclass
 from typing import Any
 
 from gateway import errors
 from gateway.blocks import BlockSource
+from gateway.cache.disk import DiskTier
+from gateway.metadata.store import MetadataStore
 from gateway.metrics import Metrics
 from gateway.pieces import BlockRef
 from gateway.reader import Reader
@@ -41,6 +44,15 @@ _LIST_PAGE = 1000
 _CHECKPOINT_EVERY = 1.0  # seconds between progress files while a share runs
 
 
+@dataclass(frozen=True)
+class WarmTiers:
+    """What warm jobs fill, pin and flush, handed over by the wiring."""
+
+    blocks: BlockSource
+    disk: DiskTier | None  # pins live there; without it pinning is refused
+    metadata: MetadataStore | None  # flushed at each checkpoint
+
+
 class PinQuotaExceeded(Exception):
     """Pinning the next block would take the node's pinned bytes over ``cache.pin_quota``."""
 
@@ -49,12 +61,13 @@ class ShareRun:
     """Runs one share to its end; ``progress`` is read by status calls while it runs."""
 
     def __init__(self, job_id: str, spec: WarmSpec, progress: Progress, reader: Reader,
-                 store: JobStore, metrics: Metrics, concurrency: int, pin_quota: int) -> None:  # fmt: skip
+                 tiers: WarmTiers, store: JobStore, metrics: Metrics, concurrency: int, pin_quota: int) -> None:  # fmt: skip
         self.job_id = job_id
         self.spec = spec
         self.progress = progress
         self._reader = reader
-        self._blocks: BlockSource = reader.blocks
+        self._blocks = tiers.blocks
+        self._tiers = tiers
         self._store = store
         self._metrics = metrics
         self._concurrency = concurrency
@@ -103,10 +116,10 @@ class ShareRun:
         a sibling worker answers from the file)."""
         # One write at a time: a slower older snapshot must not land over a newer one.
         async with self._saving:
-            if self._reader.store is not None:
+            if self._tiers.metadata is not None:
                 # What the checkpoint calls done must be known after a kill -9 too: a
                 # metadata row still pending would cost a GET per object after a restart.
-                await self._reader.store.flush()
+                await self._tiers.metadata.flush()
             counts = (self.progress.objects_done, self.progress.bytes_done)
             shown = self.progress.to_json()
             await self._store.save(self.job_id, "share", {"spec": self.spec.to_json(),
@@ -219,11 +232,11 @@ class ShareRun:
 
     async def _block(self, ref: BlockRef, filling: bool = False) -> None:
         """Warm one block; ``filling``: its fill was already running when it was looked up."""
-        if self.spec.pin and self._blocks.disk is not None:
+        if self.spec.pin and self._tiers.disk is not None:
             expires = self.progress.created + self.spec.pin_ttl
-            if not await self._blocks.disk.pin(self.job_id, ref.block, ref.length, expires,
+            if not await self._tiers.disk.pin(self.job_id, ref.block, ref.length, expires,
                                                self._pin_quota):  # fmt: skip
-                pinned = self._blocks.disk.stats().pinned_bytes
+                pinned = self._tiers.disk.stats().pinned_bytes
                 raise PinQuotaExceeded(
                     f"pin quota exceeded: cache.pin_quota is {self._pin_quota} bytes on this "
                     f"node and {pinned} are pinned; unpin other jobs or raise cache.pin_quota"
