@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
+
+import pytest
 
 from gateway.metadata.store import MetadataStore
 from gateway.origins.base import ListEntry, ObjectInfo
@@ -120,6 +123,37 @@ async def test_the_row_bound_drops_the_oldest_rows_when_writes_could_pass_it(
         await store.flush()
         assert all([await store.load(SCOPE, key) for key in new])
     finally:
+        await store.close()
+
+
+async def test_concurrent_flushes_share_writes_and_each_row_is_on_disk_when_its_flush_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cold object's row must be readable by a sibling worker once its flush returns
+    (the sibling reads the store after the fetch lock opens); flushes asked while a
+    write runs share the next one, so 20 concurrent flushes take fewer than 20 writes."""
+    path = tmp_path / "metadata.sqlite3"
+    store = MetadataStore(path, shared=True, flush_interval=3600)
+    await store.start()
+    sibling = sqlite3.connect(path)
+    keys = [f"k{i}" for i in range(20)]
+    writes = []
+    write = store._write
+    monkeypatch.setattr(store, "_write", lambda *batch: writes.append(1) or write(*batch))
+
+    async def fetched(key: str) -> None:
+        await asyncio.sleep(0)  # the tasks' saves interleave with the writes
+        store.save(SCOPE, key, info(key), learned=1)
+        await store.flush()
+        found = sibling.execute("SELECT count(*) FROM objects WHERE key=?", (key,)).fetchone()
+        assert found == (1,), key
+
+    try:
+        await asyncio.gather(*(fetched(key) for key in keys))
+        assert sibling.execute("SELECT count(*) FROM objects").fetchone() == (20,)
+        assert 1 <= len(writes) < len(keys)
+    finally:
+        sibling.close()
         await store.close()
 
 

@@ -76,14 +76,20 @@ async def first_of(
                 racers.add(asyncio.ensure_future(backup()))
                 hedging = True
             while racers:
-                done, racers = await asyncio.wait(racers, return_when=asyncio.FIRST_COMPLETED)
-                winner = next((task for task in done if task.exception() is None), None)
-                failures += [task.exception() for task in done if task.exception() is not None]  # type: ignore[misc]
+                # Usually the primary answered within hedge_after: it is taken as it is,
+                # without a second wait (a loop turn and a waiter) for a done future.
+                finished = (
+                    done or (await asyncio.wait(racers, return_when=asyncio.FIRST_COMPLETED))[0]
+                )
+                done = set()
+                racers -= finished
+                winner = next((task for task in finished if task.exception() is None), None)
+                failures += [task.exception() for task in finished if task.exception() is not None]  # type: ignore[misc]
                 if winner is None:
                     continue
                 if hedging:
                     hedged(winner is not first)
-                for task in done - {winner}:
+                for task in finished - {winner}:
                     if task.exception() is None:
                         await discard(task.result())
                 return winner.result()
@@ -106,6 +112,8 @@ async def within(deadline: float, work: Awaitable[T]) -> T:
 
 
 async def _cancel(racers: set[asyncio.Future[T]], discard: Callable[[T], Awaitable[None]]) -> None:
+    if not racers:  # the usual end: the winner was taken out, nobody else ran
+        return
     for task in racers:
         task.cancel()
     for outcome in await asyncio.gather(*racers, return_exceptions=True):
