@@ -14,18 +14,17 @@ a second time. Workers of one node coordinate through the disk tier's fill
 claims: the worker that loses the claim tails the winner's part file.
 
 Concurrent fills are bounded (``fill_slots``) because each holds its block in
-memory while it runs; fills fed by a metadata miss's GET (``adopt``)
-are bounded by the origin's concurrency cap instead (see ``adopt``). Read-ahead
-fills run at background priority (``gateway.priority``).
+memory while it runs; fills fed by a metadata miss's GET (``adopt``) are
+bounded by the origin's concurrency cap instead. Read-ahead and preloads run
+at background priority (``priority.py``).
 
 With an admission policy (``cache/admission.py``) a demand fill writes its
 block to disk only if the policy admits it; otherwise the block is served
 from the origin and *staged* in the memory tier (even above its item limit,
 LRU within its bound), so a reader joining just after the fill still finds
 it; repeated memory hits on a staged block write it to disk (*promotion*,
-see ``_staged_hit``), as a second miss does; ``preload`` (epoch-order prefetch) is admitted always: the client said
-it will read them. Read-ahead and preloads
-run at background priority (``priority.py``).
+``_staged_hit``), as a second miss does. ``preload`` (epoch-order prefetch)
+is admitted always: the client said it will read the block.
 
 In a cluster (``placement`` given) a block this node does not own is read from
 memory or disk if it happens to be there, else through a *peer fill*: one per
@@ -55,7 +54,7 @@ from typing import Protocol
 from gateway import errors, priority
 from gateway.cache.admission import Doorkeeper
 from gateway.cache.block import BlockId
-from gateway.cache.disk import BlockWriter, DiskTier, FillAbandoned
+from gateway.cache.disk import BlockFile, BlockWriter, DiskTier, FillAbandoned
 from gateway.cache.memory import MemoryTier
 from gateway.cache.singleflight import Flight, FlightGroup
 from gateway.cluster.peers import PeerNotCached
@@ -151,14 +150,9 @@ class BlockSource:
         complete yet, and the fill's waiters get the bytes as they arrive.
         """
         held = self.cached_held(ref, offset, length)
-        if held is not None:
+        if held is not None or self.fills.get(ref.block) is not None or self.disk is None:
             return held
-        if self.fills.get(ref.block) is None and self.disk is not None:
-            found = await self.disk.get(ref.block)
-            if found is not None:
-                segment = FileSegment(found.fd, found.data_offset + offset, length, found.close)
-                return segment, "disk"
-        return None
+        return _on_disk(await self.disk.get(ref.block), offset, length)
 
     def cached_held(self, ref: BlockRef, offset: int, length: int) -> tuple[Piece, str] | None:
         """``cached`` when no await is needed (memory, or a disk block ``Disk.get_held``
@@ -169,10 +163,7 @@ class BlockSource:
                 self._staged_hit(ref, cached)
             return memoryview(cached)[offset : offset + length], "memory"
         if self.fills.get(ref.block) is None and self.disk is not None:
-            found = self.disk.get_held(ref.block)
-            if found is not None:
-                segment = FileSegment(found.fd, found.data_offset + offset, length, found.close)
-                return segment, "disk"
+            return _on_disk(self.disk.get_held(ref.block), offset, length)
         return None
 
     def fill(self, ref: BlockRef, admit: bool | None = None) -> Flight:
@@ -431,9 +422,8 @@ class BlockSource:
                 await writer.abort()
 
     async def _store_after_room(self, ref: BlockRef, flight: Flight, rooms: int) -> bool:
-        """The block's write failed on a full disk that has since made room: store the
-        bytes the flight holds, once. Without this the tier would keep a hole where a
-        recent block belongs each time the file system fills (its ceiling is a guess)."""
+        """The block's write met a full disk that has since made room: store the flight's
+        bytes, once, rather than leave a hole among the most recent blocks."""
         assert self.disk is not None
         if self.disk.rooms_made == rooms:
             return False  # not a full disk (a failing one, a claim elsewhere): no retry
@@ -502,3 +492,9 @@ class BlockSource:
         await self.fills.close()
         await self.remote.close()
         await self._background.cancel()
+
+
+def _on_disk(found: BlockFile | None, offset: int, length: int) -> tuple[Piece, str] | None:
+    if found is None:
+        return None
+    return FileSegment(found.fd, found.data_offset + offset, length, found.close), "disk"

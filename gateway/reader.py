@@ -188,19 +188,6 @@ class Reader:
         client_info = info if info.key == key else dataclasses.replace(info, key=key)
         return client_info, *found
 
-    async def read_whole(self, bucket: str, key: str, limit: int) -> bytes:
-        """A whole (small) object through the cache, as bytes — a manifest of keys.
-
-        :raises ValueError: the object is larger than ``limit`` bytes.
-        """
-        read = await self.open_object(bucket, key)
-        try:
-            if read.length > limit:
-                raise ValueError(f"{key} is {read.length} bytes, more than {limit}")
-            return await read.read_all()
-        finally:
-            await read.aclose()
-
     async def list_objects(
         self,
         bucket: str,

@@ -201,7 +201,7 @@ async def test_an_invalidated_prefix_stops_a_write_through_too(tmp_path) -> None
     origin.gate.set()
     await writer.settle()
     assert _count(metrics, "hoard_write_through_bytes_total") == 0
-    assert reader.metadata.has_entry(("disk", "data"), "dir/k") is False
+    assert reader.metadata.known(("disk", "data"), "dir/k") is None
     await reader.blocks.disk.close()
 
 

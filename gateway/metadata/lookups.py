@@ -10,14 +10,19 @@ beyond a byte limit.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeGuard, TypeVar
 
+from gateway.errors import NoSuchKey
 from gateway.metadata.heads import Entry
 from gateway.origins.base import ListPage, ObjectInfo
+
+log = logging.getLogger("gateway.metadata.memory")  # the cache whose refreshes fail
 
 T = TypeVar("T")
 FetchPage = Callable[[str, str, str, int], Awaitable[ListPage]]
@@ -103,3 +108,16 @@ def covering(prefix: str) -> Iterator[str]:
         end = i
     if prefix:
         yield ""
+
+
+# Lookup outcome -> stats() counter; a negative hit is a hit ("evicted" is no lookup).
+COUNTERS = dict(
+    hit="hits", negative="hits", miss="misses", stale="stale", stale_error="stale_error"
+)
+
+
+def log_refresh_failure(fk: tuple[str, Any], task: asyncio.Future[Any]) -> None:
+    """A background refresh's failure: the stale entry stays (NoSuchKey is stored)."""
+    exc = None if task.cancelled() else task.exception()
+    if exc is not None and not isinstance(exc, NoSuchKey):
+        log.warning("metadata refresh of %s %r failed, stale entry kept: %r", *fk, exc)

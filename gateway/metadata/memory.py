@@ -73,7 +73,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 import time
 from collections.abc import Awaitable, Callable, Hashable
 from functools import partial
@@ -90,17 +89,9 @@ from gateway.metadata.walk import Early, Walk, settled_page
 from gateway.origins.base import ListPage, ObjectInfo
 from gateway.origins.listing import paginate
 
-log = logging.getLogger(__name__)
-
 T = TypeVar("T")
 Load = Callable[..., Awaitable[Any]]
 ORIGIN_PAGE = 1000  # keys per origin page while walking a whole listing: S3's maximum
-# Lookup outcome -> stats() counter; a negative hit is a hit ("evicted" is no lookup).
-_COUNTER = dict(
-    hit="hits", negative="hits", miss="misses", stale="stale", stale_error="stale_error"
-)
-
-
 _PAGE_ENTRY_BYTES = 330  # a ListEntry in a cached page, its strings and datetime
 
 
@@ -164,10 +155,6 @@ class MetadataCache:
             return None
         held = self._held("head", k, partial(self._load_head, k, policy, fetch), policy, entry)
         return None if held is None else held.value
-
-    def has_entry(self, scope: Hashable, key: str) -> bool:
-        """Whether metadata of ``key`` is held, fresh or stale (a refresh needs no bytes)."""
-        return self.known(scope, key) is not None
 
     def known(self, scope: Hashable, key: str) -> tuple[ObjectInfo, float] | None:
         """The held metadata of ``key``, fresh or stale, and when it was learned."""
@@ -463,7 +450,7 @@ class MetadataCache:
         if lookups.usable(entry, now, policy.stale_while_revalidate):
             if (tag, k) not in self._flights:  # exactly one refresh; nobody awaits it
                 self._flights.start((tag, k), load).add_done_callback(
-                    partial(_log_refresh_failure, (tag, k))
+                    partial(lookups.log_refresh_failure, (tag, k))
                 )
             return self._served(kind, entry.value, "stale", policy.label)
         return None
@@ -471,14 +458,9 @@ class MetadataCache:
     async def _join(self, fk: tuple[str, Any], load: Load, early: Early | None) -> Any:
         """The flight's answer; with ``early``, a whole listing's walk is watched as it
         grows, and the page ``early`` finds settled by the origin pages so far is
-        answered at once (the walk goes on for everyone else).
-
-        Why this is sound: the walk reads the prefix in key order, so a page whose
-        items and the item after them have all arrived (or whose prefix the walk
-        has passed) can only be what the finished snapshot would answer, and it
-        is as old (learned when the walk began). A write during the walk detaches
-        it, as it would the whole answer: its waiters still get what it read.
-        """
+        answered at once (the walk goes on for everyone else; why this is sound:
+        ``walk.py``). A write during the walk detaches it, as it would the whole
+        answer: its waiters still get what it read."""
         if early is not None and fk not in self._flights:
             walk = self._walks[fk] = Walk(SnapshotBuilder(fk[1][1]))
             load = partial(load, walk=walk)
@@ -505,8 +487,8 @@ class MetadataCache:
         self._flights.detach_where(lambda fk: (head if fk[0] == "head" else lists)(fk[1]))
 
     def _count(self, kind: str, state: str, label: str = "") -> None:
-        if state in _COUNTER:
-            self._counts[_COUNTER[state]] += 1
+        if state in lookups.COUNTERS:
+            self._counts[lookups.COUNTERS[state]] += 1
         if self._on_event is not None:
             self._on_event(kind, state, label)
 
@@ -515,9 +497,3 @@ class MetadataCache:
         if value is not None:
             self._count(kind, state, label)
         return Lookup(value, state)
-
-
-def _log_refresh_failure(fk: tuple[str, Any], task: asyncio.Future[Any]) -> None:
-    exc = None if task.cancelled() else task.exception()
-    if exc is not None and not isinstance(exc, NoSuchKey):  # NoSuchKey: stored as negative
-        log.warning("metadata refresh of %s %r failed, stale entry kept: %r", *fk, exc)

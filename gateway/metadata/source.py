@@ -130,7 +130,7 @@ class MetadataSource:
         ``first_block`` (None: a HEAD)."""
         scope = scope_of(mount)
         fetch: FetchHead = lambda: self.owner_head(mount, okey)  # noqa: E731
-        if first_block is not None and not self.memory.has_entry(scope, okey):
+        if first_block is not None and self.memory.known(scope, okey) is None:
             fetch = first_block
         lookup = await self.memory.head(
             scope, okey, policy_of(mount), lambda: self._stored_or(mount, okey, fetch)

@@ -27,6 +27,7 @@ from aiohttp import web
 from gateway import errors
 from gateway.access import denied, json_error
 from gateway.config import PrefetchConfig
+from gateway.manifests import read_manifest
 from gateway.prefetch.node import NodePrefetch
 from gateway.prefetch.order import Order, OrderError, manifest_keys, parse_request
 from gateway.s3.auth import Principal
@@ -107,7 +108,7 @@ class PrefetchApi:
 
     async def _manifest(self, bucket: str, key: str) -> str:
         try:
-            data = await self._reader.read_whole(bucket, key, MAX_ORDER_BYTES)
+            data = await read_manifest(self._reader, bucket, key, MAX_ORDER_BYTES)
         except errors.NotFound as exc:
             raise OrderError("NoSuchManifest", f"manifest {bucket}/{key}: {exc}") from None
         except ValueError:

@@ -30,6 +30,7 @@ from typing import Any
 from gateway import errors
 from gateway.blocks import BlockSource
 from gateway.cache.disk import DiskTier
+from gateway.manifests import read_manifest
 from gateway.metadata.store import MetadataStore
 from gateway.metrics import Metrics
 from gateway.pieces import BlockRef
@@ -158,7 +159,7 @@ class ShareRun:
 
     async def _manifest(self) -> list[str]:
         assert self.spec.manifest is not None
-        data = await self._reader.read_whole(self.spec.bucket, self.spec.manifest, MAX_MANIFEST)
+        data = await read_manifest(self._reader, self.spec.bucket, self.spec.manifest, MAX_MANIFEST)
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as exc:
