@@ -69,13 +69,10 @@ class Scale:
 
 
 SCALES = {
-    # quick: a smoke run (tests/test_loadtest_smoke.py), so one generator process where
-    # full has several (each one spawned imports boto3, on the one generator CPU): it
-    # proves every target answers, not how fast (wrk_seconds: wrk takes whole seconds).
     "quick": Scale(
         name="quick", prefixes=4, per_prefix=6, image_min=64 * KiB, image_max=256 * KiB,
-        shard_sizes=(4 * MiB, 2 * MiB, 2 * MiB), range_size=1 * MiB, readers=1, threads=4,
-        epochs=3, herd_clients=64, herd_processes=1, wrk_seconds=1.0, train_batch=4, train_compute=0.005,
+        shard_sizes=(4 * MiB, 2 * MiB, 2 * MiB), range_size=1 * MiB, readers=2, threads=4,
+        epochs=3, herd_clients=64, herd_processes=2, wrk_seconds=1.0, train_batch=4, train_compute=0.005,
         train_images=12, phase_timeout=60, rss_clients=8, rss_size=32 * MiB,
         upload_multipart=64 * MiB, upload_part=16 * MiB, upload_put=32 * MiB, hit_objects=48,
         wrk_repeats=1,

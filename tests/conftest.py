@@ -27,8 +27,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     """Compile the gateway (and loadtest) to bytecode once, before any process starts.
 
     With PYTHONDONTWRITEBYTECODE set (this machine sets it), no process writes
-    ``__pycache__``, so each of the suite's hundred-odd ``hoard serve`` processes
-    compiled all of gateway/ from source again, about 0.15 s of CPU per start.
+    ``__pycache__``, so every ``hoard serve`` the suite starts (each subprocess
+    test starts one or more) compiled all of gateway/ from source again, about
+    0.15 s of CPU per start.
     Processes still read bytecode that exists, and compileall writes it
     whatever that variable says (``__pycache__`` is git-ignored); unchanged
     files are not compiled twice.

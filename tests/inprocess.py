@@ -8,6 +8,10 @@ subprocess costs (an interpreter start, imports, a readiness poll, a second
 event loop the test cannot see) is gone, and the test shares the loop with
 the gateway, so it can wait on events instead of sleeping.
 
+A test whose clients block (boto3, ``rawhttp``) cannot share its loop with
+the app: ``threaded_app`` serves the same app from a loop on a thread of its
+own (no SIGHUP reload there: TLS and cluster configs stay subprocesses).
+
 Subprocess tests (``harness.HoardProcess``) stay for what needs a process:
 workers, signals, restarts, kill -9, clusters. Below the application, a test
 may build a ``Reader`` itself and read through it (``read_object``).
@@ -18,8 +22,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import threading
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,13 +37,21 @@ from gateway import wiring
 from gateway.config_load import build_settings
 from gateway.pieces import FileSegment
 from gateway.reader import Reader
-from tests.harness import ACCESS_KEY, SECRET_KEY, sum_samples
+from tests.harness import ACCESS_KEY, SECRET_KEY, s3_client, sum_samples
 
 
 @dataclass(frozen=True, slots=True)
 class InProcessHoard:
     endpoint: str  # http://127.0.0.1:<port>
     app: web.Application
+
+    @property
+    def port(self) -> int:
+        return int(self.endpoint.rsplit(":", 1)[1])
+
+    def client(self, **config: Any):
+        """A boto3 client of this gateway (blocking: use it with ``threaded_app``)."""
+        return s3_client(self.endpoint, **config)
 
 
 @contextlib.asynccontextmanager
@@ -56,6 +69,25 @@ async def hoard_app(workdir: Path, config: dict[str, Any]) -> AsyncIterator[InPr
         yield InProcessHoard(str(server.make_url("")).rstrip("/"), app)
     finally:
         await server.close()
+
+
+@contextlib.contextmanager
+def threaded_app(workdir: Path, config: dict[str, Any]) -> Iterator[InProcessHoard]:
+    """``hoard_app`` on an event loop of its own thread, for a test that blocks on its clients."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="hoard-app", daemon=True)
+    thread.start()
+    serving = hoard_app(workdir, config)
+    try:
+        hoard = asyncio.run_coroutine_threadsafe(serving.__aenter__(), loop).result(60)
+        try:
+            yield hoard
+        finally:
+            asyncio.run_coroutine_threadsafe(serving.__aexit__(None, None, None), loop).result(60)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
 
 
 async def get_all(urls: list[str], headers: dict[str, str] | None = None) -> list[bytes]:

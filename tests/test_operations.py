@@ -17,6 +17,7 @@ import requests
 from gateway.s3.routing import route
 from tests.conftest import ORIGIN_KEY, ORIGIN_SECRET, moto_origin
 from tests.harness import HoardProcess, logged, metric
+from tests.inprocess import threaded_app
 from tests.rawhttp import send, signed_send
 
 
@@ -122,16 +123,13 @@ def test_a_preflight_to_a_directory_bucket_is_refused_as_s3_refuses_it(tmp_path)
     (tmp_path / "data" / "pics").mkdir(parents=True)
     config = {"origins": {"d": {"type": "posix", "path": str(tmp_path / "data")}},
               "default_origin": "d"}  # fmt: skip
-    node = HoardProcess(tmp_path, config).start()
-    try:
+    with threaded_app(tmp_path, config) as node:
         preflight = {"Host": "127.0.0.1", "Origin": "https://app.example",
                      "Access-Control-Request-Method": "GET"}  # fmt: skip
         refused = send(node.port, "OPTIONS", "/pics/a.jpg", headers=preflight)
         assert refused.status == 403 and b"<Code>CORSResponse</Code>" in refused.body
         missing = send(node.port, "OPTIONS", f"/gone-{uuid.uuid4().hex[:6]}/a", headers=preflight)
         assert missing.status == 404 and b"<Code>NoSuchBucket</Code>" in missing.body
-    finally:
-        node.stop()
 
 
 def test_list_buckets_pages_by_prefix_and_token(tmp_path) -> None:
@@ -141,8 +139,7 @@ def test_list_buckets_pages_by_prefix_and_token(tmp_path) -> None:
         (tmp_path / "data" / name).mkdir(parents=True)
     config = {"origins": {"d": {"type": "posix", "path": str(tmp_path / "data")}},
               "default_origin": "d"}  # fmt: skip
-    node = HoardProcess(tmp_path, config).start()
-    try:
+    with threaded_app(tmp_path, config) as node:
         client, seen, params = node.client(), [], {"Prefix": "lb-", "MaxBuckets": 2}
         while True:
             page = client.list_buckets(**params)
@@ -156,8 +153,6 @@ def test_list_buckets_pages_by_prefix_and_token(tmp_path) -> None:
         for bad in ("0", "10001", "x"):
             answer = signed_send(node.port, "GET", f"/?max-buckets={bad}")
             assert answer.status == 400 and b"<Code>InvalidArgument</Code>" in answer.body
-    finally:
-        node.stop()
 
 
 def test_a_preflight_takes_only_its_cors_headers_to_the_origin(
@@ -167,8 +162,7 @@ def test_a_preflight_takes_only_its_cors_headers_to_the_origin(
     would refuse is refused here, and nothing but the preflight itself (no query, no other
     client header) reaches the origin."""
     config = {"origins": {"moto": moto_origin(proxy)}, "default_origin": "moto"}
-    node = HoardProcess(tmp_path, config).start()
-    try:
+    with threaded_app(tmp_path, config) as node:
         no_origin = send(node.port, "OPTIONS", f"/{bucket}/k",
                          headers={"Host": "127.0.0.1", "Access-Control-Request-Method": "GET"})  # fmt: skip
         no_method = send(node.port, "OPTIONS", f"/{bucket}/k",
@@ -187,5 +181,3 @@ def test_a_preflight_takes_only_its_cors_headers_to_the_origin(
         assert [path for path, _ in forwarded] == [f"/{bucket}/k"]
         assert forwarded[0][1]["Origin"] == "https://app.example"
         assert "X-Amz-Acl" not in forwarded[0][1]
-    finally:
-        node.stop()

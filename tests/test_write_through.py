@@ -33,8 +33,8 @@ from gateway.origins.guard import OriginGuard
 from gateway.origins.posix import PosixOrigin
 from gateway.reader import Reader
 from gateway.writer import Attributes, Writer
-from tests.harness import HoardProcess, metric, sum_samples
-from tests.inprocess import read_object
+from tests.harness import metric, sum_samples
+from tests.inprocess import read_object, threaded_app
 from tests.test_block_cache import hoard_config
 
 MiB = 1024 * 1024
@@ -241,8 +241,7 @@ def _settled(endpoint: str) -> None:
 
 
 def test_put_then_get_costs_no_origin_get(tmp_path, proxy, origin_client, bucket) -> None:
-    node = HoardProcess(tmp_path, hoard_config(proxy)).start()
-    try:
+    with threaded_app(tmp_path, hoard_config(proxy)) as node:
         client = node.client()
         data = os.urandom(20 * MiB)
         proxy.reset()
@@ -257,13 +256,10 @@ def test_put_then_get_costs_no_origin_get(tmp_path, proxy, origin_client, bucket
         assert sum(proxy.counts.values()) == 0  # not one origin request
         served = 'hoard_bytes_served_total{source="origin"}'
         assert metric(node.endpoint, served) == 0
-    finally:
-        assert node.stop() == 0
 
 
 def test_an_object_over_write_through_max_is_not_cached(tmp_path, proxy, bucket) -> None:
-    node = HoardProcess(tmp_path, hoard_config(proxy)).start()
-    try:
+    with threaded_app(tmp_path, hoard_config(proxy)) as node:
         client = node.client()
         data = os.urandom(100 * MiB)
         proxy.reset()
@@ -273,15 +269,12 @@ def test_an_object_over_write_through_max_is_not_cached(tmp_path, proxy, bucket)
         assert metric(node.endpoint, WRITTEN) == 0
         assert client.get_object(Bucket=bucket, Key="big")["Body"].read() == data
         assert proxy.counts["GetObject"] == 13  # every 8 MiB block from the origin
-    finally:
-        assert node.stop() == 0
 
 
 def test_a_mount_with_write_through_off(tmp_path, proxy, bucket) -> None:
     config = {**hoard_config(proxy),
               "mounts": [{"bucket": bucket, "origin": "moto", "write_through": False}]}  # fmt: skip
-    node = HoardProcess(tmp_path, config).start()
-    try:
+    with threaded_app(tmp_path, config) as node:
         client = node.client()
         data = os.urandom(3 * MiB)
         proxy.reset()
@@ -290,13 +283,10 @@ def test_a_mount_with_write_through_off(tmp_path, proxy, bucket) -> None:
         assert dict(proxy.counts) == {"PUT": 1}
         assert client.get_object(Bucket=bucket, Key="k")["Body"].read() == data
         assert proxy.counts["GetObject"] == 1
-    finally:
-        assert node.stop() == 0
 
 
 def test_quick_overwrites_read_the_newest_bytes(tmp_path, proxy, origin_client, bucket) -> None:
-    node = HoardProcess(tmp_path, hoard_config(proxy)).start()
-    try:
+    with threaded_app(tmp_path, hoard_config(proxy)) as node:
         client = node.client()
         for round_ in range(5):
             key = f"k{round_}"
@@ -314,8 +304,6 @@ def test_quick_overwrites_read_the_newest_bytes(tmp_path, proxy, origin_client, 
                 assert client.get_object(Bucket=bucket, Key=key)["Body"].read() == versions[-1]
             direct = origin_client.get_object(Bucket=bucket, Key=key)["Body"].read()
             assert direct == versions[-1]
-    finally:
-        assert node.stop() == 0
 
 
 # -- end to end: a posix origin ---------------------------------------------------------------
@@ -325,8 +313,7 @@ def test_posix_put_then_get_is_served_from_the_cache(tmp_path) -> None:
     root = tmp_path / "root"
     (root / "scratch").mkdir(parents=True)
     config = {"origins": {"nfs": {"type": "posix", "path": str(root)}}, "default_origin": "nfs"}
-    node = HoardProcess(tmp_path / "node", config).start()
-    try:
+    with threaded_app(tmp_path / "node", config) as node:
         client = node.client()
         data = os.urandom(20 * MiB + 5)
         client.put_object(Bucket="scratch", Key="eval/ckpt.pt", Body=data)
@@ -349,5 +336,3 @@ def test_posix_put_then_get_is_served_from_the_cache(tmp_path) -> None:
         assert cached == len(data)
         assert metric(node.endpoint, gets) == 0 and metric(node.endpoint, heads) == 1
         assert metric(node.endpoint, 'hoard_bytes_served_total{source="origin"}') == 0
-    finally:
-        assert node.stop() == 0
