@@ -47,11 +47,16 @@ def fetch_all(urls: list[str], concurrency: int = 16) -> list[bytes]:
 
 
 def cache_files(cache_dir: Path) -> list[Path]:
-    """Every file the cache keeps: not the node's shared state in ``node/`` (a leader lock
-    and each live worker's stats part, rewritten through a temporary file every second),
-    which is a few files per worker whatever the object count, and changes as it is read."""
-    node = cache_dir / "node"
-    return [p for p in cache_dir.rglob("*") if p.is_file() and node not in p.parents]
+    """Every file the cache keeps: not the processes' state beside it, which is a few files
+    per process whatever the object count and changes as it is read: the node's shared
+    state in ``node/`` (a leader lock, each live worker's stats part, rewritten through a
+    temporary file every second) and the metrics of each process in ``prometheus-*/``."""
+
+    def process_state(path: Path) -> bool:
+        top = path.relative_to(cache_dir).parts[0]
+        return top == "node" or top.startswith("prometheus-")
+
+    return [p for p in cache_dir.rglob("*") if p.is_file() and not process_state(p)]
 
 
 def segment_files(cache_dir: Path) -> list[Path]:
