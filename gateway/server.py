@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from aiohttp.http import HttpVersion11
 
+from gateway import request_keys as keys
 from gateway.accesslog import AccessLog
 from gateway.admin import Admin
 from gateway.cluster.peer_server import PeerServer
@@ -69,13 +70,15 @@ async def _observe(
 ) -> web.StreamResponse:
     """Request id, metrics and one access-log line for every request."""
     state = request.app[STATE]
-    request["request_id"] = state["request_ids"].new()
+    request[keys.REQUEST_ID] = state["request_ids"].new()
     started = time.perf_counter()
     try:
         response = await handler(request)
     except web.HTTPException as exc:  # a route or handler refusal aiohttp would answer in text
-        request["error_code"] = _code_for(exc.status)
-        response = xml_error(exc.status, request["error_code"], exc.reason, request["request_id"])
+        request[keys.ERROR_CODE] = _code_for(exc.status)
+        response = xml_error(
+            exc.status, request[keys.ERROR_CODE], exc.reason, request[keys.REQUEST_ID]
+        )
     elapsed = time.perf_counter() - started
     account(state, request, response.status, _body_bytes(request, response), elapsed)
     return response
@@ -85,24 +88,24 @@ def account(
     state: dict, request: web.BaseRequest, status: int, body_bytes: int, elapsed: float
 ) -> None:
     """The metrics and the access-log line of one answered request (whole or cut)."""
-    operation = request.get("operation", "Admin")
+    operation = request.get(keys.OPERATION, "Admin")
     metrics: Metrics = state["metrics"]
-    mount = request.get("mount", "")
-    cut = request.get("cut")
+    mount = request.get(keys.MOUNT, "")
+    cut = request.get(keys.CUT)
     if cut is not None:  # a body cut short: its bytes and its cause, never a clean 200
-        sent = request["sent"]
+        sent = request[keys.SENT]
         metrics.cut(operation, cut, mount, elapsed, sent)
     else:
         sent = body_bytes
         metrics.answered(operation, status, mount, elapsed, sent)
-    if "served" in request:
-        metrics.served(mount, request["served"])
+    if keys.SERVED in request:
+        metrics.served(mount, request[keys.SERVED])
     if not state["access_log"].enabled:
         return  # the line's fields are not even gathered: this runs for every hit
-    error = f"cut:{cut}" if cut is not None else request.get("error_code", "-")
+    error = f"cut:{cut}" if cut is not None else request.get(keys.ERROR_CODE, "-")
     state["access_log"].record(
-        request["request_id"], request.method, request.path, operation, request.get("bucket", ""),
-        status, sent, elapsed, request.get("source", "-"), error,
+        request[keys.REQUEST_ID], request.method, request.path, operation, request.get(keys.BUCKET, ""),
+        status, sent, elapsed, request.get(keys.SOURCE, "-"), error,
     )  # fmt: skip
 
 
@@ -173,7 +176,7 @@ def _body_bytes(request: web.Request, response: web.StreamResponse) -> int:
 
 
 async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:
-    request_id = request.get("request_id")
+    request_id = request.get(keys.REQUEST_ID)
     if request_id:
         response.headers["x-amz-request-id"] = request_id
         response.headers["x-amz-id-2"] = request_id
@@ -204,7 +207,7 @@ def build_app(
     async def dispatch(request: web.Request) -> web.StreamResponse:
         path = request.raw_path.split("?", 1)[0]
         if peers is not None and path.startswith(PEER_PREFIX):
-            request["operation"] = "Peer"
+            request[keys.OPERATION] = "Peer"
             return await peers.handle(request, path)  # signed by the cluster secret
         if path.startswith("/_hoard/"):
             return await _open_endpoints(request, path) or await admin.handle(request, path)

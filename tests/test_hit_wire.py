@@ -32,6 +32,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from gateway import hotwire, listener, wiring
+from gateway import request_keys as keys
 from gateway.config_load import build_settings
 from gateway.server import HIT_PATH, HIT_WIRE, STATE, rejected
 from tests.conftest import moto_origin
@@ -87,7 +88,7 @@ async def serve(
     async def first(request: web.BaseRequest) -> web.StreamResponse | None:
         answer = await hits.answer(request)
         if answer is not None:
-            behind.append(request["request_id"])
+            behind.append(request[keys.REQUEST_ID])
         return answer
 
     sock = socket.socket()

@@ -3,7 +3,7 @@
 One handler per operation lives in ``buckets.py``, ``listing.py`` and
 ``objects.py``; this module only decides which one runs and how a failure
 looks on the wire. Every response carries ``x-amz-request-id`` (added by the
-server's prepare hook from ``request["request_id"]``).
+server's prepare hook from ``request[keys.REQUEST_ID]``).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from urllib.parse import parse_qsl
 from aiohttp import web
 
 from gateway import errors
+from gateway import request_keys as keys
 from gateway.reader import Reader
 from gateway.s3 import buckets, cors, listing, objects, xml
 from gateway.s3.auth import ANONYMOUS, Authenticator
@@ -83,7 +84,7 @@ class S3Front:
         return self._body
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        request_id: str = request["request_id"]
+        request_id: str = request[keys.REQUEST_ID]
         try:
             return await self._dispatch(request, request_id)
         except S3Error as exc:
@@ -112,9 +113,9 @@ class S3Front:
         copy_source = request.headers.get("x-amz-copy-source")
         found = self._route(request.method, request.host, view.raw_path, view.raw_query,
                             copy_source is not None)  # fmt: skip
-        request["operation"] = found.operation
-        request["bucket"] = found.bucket
-        request["mount"] = self._reader.mount_label(found.bucket)
+        request[keys.OPERATION] = found.operation
+        request[keys.BUCKET] = found.bucket
+        request[keys.MOUNT] = self._reader.mount_label(found.bucket)
         if request.method == "OPTIONS":
             # A CORS preflight is never signed (browsers send none): the bucket's CORS
             # rules at the origin answer it, as S3 does.
@@ -146,7 +147,7 @@ class S3Front:
         return route(method, host, raw_path, query, self._domains, copy)
 
     def _error(self, request: web.Request, exc: S3Error) -> web.StreamResponse:
-        request["error_code"] = exc.code.name
+        request[keys.ERROR_CODE] = exc.code.name
         if exc.code is Code.NotModified:
             return web.Response(status=304, headers=exc.headers)
         if exc.status >= 500:
@@ -161,7 +162,7 @@ class S3Front:
             return web.Response(
                 status=exc.status, headers=exc.headers, content_type="application/xml"
             )
-        body = xml.error(exc.code.name, exc.message, request["request_id"], fields)
+        body = xml.error(exc.code.name, exc.message, request[keys.REQUEST_ID], fields)
         return web.Response(
             status=exc.status, body=body, headers=exc.headers, content_type="application/xml"
         )

@@ -57,6 +57,7 @@ from aiohttp.http_parser import RawRequestMessage
 from multidict import CIMultiDict
 
 from gateway import errors
+from gateway import request_keys as keys
 from gateway.metrics import Metrics
 from gateway.origins.base import ObjectInfo
 from gateway.pieces import FileSegment, Piece
@@ -140,7 +141,7 @@ class HitPath:
         except (S3Error, errors.HoardError):
             return False
         except Exception:  # nothing is sent yet: the general path answers, as S3 XML
-            log.exception("hit path failed before answering, request %s", request["request_id"])
+            log.exception("hit path failed before answering, request %s", request[keys.REQUEST_ID])
             return False
         if held is None:
             return False
@@ -175,7 +176,7 @@ class HitPath:
         except (S3Error, errors.HoardError):
             return None  # the general path answers the error, as it would have
         except Exception:  # nothing is sent yet: the general path answers, as S3 XML
-            log.exception("hit path failed before answering, request %s", request["request_id"])
+            log.exception("hit path failed before answering, request %s", request[keys.REQUEST_ID])
             return None
         if held is None:
             return None
@@ -202,7 +203,7 @@ class HitPath:
         """The call of a GET of an object the front admits as it is (no ``response-*``
         overrides); None: the general path answers (a refusal too, as it would have)."""
         request_id = self._new_id()
-        request["request_id"] = request_id
+        request[keys.REQUEST_ID] = request_id
         try:
             call, served = self._front.admit(request, request_id)  # type: ignore[arg-type]
         except (S3Error, errors.HoardError):
@@ -229,10 +230,10 @@ class HitPath:
             return None
         block, dated = rendered
         now = self._now() if not dated else ""
-        request_id = request["request_id"]
+        request_id = request[keys.REQUEST_ID]
         tail = (f"{now}Server: Hoard\r\nx-amz-request-id: {request_id}\r\n"
                 f"x-amz-id-2: {request_id}\r\n\r\n").encode()  # fmt: skip
-        request["source"], request["served"] = tier, {tier: info.size}
+        request[keys.SOURCE], request[keys.SERVED] = tier, {tier: info.size}
         return block + tail
 
     def _rendered(self, bucket: str, key: str, info: ObjectInfo) -> tuple[bytes, bool] | None:
@@ -315,8 +316,8 @@ def _cut(
     reason = "client_gone" if isinstance(exc, ConnectionResetError | TimeoutError) else None
     reason = reason or cut_reason(exc)
     if reason != "client_gone":
-        log.warning("hit cut, request %s: %s (%s)", request["request_id"], reason, exc)
-    request["cut"], request["sent"] = reason, sent
+        log.warning("hit cut, request %s: %s (%s)", request[keys.REQUEST_ID], reason, exc)
+    request[keys.CUT], request[keys.SENT] = reason, sent
     transport.abort()
 
 

@@ -13,6 +13,7 @@ import logging
 from aiohttp import web
 
 from gateway import errors
+from gateway import request_keys as keys
 from gateway.object_read import ObjectRead
 from gateway.origins.base import ObjectInfo
 from gateway.pieces import FileSegment
@@ -136,8 +137,8 @@ async def get_object(call: Call) -> web.StreamResponse:
         response.content_length = read.length
         await _stream(call, response, read)
     finally:
-        call.request["source"] = "+".join(sorted(read.sources)) or "-"
-        call.request["served"] = read.sources
+        call.request[keys.SOURCE] = "+".join(sorted(read.sources)) or "-"
+        call.request[keys.SERVED] = read.sources
         await read.aclose()
     return response
 
@@ -145,7 +146,7 @@ async def get_object(call: Call) -> web.StreamResponse:
 async def _stream(call: Call, response: web.StreamResponse, read: ObjectRead) -> None:
     """Send the body; a body that cannot be finished is cut, and says so.
 
-    A cut response leaves ``request["cut"]`` (its reason) and ``request["sent"]``
+    A cut response leaves ``request[keys.CUT]`` (its reason) and ``request[keys.SENT]``
     (the body bytes handed to the socket) for the access log and the metrics:
     it is not a clean 200 with its full length.
     """
@@ -205,8 +206,8 @@ def cut_reason(exc: BaseException) -> str:
 
 
 def _cut(call: Call, reason: str, sent: int) -> None:
-    call.request["cut"] = reason
-    call.request["sent"] = sent
+    call.request[keys.CUT] = reason
+    call.request[keys.SENT] = sent
     _drop_connection(call)
 
 
