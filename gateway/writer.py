@@ -88,7 +88,6 @@ class Writer:
         self.reader = reader
         self._broadcast = broadcast  # a cluster: tell the other nodes, bounded wait
         self.write_throughs = WriteThroughs(reader, namespace.write_through_buffer)
-        self._capabilities = {id(o): Capability.of(o) for o in namespace.origins()}
         self.budget = self.write_throughs.budget
 
     async def settle(self) -> None:
@@ -165,8 +164,7 @@ class Writer:
         return self._capability(self.namespace.resolve(bucket)).forwarding is not None
 
     def _capability(self, mount: Mount) -> Capability:
-        found = self._capabilities.get(id(mount.origin))
-        return found if found is not None else Capability.of(mount.origin)
+        return Capability.of(mount.origin)  # declared by the origin: nothing to discover
 
     def _writable(self, bucket: str, *, mutating: bool = True) -> tuple[Mount, Writable]:
         mount = self.namespace.resolve(bucket)
