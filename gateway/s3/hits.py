@@ -54,7 +54,6 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http import HttpVersion11
 from aiohttp.http_parser import RawRequestMessage
-from multidict import CIMultiDict
 
 from gateway import errors
 from gateway import request_keys as keys
@@ -79,6 +78,7 @@ _GENERAL_LOWER = frozenset(name.lower() for name in (*_GENERAL_HEADERS, "Content
 _HEADER_BLOCKS = 16_384  # objects whose rendered header block is kept
 # Set per request, never from the object (the general path's prepare hook sets them too).
 _PER_REQUEST = ("Server", "x-amz-request-id", "x-amz-id-2")
+_OWN_LOWER = frozenset(name.lower() for name in (*_PER_REQUEST, "Content-Length"))
 
 Account = Callable[[web.BaseRequest, int, int, float], None]
 
@@ -240,22 +240,17 @@ class HitPath:
         """``info``'s status line and headers up to the per-request ones, and whether they
         hold a ``Date`` of the origin's (then kept, as aiohttp keeps a handler's)."""
         kept = self._blocks.get((bucket, key))
-        if kept is not None and kept[0] is info:
+        # Metadata held packed is unpacked anew when read again: equal is as good as same.
+        if kept is not None and (kept[0] is info or kept[0] == info):
             self._blocks.move_to_end((bucket, key))
             return kept[1], kept[2]
-        fields = CIMultiDict(object_headers(info))
-        fields["Content-Length"] = str(info.size)
-        for name in _PER_REQUEST:
-            fields.popall(name, None)
-        lines = "".join(f"{name}: {value}\r\n" for name, value in fields.items())
-        if "\r" in lines.replace("\r\n", "") or "\n" in lines.replace("\r\n", ""):
-            return None  # a header value aiohttp would refuse to send
-        block = ("HTTP/1.1 200 OK\r\n" + lines).encode()
-        dated = "Date" in fields
-        self._blocks[(bucket, key)] = (info, block, dated)
+        rendered = _render(info)
+        if rendered is None:
+            return None
+        self._blocks[(bucket, key)] = (info, *rendered)
         if len(self._blocks) > _HEADER_BLOCKS:
             self._blocks.popitem(last=False)
-        return block, dated
+        return rendered
 
     def _now(self) -> str:
         """The ``Date`` line, formatted once per second."""
@@ -263,6 +258,24 @@ class HitPath:
         if self._date[0] != second:
             self._date = (second, f"Date: {formatdate(second, usegmt=True)}\r\n")
         return self._date[1]
+
+
+def _render(info: ObjectInfo) -> tuple[bytes, bool] | None:
+    """The status line and the object's headers (``object_headers``, then its length),
+    without the per-request ones; and whether the origin's ``Date`` is among them. None:
+    a value aiohttp would refuse to send (a line break), for the general path to refuse."""
+    lines = ["HTTP/1.1 200 OK\r\n"]
+    dated = False
+    for name, value in object_headers(info).items():
+        lower = name.lower()
+        if lower in _OWN_LOWER:
+            continue
+        if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
+            return None
+        dated = dated or lower == "date"
+        lines.append(f"{name}: {value}\r\n")
+    lines.append(f"Content-Length: {info.size}\r\n")
+    return "".join(lines).encode(), dated
 
 
 def _plain(request: web.Request) -> bool:
