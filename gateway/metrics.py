@@ -35,6 +35,7 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from gateway.metric_tally import Tally
 from gateway.metrics_process import ProcessTreeCollector
 
 # Tiers an object byte can come from, and outcomes of a metadata lookup.
@@ -69,6 +70,9 @@ class Metrics:
         self.before_render: list[Callable[[], None]] = []
         # Labelled children of the per-request series, by label values (bounded sets).
         self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
+        # Their counts, added up per loop turn (``metric_tally.py``); flushed before a scrape.
+        self._tally = Tally()
+        self.before_render.append(self._tally.flush)
         self.requests = Counter(
             "hoard_requests_total",
             'S3 requests answered, by operation, HTTP status ("cut": a body cut after its '
@@ -413,9 +417,10 @@ class Metrics:
         self, operation: str, status: int | str, mount: str, seconds: float, body_bytes: int
     ) -> None:
         """Count one S3 response: its operation, status, latency and body bytes."""
-        self._child(self.requests, operation, str(status), mount).inc()
-        self._child(self.request_duration, operation, mount).observe(seconds)
-        self._child(self.response_bytes, operation, mount).inc(body_bytes)
+        tally = self._tally
+        tally.add(self._child(self.requests, operation, str(status), mount))
+        tally.observe(self._child(self.request_duration, operation, mount), seconds)
+        tally.add(self._child(self.response_bytes, operation, mount), body_bytes)
 
     def cut(self, operation: str, reason: str, mount: str, seconds: float, body_bytes: int) -> None:
         """Count one response cut mid-body: as status "cut" (not its 200), and by reason."""
@@ -424,7 +429,7 @@ class Metrics:
 
     def metadata_lookup(self, kind: str, state: str, mount: str) -> None:
         """Count one metadata lookup by outcome (``METADATA_STATES``)."""
-        self._child(self.metadata_lookups, kind, state, mount).inc()
+        self._tally.add(self._child(self.metadata_lookups, kind, state, mount))
 
     def revalidated(self, outcome: str, mount: str) -> None:
         """Count one revalidation of a known object by outcome (``REVALIDATIONS``)."""
@@ -434,11 +439,11 @@ class Metrics:
         """Count object bytes handed to a client, by the tier that supplied them (``SOURCES``)."""
         for source, count in tally.items():
             if count:
-                self._child(self.bytes_served, source, mount).inc(count)
+                self._tally.add(self._child(self.bytes_served, source, mount), count)
 
     def hit(self, source: str) -> None:
         """Count one GET answered by the hit path, by the tier it came from."""
-        self._child(self.hit_path, source).inc()
+        self._tally.add(self._child(self.hit_path, source))
 
     def _child(self, metric: Any, *labels: str) -> Any:
         """``metric.labels(*labels)``, looked up once per label set and kept.
@@ -451,6 +456,11 @@ class Metrics:
         if child is None:
             child = self._children[key] = metric.labels(*labels)
         return child
+
+    def flush(self) -> None:
+        """Hand the per-request counts of this loop turn to their series now (``render``
+        does; a test reading the registry itself does too)."""
+        self._tally.flush()
 
     def render(self) -> bytes:
         for refresh in self.before_render:

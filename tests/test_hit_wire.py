@@ -55,8 +55,9 @@ class Served:
         return f"127.0.0.1:{self.port}"
 
     def sample(self, name: str, **labels: str) -> float:
-        registry = self.app[STATE]["metrics"].registry
-        return registry.get_sample_value(name, labels) or 0.0
+        metrics = self.app[STATE]["metrics"]
+        metrics.flush()  # this loop turn's counts, as a scrape would
+        return metrics.registry.get_sample_value(name, labels) or 0.0
 
     def hits(self) -> float:
         return self.sample("hoard_hit_path_responses_total", source="memory")

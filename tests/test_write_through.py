@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
-from prometheus_client import generate_latest
 
 from gateway.blocks import BlockSource
 from gateway.cache.disk import DiskTier
@@ -149,7 +148,7 @@ async def _read(reader: Reader, key: str, sources: Counter[str] | None = None) -
 
 def _count(metrics: Metrics, name: str, **labels: str) -> float:
     selector = name + "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
-    return sum_samples(generate_latest(metrics.registry).decode(), selector)
+    return sum_samples(metrics.render().decode(), selector)
 
 
 async def test_write_through_serves_the_next_read_without_the_origin(tmp_path) -> None:
