@@ -310,3 +310,37 @@ async def test_an_index_of_an_older_layout_is_started_over_never_misread(tmp_pat
         assert second.stats().corrupt == 0
     finally:
         await second.close()
+
+
+async def test_a_hit_moves_its_segment_in_the_lru_order_not_its_block_row(tmp_path: Path) -> None:
+    """Hits are batched per segment: the segment of the block read gets the latest hit time
+    (so it outlives a newer segment nobody reads); a packed block's own row stays without one."""
+    directory = tmp_path / "cache"
+    tier = packed_tier(directory, capacity=32 << 20, segment_size=1 << 20, touch_interval=0.01)
+    await tier.start()
+    try:
+        blocks = [block_id(f"k{i}") for i in range(300)]  # 300 records: two 1 MiB segments
+        for block in blocks:
+            assert await tier.put(block, payload(block))
+        assert len(segments(directory)) == 2
+        db = sqlite3.connect(directory / "index.sqlite3")
+
+        def ages() -> list[float]:
+            rows = db.execute("SELECT last_access FROM segments ORDER BY id").fetchall()
+            return [when for (when,) in rows]
+
+        first, second = ages()
+        assert first <= second  # the older segment was last written first
+        for _ in range(20):
+            assert await read_back(tier, blocks[0]) == payload(blocks[0])
+        for _ in range(500):  # bounded: the touch flush runs every 10 ms
+            first, second = ages()
+            if first > second:
+                break
+            await asyncio.sleep(0.01)
+        assert first > second
+        packed_rows = db.execute("SELECT count(*) FROM blocks WHERE last_access IS NOT NULL")
+        assert packed_rows.fetchone() == (0,)
+        db.close()
+    finally:
+        await tier.close()

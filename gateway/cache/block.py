@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import xxhash
 
@@ -35,14 +35,21 @@ class BlockId:
     key: str
     etag: str
     index: int
+    # The digest, once computed: a disk hit names its block four times (open file, place,
+    # checked record, touch), each a BLAKE2b of the identity if not kept.
+    _digest: str | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def digest(self) -> str:
         """40 hex characters naming this block (file name, index key, peer path)."""
-        identity = "\0".join((self.origin, self.bucket, self.key, self.etag, str(self.index)))
-        return hashlib.blake2b(
-            identity.encode("utf-8", "surrogatepass"), digest_size=20
-        ).hexdigest()
+        digest = self._digest
+        if digest is None:
+            identity = "\0".join((self.origin, self.bucket, self.key, self.etag, str(self.index)))
+            digest = hashlib.blake2b(
+                identity.encode("utf-8", "surrogatepass"), digest_size=20
+            ).hexdigest()
+            object.__setattr__(self, "_digest", digest)  # frozen: set once, on first use
+        return digest
 
 
 def checksum(data: bytes | bytearray | memoryview) -> int:

@@ -66,11 +66,24 @@ _LOCATE = """
 SELECT segments.name, seg_offset, length, checksum, blocks.segment IS NULL
 FROM blocks LEFT JOIN segments ON segments.id = blocks.segment WHERE digest = ?
 """
+# A batch of hits goes into a temporary table first, then each own file's row and each
+# segment's row is written once, with its latest hit: a thousand hits on one segment's
+# blocks are one write, not a thousand (and a packed block's row is not written at all).
 # max(): batches from several processes arrive out of order; never move an entry back.
-_TOUCH_FILE = "UPDATE blocks SET last_access = max(last_access, ?) WHERE digest = ?"
+_TOUCHED = (
+    "CREATE TEMP TABLE IF NOT EXISTS touched (digest BLOB PRIMARY KEY, at REAL) WITHOUT ROWID"
+)
+_TOUCH_ADD = "INSERT INTO temp.touched VALUES (?2, ?1) ON CONFLICT DO UPDATE SET at = max(at, ?1)"
+_TOUCH_FILE = """
+UPDATE blocks SET last_access = max(last_access, touched.at)
+FROM temp.touched WHERE blocks.digest = touched.digest AND blocks.segment IS NULL
+"""
 _TOUCH_SEGMENT = """
-UPDATE segments SET last_access = max(last_access, ?)
-WHERE id = (SELECT segment FROM blocks WHERE digest = ?)
+UPDATE segments SET last_access = max(last_access, latest.at)
+FROM (SELECT blocks.segment AS id, max(touched.at) AS at
+      FROM temp.touched JOIN blocks ON blocks.digest = touched.digest
+      WHERE blocks.segment IS NOT NULL GROUP BY blocks.segment) AS latest
+WHERE segments.id = latest.id
 """
 
 
@@ -126,9 +139,11 @@ def locate(conn: sqlite3.Connection, digest: str) -> Place | bool | None:
 
 def touch(conn: sqlite3.Connection, touches: dict[str, float]) -> None:
     """Record hits ({digest: time}): an own file's row, or a packed block's segment."""
-    args = [(when, raw(digest)) for digest, when in touches.items()]
-    conn.executemany(_TOUCH_FILE, args)  # a packed block's NULL stays NULL
-    conn.executemany(_TOUCH_SEGMENT, args)  # an own file's NULL segment matches none
+    conn.execute(_TOUCHED)
+    conn.executemany(_TOUCH_ADD, [(when, raw(digest)) for digest, when in touches.items()])
+    conn.execute(_TOUCH_FILE)
+    conn.execute(_TOUCH_SEGMENT)
+    conn.execute("DELETE FROM temp.touched")
 
 
 def add_segment(conn: sqlite3.Connection, name: str) -> None:
