@@ -84,7 +84,7 @@ class AuthContext:
     presigned: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per request, and frozen fields cost a setattr each
 class _Claim:
     """What a request says about its own signature, before anything is checked."""
 
@@ -194,7 +194,7 @@ def derive_signing_key(secret: str, date: str, region: str) -> bytes:
 
 def _claim(req: RequestView) -> _Claim:
     authorization = req.headers.get("Authorization", "").strip()
-    params = query_params(req.raw_query)
+    params = query_params(req.raw_query) if req.raw_query else {}
     query_auth = any(n in params for n in _PRESIGN_PARAMS) or "signature" in params
     if authorization and query_auth:
         raise S3Error(
@@ -335,8 +335,10 @@ def _signed_headers(value: str) -> tuple[str, ...]:
 
 def _check_headers_signed(req: RequestView, signed: tuple[str, ...]) -> None:
     """S3 insists on a signed Host (no replay to another bucket) and on every x-amz-* header."""
-    present = {n.lower() for n in req.headers}
-    unsigned = sorted(n for n in present if n.startswith("x-amz-") and n not in signed)
+    unsigned = sorted({
+        lower for name in req.headers
+        if (lower := name.lower()).startswith("x-amz-") and lower not in signed
+    })  # fmt: skip
     if "host" not in signed:
         unsigned.insert(0, "host")
     if unsigned:
@@ -401,6 +403,8 @@ def _candidate_uris(raw_path: str) -> tuple[str, ...]:
 
 
 def _canonical_query(raw_query: str, *, presigned: bool) -> str:
+    if not raw_query:
+        return ""
     pairs = []
     for item in raw_query.split("&"):
         if not item:
@@ -418,13 +422,16 @@ def _canonical_headers(req: RequestView, names: tuple[str, ...]) -> tuple[str, b
     lines, complete = [], True
     for name in names:
         if getall is not None:
-            values = getall(name, [])
+            values = getall(name, ())
         else:
             values = [v for v in [req.headers.get(name)] if v is not None]
+        if len(values) == 1:  # the usual case: one value, no list to join
+            lines.append(f"{name}:{' '.join(values[0].split())}\n")
+            continue
         complete = complete and bool(values)
         # Trim and collapse inner whitespace; repeated headers are joined with ','.
-        lines.append(name + ":" + ",".join(" ".join(v.split()) for v in values))
-    return "".join(line + "\n" for line in lines), complete
+        lines.append(name + ":" + ",".join(" ".join(v.split()) for v in values) + "\n")
+    return "".join(lines), complete
 
 
 # --- small helpers ---------------------------------------------------------------------
