@@ -33,6 +33,8 @@ from urllib.parse import urlsplit
 from botocore.auth import SIGNED_HEADERS_BLACKLIST
 from botocore.credentials import ReadOnlyCredentials
 
+from gateway.sigv4_key import derive_signing_key
+
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
 _UNSIGNED_HEADERS = frozenset(SIGNED_HEADERS_BLACKLIST)
@@ -93,7 +95,7 @@ class Signer:
             "AWS4-HMAC-SHA256", stamp, scope, hashlib.sha256(canonical.encode()).hexdigest()
         ))  # fmt: skip
         key = self._key(credentials.secret_key, day)
-        signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+        signature = hmac.digest(key, to_sign.encode(), "sha256").hex()
         out["Authorization"] = (
             f"AWS4-HMAC-SHA256 Credential={credentials.access_key}/{scope}, "
             f"SignedHeaders={names}, Signature={signature}"
@@ -105,10 +107,7 @@ class Signer:
         if key is None:
             if len(self._keys) >= _KEYS_KEPT:
                 self._keys.clear()
-            key = ("AWS4" + secret).encode()
-            for part in (day, self._region, "s3", "aws4_request"):
-                key = hmac.new(key, part.encode(), hashlib.sha256).digest()
-            self._keys[(secret, day)] = key
+            key = self._keys[(secret, day)] = derive_signing_key(secret, day, self._region)
         return key
 
 

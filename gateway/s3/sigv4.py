@@ -41,6 +41,7 @@ from gateway.s3.signing import (
     uri_encode,
     utf8,
 )
+from gateway.sigv4_key import derive_signing_key
 
 ALGORITHM = "AWS4-HMAC-SHA256"
 UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
@@ -179,14 +180,6 @@ class SigV4Verifier:
             fields = {"X-Amz-Expires": str(claim.expires), "Expires": expires_at}
             fields["ServerTime"] = iso(now)
             raise S3Error(Code.AccessDenied, "Request has expired", fields=fields)
-
-
-def derive_signing_key(secret: str, date: str, region: str) -> bytes:
-    """The SigV4 key chain: "AWS4"+secret -> date -> region -> "s3" -> "aws4_request"."""
-    key = utf8("AWS4" + secret)
-    for part in (date, region, "s3", "aws4_request"):
-        key = hmac.new(key, utf8(part), hashlib.sha256).digest()
-    return key
 
 
 # --- parsing: request -> _Claim -------------------------------------------------------
