@@ -149,6 +149,25 @@ def generated_credential(cache_dir: Path) -> Credential:
     return Credential(**pair)
 
 
+def with_credential(settings: Settings) -> tuple[Settings, Credential | None]:
+    """``settings`` with the generated credential when none is configured (and anonymous
+    access is off), and that credential (None: the configured ones are used)."""
+    if settings.credentials or settings.allow_anonymous:
+        return settings, None
+    credential = generated_credential(settings.cache.dir)
+    return settings.model_copy(update={"credentials": [credential]}), credential
+
+
+def reloaded(args: argparse.Namespace) -> Settings:
+    """The config as a SIGHUP re-reads it: checked as at start (a weak secret off loopback
+    is refused: ``ConfigError``), with the generated credential if none is configured."""
+    settings = load(args)
+    refused, _ = refusals(settings)
+    if refused:
+        raise ConfigError("; ".join(refused))
+    return with_credential(settings)[0]
+
+
 def _banner(settings: Settings, credential: Credential | None) -> str:
     host, port = split_listen(settings.listen)
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
@@ -183,10 +202,7 @@ def serve(settings: Settings, reload: Callable[[], Settings] | None = None) -> N
     """Run the gateway; ``reload`` re-reads the config on SIGHUP."""
     raise_fd_limit()
     private_cache(settings.cache.dir, settings.cache.umask)
-    credential = None
-    if not settings.credentials and not settings.allow_anonymous:
-        credential = generated_credential(settings.cache.dir)
-        settings = settings.model_copy(update={"credentials": [credential]})
+    settings, credential = with_credential(settings)
     if settings.workers > 1:
         supervise(settings, _banner(settings, credential),
                   lambda metrics_dir: _worker(settings, metrics_dir, reload))  # fmt: skip
@@ -252,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("INSECURE, allowed only because Hoard listens on loopback: %s", line)
     for line in ambient_origins(settings):
         log.warning("%s", line)
-    serve(settings, reload=lambda: load(args))
+    serve(settings, reload=functools.partial(reloaded, args))
     return 0
 
 

@@ -94,7 +94,7 @@ def build(
     """Wire every object of one gateway process from its settings.
 
     ``metrics_dir`` is set when this process is one of several workers;
-    ``reload`` re-reads the config on SIGHUP (only ``cluster.peers`` is applied).
+    ``reload`` re-reads the config on SIGHUP (credentials and ``cluster.peers`` are applied).
     """
     metrics = Metrics(multiprocess_dir=metrics_dir)
     shared = metrics_dir is not None
@@ -188,7 +188,7 @@ def build(
 
     metrics.before_render.append(tier_levels)
 
-    on_sighup = []  # what a SIGHUP reloads: the certificate, the cluster's peers
+    on_sighup = []  # what a SIGHUP reloads: the certificate, the credentials, the cluster's peers
     cert, key = settings.tls.cert, settings.tls.key
     if cert is not None and key is not None:
         app[TLS_CONTEXT] = tls.server_context(cert, key)
@@ -205,8 +205,8 @@ def build(
         await store.start()
         if cluster is not None:
             await cluster.start()
-            if reload is not None:
-                on_sighup.append(functools.partial(_reload_peers, cluster, reload))
+        if reload is not None:
+            on_sighup.append(functools.partial(_reload, reload, auth, cluster))
         if on_sighup:
             asyncio.get_running_loop().add_signal_handler(
                 signal.SIGHUP, lambda: [each() for each in on_sighup]
@@ -308,16 +308,22 @@ class PeerAnswers:
         await self._prefetch.on_peer(name, body)
 
 
-def _reload_peers(cluster: ClusterNode, reload: Callable[[], Settings]) -> None:
-    """SIGHUP: re-read the config and apply its ``cluster.peers`` (nodes joining or
-    leaving a static cluster); the rest of the config needs a restart."""
+def _reload(
+    reload: Callable[[], Settings], auth: Authenticator, cluster: ClusterNode | None
+) -> None:
+    """SIGHUP: re-read the config and apply its credentials (keys added, removed, limited;
+    ``allow_anonymous``) and ``cluster.peers`` (nodes joining or leaving a static cluster);
+    the rest of the config needs a restart. A config that fails changes nothing."""
     try:
-        peers = reload().cluster.peers
+        settings = reload()
     except (ConfigError, OSError) as exc:
-        log.error("config reload failed, cluster peers unchanged: %s", exc)
+        log.error("config reload failed, nothing changed: %s", exc)
         return
-    cluster.membership.update_static(peers)
-    log.info("config reloaded: cluster peers are %s", ", ".join(peers) or "none")
+    auth.reload(settings.credentials, settings.allow_anonymous)
+    log.info("config reloaded: %d credential(s)", len(settings.credentials))
+    if cluster is not None:
+        cluster.membership.update_static(settings.cluster.peers)
+        log.info("cluster peers are %s", ", ".join(settings.cluster.peers) or "none")
 
 
 def _metadata_event(metrics: Metrics, kind: str, state: str, mount: str) -> None:

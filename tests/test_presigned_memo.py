@@ -70,15 +70,19 @@ def test_a_remembered_url_is_refused_once_it_expired() -> None:
 
 
 def test_a_remembered_url_is_refused_by_reloaded_credentials() -> None:
-    """Credentials are read at start (a SIGHUP reloads none): a new secret means a new
-    Authenticator, and nothing the old one remembered carries over."""
+    """A SIGHUP reloads the credentials: nothing remembered under the old ones carries over,
+    neither a changed secret nor a removed key."""
     target = presign("GET", HOST, TARGET, expires=600, access_key="memo-key", secret_key="s1")
     clock = Clock(0.0)
     clock.now = _signed_at(target) + 1
-    old = _authenticator("s1", clock)
-    assert old.authenticate(_view(target)).access_key == "memo-key"
-    reloaded = _authenticator("s2", clock)
-    assert _refused(reloaded, _view(target)).startswith("SignatureDoesNotMatch")
+    auth = _authenticator("s1", clock)
+    assert auth.authenticate(_view(target)).access_key == "memo-key"
+    auth.reload([Credential(access_key="memo-key", secret_key=SecretStr("s2"))], False)
+    assert _refused(auth, _view(target)).startswith("SignatureDoesNotMatch")
+    auth.reload([Credential(access_key="memo-key", secret_key=SecretStr("s1"))], False)
+    assert auth.authenticate(_view(target)).access_key == "memo-key"
+    auth.reload([Credential(access_key="other-key", secret_key=SecretStr("s1"))], False)
+    assert _refused(auth, _view(target)).startswith("InvalidAccessKeyId")
 
 
 def test_a_changed_url_is_verified_again() -> None:

@@ -56,16 +56,22 @@ class Authenticator:
         clock: Callable[[], float] = time.time,
         domains: Sequence[str] = ("localhost",),
     ) -> None:
+        self._clock = clock
+        self._domains = domains
+        self.reload(credentials, allow_anonymous)
+
+    def reload(self, credentials: list[Credential], allow_anonymous: bool) -> None:
+        """Check against these credentials from now on (SIGHUP): a key removed or limited is
+        refused or limited at its next request, a remembered presigned URL included."""
         secrets = {c.access_key: c.secret_key.get_secret_value() for c in credentials}
         self._limits = {
             c.access_key: (frozenset(c.buckets) if c.buckets is not None else None, c.readonly)
             for c in credentials
         }
-        self._verifier = SigV4Verifier(secrets, clock=clock)
-        self._v2_verifier = SigV2Verifier(secrets, clock=clock, domains=domains)
+        self._verifier = SigV4Verifier(secrets, clock=self._clock)
+        self._v2_verifier = SigV2Verifier(secrets, clock=self._clock, domains=self._domains)
         self._allow_anonymous = allow_anonymous
-        self._clock = clock
-        self._presigned = PresignedMemo(clock)
+        self._presigned = PresignedMemo(self._clock)
 
     def authenticate(self, request: RequestView) -> Principal:
         """The verified caller; ``S3Error`` for a bad signature or a refused anonymous call."""
