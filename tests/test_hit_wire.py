@@ -34,11 +34,12 @@ from aiohttp.web_protocol import RequestHandler
 from gateway import hotwire, listener, wiring
 from gateway import request_keys as keys
 from gateway.config_load import build_settings
+from gateway.s3.auth import Authenticator
 from gateway.server import HIT_PATH, HIT_WIRE, STATE, rejected
 from tests.conftest import moto_origin
 from tests.harness import ACCESS_KEY, SECRET_KEY
 from tests.origin_proxy import OriginProxy
-from tests.rawhttp import presign
+from tests.rawhttp import presign, sign_headers
 
 SMALL = os.urandom(100 * 1024)
 
@@ -273,6 +274,38 @@ async def test_a_connection_serving_only_hits_is_not_closed_as_idle(
         assert not reader.at_eof()
         writer.close()
         assert served.behind_aiohttp == []
+
+
+async def test_a_miss_handed_on_from_the_wire_is_verified_once(
+    tmp_path, proxy, seeded, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request the wire admits but cannot answer goes through aiohttp's hit-path attempt
+    and then the general path: its signature is checked once, not three times."""
+    verified: list[str] = []
+    verify = Authenticator._verify
+
+    def counting(self: Authenticator, view: Any) -> Any:
+        verified.append(view.raw_path)
+        return verify(self, view)
+
+    monkeypatch.setattr(Authenticator, "_verify", counting)
+    target = f"/{seeded}/other.bin"
+    async with serve(tmp_path, proxy, seeded) as served:
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        for expected in (1, 2):  # a miss (from the origin), then a hit of the memory tier
+            headers = sign_headers("GET", served.host, target)
+            lines = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+            writer.write(f"GET {target} HTTP/1.1\r\nHost: {served.host}\r\n{lines}\r\n".encode())
+            answer = await read_answer(reader)
+            assert (answer.status, answer.body) == (200, b"other object")
+            assert verified == [target] * expected
+        writer.close()
+        bad = sign_headers("GET", served.host, target, secret_key="not-the-secret")
+        lines = "".join(f"{name}: {value}\r\n" for name, value in bad.items())
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        writer.write(f"GET {target} HTTP/1.1\r\nHost: {served.host}\r\n{lines}\r\n".encode())
+        assert (await read_answer(reader)).status == 403  # a refusal is never handed on
+        writer.close()
 
 
 def test_missing_aiohttp_internals_are_named() -> None:

@@ -122,7 +122,9 @@ class S3Front:
             cors.checked_preflight(request.headers)
             principal = ANONYMOUS
         else:
-            principal = self._auth.authenticate(view)
+            principal = request.get(keys.PRINCIPAL)  # type: ignore[assignment]
+            if principal is None:
+                principal = request[keys.PRINCIPAL] = self._auth.authenticate(view)
             if principal.anonymous and not found.served:
                 # Anonymous reads are object reads and listings Hoard answers itself, never
                 # an ACL, version, upload or tagging read fetched with Hoard's credentials.

@@ -61,6 +61,7 @@ from gateway.metrics import Metrics
 from gateway.origins.base import ObjectInfo
 from gateway.pieces import FileSegment, Piece
 from gateway.reader import Reader
+from gateway.s3.auth import Principal
 from gateway.s3.body import BodySender, sendfile_now
 from gateway.s3.call import Call
 from gateway.s3.errors import S3Error
@@ -76,6 +77,8 @@ _GENERAL_HEADERS = (
 )  # fmt: skip
 _GENERAL_LOWER = frozenset(name.lower() for name in (*_GENERAL_HEADERS, "Content-Length"))
 _HEADER_BLOCKS = 16_384  # objects whose rendered header block is kept
+_HANDED = 1024  # wire requests handed on whose verified caller is kept (a closed connection's
+# is never asked for: the oldest go)
 # Set per request, never from the object (the general path's prepare hook sets them too).
 _PER_REQUEST = ("Server", "x-amz-request-id", "x-amz-id-2")
 _OWN_LOWER = frozenset(name.lower() for name in (*_PER_REQUEST, "Content-Length"))
@@ -120,6 +123,8 @@ class HitPath:
         # (bucket, key) -> (the metadata it was rendered from, status line and headers)
         self._blocks: OrderedDict[tuple[str, str], tuple[ObjectInfo, bytes, bool]] = OrderedDict()
         self._date = (0, "")
+        # id(message) -> (message, principal) of wire requests admitted but not answered there.
+        self._handed: dict[int, tuple[RawRequestMessage, Principal]] = {}
 
     def answer_now(
         self, message: RawRequestMessage, transport: asyncio.Transport, sockfd: int | None
@@ -139,15 +144,16 @@ class HitPath:
         try:
             held = self._reader.held_now(call.bucket, call.key)
         except (S3Error, errors.HoardError):
-            return False
+            held = None
         except Exception:  # nothing is sent yet: the general path answers, as S3 XML
             log.exception("hit path failed before answering, request %s", request[keys.REQUEST_ID])
-            return False
-        if held is None:
-            return False
-        info, piece, tier = held
-        head = self._head(request, call.bucket, call.key, info, piece, tier, transport)
+            held = None
+        head = None
+        if held is not None:
+            info, piece, tier = held
+            head = self._head(request, call.bucket, call.key, info, piece, tier, transport)
         if head is None:
+            self._hand_on(message, call)
             return False
         try:
             if isinstance(piece, FileSegment):
@@ -168,6 +174,9 @@ class HitPath:
         if not _plain(request):
             return None
         started = time.perf_counter()
+        handed = self._handed.pop(id(request.message), None)
+        if handed is not None and handed[0] is request.message:
+            request[keys.PRINCIPAL] = handed[1]  # verified on the wire a moment ago
         call = self._admitted(request)
         if call is None:
             return None
@@ -198,6 +207,13 @@ class HitPath:
         self._metrics.hit(tier)
         self._account(request, 200, info.size, time.perf_counter() - started)
         return _Sent()
+
+    def _hand_on(self, message: RawRequestMessage, call: Call) -> None:
+        """Keep who ``message`` was verified as, for aiohttp's request of the same message
+        (``answer``, then the general path): a miss is not verified two more times."""
+        self._handed[id(message)] = (message, call.principal)  # the message kept: ids stay
+        if len(self._handed) > _HANDED:
+            del self._handed[next(iter(self._handed))]
 
     def _admitted(self, request: web.BaseRequest | WireRequest) -> Call | None:
         """The call of a GET of an object the front admits as it is (no ``response-*``
