@@ -15,7 +15,13 @@ only while the journal says nothing touched its key since: a sibling's fetch
 that raced a write may store its old answer, and it is never believed.
 
 Saves are batched in memory and written every ``flush_interval`` seconds by
-one dedicated thread (SQLite's threading rules; nothing blocks the loop). A
+one dedicated thread (SQLite's threading rules; no write blocks the loop). A
+point read (``load``, one per cold object) runs on the loop, on a read-only
+connection of its own: it is an index lookup of a few cached pages, a WAL
+reader never waits for a writer, and a thread hop cost more than the read
+(and, on two busy cores, woke a thread that contended for the GIL). Should
+the database be busy anyway (a recovery, a lock held by a crashed process),
+the read goes to the store's thread, which waits as writes do. A
 crash loses at most that interval of metadata, which costs a HEAD later, never
 a wrong answer: ETags name the blocks, and the origin has the last word after
 the TTL. Bounded by ``max_rows`` (oldest first out).
@@ -123,6 +129,14 @@ def _encode(info: ObjectInfo, stored_at: float, learned: int) -> _Row:
     return info_text, stored_at, learned, _etag_column(info.etag), info.size, modified
 
 
+def _select(db: sqlite3.Connection, scope: Scope, key: str) -> _Row | None:
+    cursor = db.execute(
+        f"SELECT {_COLUMNS} FROM objects WHERE {_THIS_ROW}", (_row_id(scope, key), *scope, key)
+    )
+    row: _Row | None = cursor.fetchone()
+    return row
+
+
 def _decode(key: str, row: _Row) -> ObjectInfo:
     rest: dict[str, Any] = json.loads(row[0])
     fields = {name: rest[short] for name, short in _FIELDS.items() if short in rest}
@@ -140,6 +154,7 @@ class MetadataStore:
         self._flush_interval = flush_interval
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="metadata-store")
         self._db: sqlite3.Connection | None = None
+        self._reader: sqlite3.Connection | None = None  # point reads, on the loop
         self._pending: dict[tuple[str, str, str], _Row] = {}
         self._confirmations: list[tuple[float, Scope, Sequence[ListEntry]]] = []
         self._flusher: asyncio.Task[None] | None = None
@@ -165,6 +180,9 @@ class MetadataStore:
 
     async def start(self) -> None:
         await self._call(self._open)
+        # Made on the loop, which is the only thread that uses it (sqlite3's thread check).
+        self._reader = sqlite3.connect(self._path, timeout=0, isolation_level=None)
+        self._reader.execute("PRAGMA query_only = ON")
         self._flusher = asyncio.create_task(self._flush_forever())
 
     def _open(self) -> None:
@@ -191,6 +209,9 @@ class MetadataStore:
             self._flusher.cancel()
             await asyncio.gather(self._flusher, return_exceptions=True)
         await self.flush()
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
         if self._db is not None:
             await self._call(self._db.close)
         if self._lock_fd is not None:
@@ -204,18 +225,24 @@ class MetadataStore:
 
     async def load(self, scope: Scope, key: str) -> Stored | None:
         """The stored metadata of ``key``, if any."""
-        row = self._pending.get((*scope, key)) or await self._call(self._select, scope, key)
+        row = self._pending.get((*scope, key)) or await self._read(scope, key)
         if row is None:
             return None
         return Stored(_decode(key, row), time.time() - row[1], row[2])
 
+    async def _read(self, scope: Scope, key: str) -> _Row | None:
+        """The stored row of ``key``: on the loop, or in the store's thread if the
+        database is busy (see the module's docstring)."""
+        if self._reader is not None:
+            try:
+                return _select(self._reader, scope, key)
+            except sqlite3.OperationalError:  # busy or locked: wait for it off the loop
+                pass
+        return await self._call(self._select, scope, key)
+
     def _select(self, scope: Scope, key: str) -> _Row | None:
         assert self._db is not None
-        cursor = self._db.execute(
-            f"SELECT {_COLUMNS} FROM objects WHERE {_THIS_ROW}",
-            (_row_id(scope, key), *scope, key),
-        )
-        return cursor.fetchone()
+        return _select(self._db, scope, key)
 
     @contextlib.asynccontextmanager
     async def fetch_lock(self, scope: Scope, key: str, kind: str = "meta") -> AsyncIterator[bool]:
