@@ -175,3 +175,35 @@ async def test_a_row_written_with_a_text_etag_reads_back_the_same(tmp_path: Path
         assert stored is not None and stored.info == info("plain")
     finally:
         await store.close()
+
+
+async def test_a_point_read_on_the_loop_sees_a_siblings_flush_and_falls_back_when_it_cannot_read(
+    tmp_path: Path,
+) -> None:
+    """``load`` reads on the loop, through its own connection: a row a sibling worker's
+    store flushed is seen by the next read (each read is a fresh snapshot), and a
+    read that fails there (here: a connection to a database without the table) is
+    asked again of the store's thread."""
+    path = tmp_path / "metadata.sqlite3"
+    mine, sibling = MetadataStore(path, shared=True), MetadataStore(path, shared=True)
+    await mine.start()
+    await sibling.start()
+    try:
+        assert await mine.load(SCOPE, "plain") is None
+        sibling.save(SCOPE, "plain", ANSWERS[0], learned=3)
+        await sibling.flush()
+        stored = await mine.load(SCOPE, "plain")
+        assert stored is not None and (stored.info, stored.learned) == (ANSWERS[0], 3)
+        reader = mine._reader
+        mine._reader = sqlite3.connect(tmp_path / "empty.sqlite3", timeout=0)
+        try:
+            with pytest.raises(sqlite3.OperationalError):
+                mine._reader.execute("SELECT info FROM objects")
+            stored = await mine.load(SCOPE, "plain")
+            assert stored is not None and stored.info == ANSWERS[0]
+        finally:
+            mine._reader.close()
+            mine._reader = reader
+    finally:
+        await sibling.close()
+        await mine.close()

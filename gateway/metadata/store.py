@@ -15,7 +15,13 @@ only while the journal says nothing touched its key since: a sibling's fetch
 that raced a write may store its old answer, and it is never believed.
 
 Saves are batched in memory and written every ``flush_interval`` seconds by
-one dedicated thread (SQLite's threading rules; nothing blocks the loop). A
+one dedicated thread (SQLite's threading rules; no write blocks the loop). A
+point read (``load``, one per cold object) runs on the loop, on a read-only
+connection of its own: it is an index lookup of a few cached pages, a WAL
+reader never waits for a writer, and a thread hop cost more than the read
+(and, on two busy cores, woke a thread that contended for the GIL). Should
+the database be busy anyway (a recovery, a lock held by a crashed process),
+the read goes to the store's thread, which waits as writes do. A
 crash loses at most that interval of metadata, which costs a HEAD later, never
 a wrong answer: ETags name the blocks, and the origin has the last word after
 the TTL. Bounded by ``max_rows`` (oldest first out).
@@ -26,23 +32,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import json
 import logging
 import math
-import os
 import re
 import shutil
 import sqlite3
 import time
-import zlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gateway.metadata.fetch_locks import FetchLocks
 from gateway.metadata.snapshot import microseconds, moment
 from gateway.origins.base import ListEntry, ObjectInfo
 
@@ -51,11 +55,11 @@ Scope = tuple[str, str]
 # modified (µs or None)
 _Row = tuple[str, float, int, str | bytes, int, int | None]
 log = logging.getLogger(__name__)
-# Stripes of fetch_lock per kind: byte offsets of one lock file, so no file each.
-_STRIPES = 1 << 16
 _WAL_PAGES = 256  # write-ahead log pages before a checkpoint (1 MiB)
+# Seconds from the end of one write to the start of the next: an idle store writes at once,
+# a busy one lets rows gather (at ~100 cold objects/s per worker a write held one row).
+_WRITE_SPACING = 0.02
 _RECOUNT_EVERY = 60.0  # seconds: the longest sibling workers' rows go uncounted
-_KINDS = {"meta": 0, "list": 1, "page": 2}  # a HEAD, a directory walk, a shared origin page
 
 # Rows are keyed by a 64-bit hash of (origin, bucket, key), the table's rowid:
 # a text primary key would be a second copy of every key in its index (~100
@@ -123,6 +127,14 @@ def _encode(info: ObjectInfo, stored_at: float, learned: int) -> _Row:
     return info_text, stored_at, learned, _etag_column(info.etag), info.size, modified
 
 
+def _select(db: sqlite3.Connection, scope: Scope, key: str) -> _Row | None:
+    cursor = db.execute(
+        f"SELECT {_COLUMNS} FROM objects WHERE {_THIS_ROW}", (_row_id(scope, key), *scope, key)
+    )
+    row: _Row | None = cursor.fetchone()
+    return row
+
+
 def _decode(key: str, row: _Row) -> ObjectInfo:
     rest: dict[str, Any] = json.loads(row[0])
     fields = {name: rest[short] for name, short in _FIELDS.items() if short in rest}
@@ -140,6 +152,7 @@ class MetadataStore:
         self._flush_interval = flush_interval
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="metadata-store")
         self._db: sqlite3.Connection | None = None
+        self._reader: sqlite3.Connection | None = None  # point reads, on the loop
         self._pending: dict[tuple[str, str, str], _Row] = {}
         self._confirmations: list[tuple[float, Scope, Sequence[ListEntry]]] = []
         self._flusher: asyncio.Task[None] | None = None
@@ -151,9 +164,9 @@ class MetadataStore:
         self._counted = 0  # rows at the last count
         self._written = 0  # rows written since: an upper bound (a replaced row adds none)
         self._counted_at = -math.inf
-        self._lock_fd: int | None = None  # the lock file, whose bytes are fetch_lock's stripes
-        # Stripes this process's tasks hold or await: the lock and how many use it.
-        self._stripes: dict[int, tuple[asyncio.Lock, list[int]]] = {}
+        lock_path = path.with_name(path.name + ".locks")
+        self._locks = FetchLocks(lock_path, self.flush, self._unflushed)
+        self._last_write = -math.inf  # time.monotonic() at the end of the last write
 
     @property
     def shared(self) -> bool:
@@ -165,6 +178,9 @@ class MetadataStore:
 
     async def start(self) -> None:
         await self._call(self._open)
+        # Made on the loop, which is the only thread that uses it (sqlite3's thread check).
+        self._reader = sqlite3.connect(self._path, timeout=0, isolation_level=None)
+        self._reader.execute("PRAGMA query_only = ON")
         self._flusher = asyncio.create_task(self._flush_forever())
 
     def _open(self) -> None:
@@ -172,7 +188,7 @@ class MetadataStore:
         # Before one lock file, a directory of a thousand stripe files: not needed now.
         shutil.rmtree(self._path.parent / "locks", ignore_errors=True)
         if self._shared:
-            self._lock_fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+            self._locks.open()
         self._db = sqlite3.connect(self._path, timeout=30, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
@@ -190,82 +206,57 @@ class MetadataStore:
         if self._flusher is not None:
             self._flusher.cancel()
             await asyncio.gather(self._flusher, return_exceptions=True)
+        await self.settle()
         await self.flush()
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
         if self._db is not None:
             await self._call(self._db.close)
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        self._locks.close()
         self._thread.shutdown(wait=True)
-
-    @property
-    def _lock_path(self) -> Path:
-        return self._path.with_name(self._path.name + ".locks")
 
     async def load(self, scope: Scope, key: str) -> Stored | None:
         """The stored metadata of ``key``, if any."""
-        row = self._pending.get((*scope, key)) or await self._call(self._select, scope, key)
+        row = self._pending.get((*scope, key)) or await self._read(scope, key)
         if row is None:
             return None
         return Stored(_decode(key, row), time.time() - row[1], row[2])
 
+    async def _read(self, scope: Scope, key: str) -> _Row | None:
+        """The stored row of ``key``: on the loop, or in the store's thread if the
+        database is busy (see the module's docstring)."""
+        if self._reader is not None:
+            try:
+                return _select(self._reader, scope, key)
+            except sqlite3.OperationalError:  # busy or locked: wait for it off the loop
+                pass
+        return await self._call(self._select, scope, key)
+
     def _select(self, scope: Scope, key: str) -> _Row | None:
         assert self._db is not None
-        cursor = self._db.execute(
-            f"SELECT {_COLUMNS} FROM objects WHERE {_THIS_ROW}",
-            (_row_id(scope, key), *scope, key),
-        )
-        return cursor.fetchone()
+        return _select(self._db, scope, key)
 
-    @contextlib.asynccontextmanager
-    async def fetch_lock(self, scope: Scope, key: str, kind: str = "meta") -> AsyncIterator[bool]:
-        """Hold while fetching ``key``'s metadata, so sibling workers fetch it once.
-        Yields whether the stripe was taken when asked (another task or worker held it).
-
-        ``kind`` names a separate set of stripes (``"list"``: a directory's
-        listing), so a task holding a key's lock may take a listing's without
-        ever waiting on itself.
-
-        The locks are striped (a fixed set, chosen by hash): one byte each of a
-        single lock file, taken with ``fcntl.lockf`` at its offset, so a cache of
-        millions of objects has one lock file, not a thousand. Two keys may share
-        a stripe and briefly wait for each other. A record lock belongs to the
-        process, not to a descriptor (a second ``lockf`` by the same process
-        succeeds at once, and one unlock ends both), so tasks of this process
-        first queue on an ``asyncio.Lock`` per stripe, and only the one holding
-        it holds the byte. Without ``shared`` (one worker) this is free: the
-        in-memory cache already coalesces.
-        """
-        if not self._shared or self._lock_fd is None:
-            yield False
-            return
-        stripe = self.lock_offset(scope, key, kind)
-        local, users = self._stripes.setdefault(stripe, (asyncio.Lock(), [0]))
-        users[0] += 1
-        waited = local.locked()
-        try:
-            async with local:
-                while True:
-                    try:
-                        fcntl.lockf(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, stripe)
-                        break
-                    except (BlockingIOError, PermissionError):  # EAGAIN or EACCES: held
-                        waited = True
-                        await asyncio.sleep(0.002)
-                try:
-                    yield waited
-                finally:
-                    fcntl.lockf(self._lock_fd, fcntl.LOCK_UN, 1, stripe)
-        finally:
-            users[0] -= 1
-            if not users[0]:
-                del self._stripes[stripe]
+    def fetch_lock(
+        self, scope: Scope, key: str, kind: str = "meta", until_flushed: bool = False
+    ) -> contextlib.AbstractAsyncContextManager[bool]:
+        """Hold while fetching ``key``'s metadata, so sibling workers fetch it once
+        (``fetch_locks.py``); yields whether another task or worker held it first.
+        ``kind`` names a separate set of stripes (``"list"``: a directory's listing),
+        so a task holding a key's lock may take a listing's without waiting on itself.
+        ``until_flushed``: the rows saved meanwhile are written before it opens,
+        without the holder waiting. Without ``shared`` (one worker) this is free:
+        the in-memory cache already coalesces."""
+        return self._locks.hold(scope, key, kind, until_flushed)
 
     @staticmethod
     def lock_offset(scope: Scope, key: str, kind: str = "meta") -> int:
         """The byte of the lock file that ``fetch_lock(scope, key, kind)`` locks."""
-        digest = zlib.crc32("\0".join((*scope, key)).encode("utf-8", "surrogatepass"))
-        return _KINDS[kind] * _STRIPES + digest % _STRIPES
+        return FetchLocks.offset(scope, key, kind)
+
+    async def settle(self) -> None:
+        """Wait until every fetch lock held until flushed has opened."""
+        await self._locks.settle()
 
     async def clear(self) -> None:
         """Forget every stored object (a cluster peer missed too many invalidations)."""
@@ -310,12 +301,16 @@ class MetadataStore:
             (*scope, len(key_prefix), key_prefix),
         )
 
+    def _unflushed(self) -> bool:
+        return bool(self._pending or self._next_write or self._writing)
+
     async def flush(self) -> None:
         """Write every row saved before the call (and whatever joins it).
 
-        A group commit: callers that arrive while a write runs share the next
-        one. With sibling workers each cold object's fetch flushes its row
-        before opening the fetch lock; one transaction and one trip to the
+        A group commit: callers that arrive while a write runs, or within
+        ``_WRITE_SPACING`` of the last one, share the next one. With sibling
+        workers each cold object's row is flushed before its fetch lock opens
+        (``fetch_lock``'s until_flushed); one transaction and one trip to the
         store's thread then serves every object that finished meanwhile.
         """
         if self._db is None or not (self._pending or self._confirmations or self._writing):
@@ -329,12 +324,17 @@ class MetadataStore:
         was asked for) is done; its failure is its own callers' to see."""
         if previous is not None:
             await asyncio.gather(previous, return_exceptions=True)
+        # Under load, rows gather for a while: one transaction for several objects.
+        delay = self._last_write + _WRITE_SPACING - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
         self._writing, self._next_write = self._next_write, None
         try:
             if self._pending or self._confirmations:
                 batch, self._pending = self._pending, {}
                 confirmations, self._confirmations = self._confirmations, []
                 await self._call(self._write, batch, confirmations)
+                self._last_write = time.monotonic()
         finally:
             if self._writing is asyncio.current_task():
                 self._writing = None

@@ -1,0 +1,149 @@
+"""Fetch locks: one fetch of a key's metadata at a time across a node's workers.
+
+Sibling workers share the node's metadata store (``store.py``); without a
+lock, a cold key asked of two workers at once costs two origin requests. The
+worker that takes a key's lock fetches it and saves the answer in the store;
+a sibling that waited for the lock then reads the store instead of the origin.
+
+The locks are striped (a fixed set, chosen by hash): one byte each of a
+single lock file, taken with ``fcntl.lockf`` at its offset, so a cache of
+millions of objects has one lock file, not a thousand. Two keys may share a
+stripe and briefly wait for each other. A record lock belongs to the process,
+not to a descriptor (a second ``lockf`` by the same process succeeds at once,
+and one unlock ends both), so tasks of this process first queue on an
+``asyncio.Lock`` per stripe, and only the one holding it holds the byte.
+
+A lock may be held *until flushed*: the rows saved under it reach the
+store's disk before it opens (a sibling that waited reads them), yet its
+holder does not wait for that write. On a normal exit the lock is handed to
+a task that joins the store's next group commit and then opens it; a cold
+read answers its client without waiting for SQLite, and one transaction
+serves every object fetched meanwhile.
+
+Not guaranteed: fairness between processes (a waiting process polls the
+byte every 2 ms, a task of the holding process may take it first); that a
+row whose write failed is seen by a sibling (the write's failure is logged,
+the sibling asks the origin itself: one more request, never a wrong answer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import sqlite3
+import zlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+Scope = tuple[str, str]
+_STRIPES = 1 << 16  # stripes per kind: byte offsets of one lock file, so no file each
+_KINDS = {"meta": 0, "list": 1, "page": 2}  # a HEAD, a directory walk, a shared origin page
+_POLL = 0.002  # seconds between tries of a byte a sibling process holds
+
+
+class FetchLocks:
+    """The striped locks of one lock file; ``flush()`` writes what ``unflushed()`` says
+    is still to be written (the store's group commit)."""
+
+    def __init__(
+        self, path: Path, flush: Callable[[], Awaitable[None]], unflushed: Callable[[], bool]
+    ) -> None:
+        self.path = path
+        self._flush = flush
+        self._unflushed = unflushed
+        self._fd: int | None = None
+        # Stripes this process's tasks hold or await: the lock and how many use it.
+        self._stripes: dict[int, tuple[asyncio.Lock, list[int]]] = {}
+        self._handovers: set[asyncio.Future[None]] = set()  # held until flushed
+
+    def open(self) -> None:
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+
+    def close(self) -> None:
+        """Close the file (after ``settle``): every byte this process held opens."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    @staticmethod
+    def offset(scope: Scope, key: str, kind: str = "meta") -> int:
+        """The byte of the lock file that ``hold(scope, key, kind)`` locks."""
+        digest = zlib.crc32("\0".join((*scope, key)).encode("utf-8", "surrogatepass"))
+        return _KINDS[kind] * _STRIPES + digest % _STRIPES
+
+    @contextlib.asynccontextmanager
+    async def hold(
+        self, scope: Scope, key: str, kind: str = "meta", until_flushed: bool = False
+    ) -> AsyncIterator[bool]:
+        """Hold ``key``'s stripe of ``kind``; yields whether it was taken when asked
+        (another task or process held it). ``until_flushed``: see the module docstring."""
+        if self._fd is None:
+            yield False
+            return
+        stripe = self.offset(scope, key, kind)
+        local, users = self._stripes.setdefault(stripe, (asyncio.Lock(), [0]))
+        users[0] += 1
+        waited = local.locked()
+        try:
+            await local.acquire()
+        except BaseException:
+            self._leave(stripe, users)
+            raise
+        try:
+            waited = await self._take_byte(stripe) or waited
+        except BaseException:
+            local.release()
+            self._leave(stripe, users)
+            raise
+        try:
+            yield waited
+        except BaseException:
+            self._unlock(stripe, local, users)
+            raise
+        if until_flushed and self._unflushed():
+            handover = asyncio.ensure_future(self._unlock_after_flush(stripe, local, users))
+            self._handovers.add(handover)
+            handover.add_done_callback(self._handovers.discard)
+        else:
+            self._unlock(stripe, local, users)
+
+    async def settle(self) -> None:
+        """Wait until every lock held until flushed has opened."""
+        while self._handovers:
+            await asyncio.gather(*self._handovers, return_exceptions=True)
+
+    async def _take_byte(self, stripe: int) -> bool:
+        """Lock the stripe's byte of the file; whether another process held it first."""
+        assert self._fd is not None
+        waited = False
+        while True:
+            try:
+                fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, stripe)
+                return waited
+            except (BlockingIOError, PermissionError):  # EAGAIN or EACCES: held
+                waited = True
+                await asyncio.sleep(_POLL)
+
+    def _unlock(self, stripe: int, local: asyncio.Lock, users: list[int]) -> None:
+        assert self._fd is not None
+        fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, stripe)
+        local.release()
+        self._leave(stripe, users)
+
+    def _leave(self, stripe: int, users: list[int]) -> None:
+        users[0] -= 1
+        if not users[0]:
+            del self._stripes[stripe]
+
+    async def _unlock_after_flush(self, stripe: int, local: asyncio.Lock, users: list[int]) -> None:
+        try:
+            await self._flush()
+        except sqlite3.Error as exc:  # not on disk: a sibling asks the origin itself
+            log.warning("metadata store flush failed: %s", exc)
+        finally:
+            self._unlock(stripe, local, users)
