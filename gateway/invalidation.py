@@ -7,6 +7,7 @@ invalidation journal (``metadata/journal.py``: sibling workers) and the cluster
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 
@@ -29,3 +30,7 @@ class Invalidation:
     @property
     def scope(self) -> tuple[str, str]:
         return (self.origin, self.bucket)
+
+
+# Tells every other live node of a cluster to drop these, waiting a bounded time.
+Broadcast = Callable[[list[Invalidation]], Awaitable[None]]

@@ -16,28 +16,42 @@ of everything under a prefix) must reach, before the writer answers:
 ``apply`` is the one method that names them all. The other nodes of a cluster
 are told by the writer's broadcast (``cluster/node.py``), which arrives here as
 ``invalidate_origin``.
+
+A change made at the origin behind Hoard's back shows when a fill's
+``If-Match`` fails (a 412): ``heal`` forgets the key here as ``apply`` does, and
+tells the other nodes too, in the background (the read that met the 412 retries
+at once and does not wait for them): otherwise each node would go on serving
+its cached version until its metadata TTL, or its own 412.
 """
 
 from __future__ import annotations
 
+import logging
+
 from gateway.blocks import BlockSource
-from gateway.invalidation import Invalidation
+from gateway.invalidation import Broadcast, Invalidation
 from gateway.metadata.journal import Journal, SoloJournal
 from gateway.metadata.source import MetadataSource
 from gateway.namespace import Namespace
+from gateway.tasks import TaskSet
 from gateway.write_through import WriteThrough
+
+log = logging.getLogger(__name__)
 
 
 class Invalidator:
     """Forgets what a change made stale, in every tier of this node."""
 
     def __init__(self, namespace: Namespace, source: MetadataSource, blocks: BlockSource,
-                 writes: WriteThrough, journal: Journal | SoloJournal) -> None:  # fmt: skip
+                 writes: WriteThrough, journal: Journal | SoloJournal,
+                 broadcast: Broadcast | None = None) -> None:  # fmt: skip
         self._namespace = namespace
         self._source = source
         self._blocks = blocks
         self._writes = writes
         self._journal = journal
+        self._broadcast = broadcast  # a cluster's other nodes, told of what ``heal`` forgets
+        self._telling = TaskSet()
 
     async def invalidate(self, bucket: str, key: str) -> None:
         """A write changed ``key``: forget its metadata, its listings and its blocks."""
@@ -88,6 +102,24 @@ class Invalidator:
         if item.key is None:
             return  # blocks are named by ETag: new metadata names new blocks
         await self._blocks.drop_object(*item.scope, item.key)
+
+    async def heal(self, item: Invalidation) -> None:
+        """The origin refused a fill of ``item``'s version (a 412: it changed there): forget
+        it on this node, and have the other nodes of a cluster forget it (background)."""
+        await self.apply(item)
+        if self._broadcast is not None:
+            self._telling.spawn(self._tell_others([item]))
+
+    async def close(self) -> None:
+        """Stop telling other nodes (shutdown)."""
+        await self._telling.cancel()
+
+    async def _tell_others(self, items: list[Invalidation]) -> None:
+        assert self._broadcast is not None
+        try:
+            await self._broadcast(items)  # a node it misses gets it later, from the backlog
+        except Exception:  # the read was answered; the nodes' TTLs still bound what they serve
+            log.exception("could not tell the cluster of an origin change")
 
     def _forget_locally(self, item: Invalidation) -> None:
         self._writes.changed(item.scope, item.key or item.prefix or "", prefix=item.key is None)

@@ -27,7 +27,7 @@ from gateway.blocks import BlockSource
 from gateway.cache.block import BlockId, block_bounds, block_plan
 from gateway.cluster.directory import MetadataRouter
 from gateway.cluster.peers import MetadataQuery
-from gateway.invalidation import Invalidation
+from gateway.invalidation import Broadcast, Invalidation
 from gateway.invalidator import Invalidator
 from gateway.metadata.journal import Journal, SoloJournal
 from gateway.metadata.memory import MetadataCache
@@ -50,10 +50,12 @@ class Reader:
                  metrics: Metrics, block_size: int, read_ahead: ReadAheadPolicy | None = None,
                  store: MetadataStore | None = None, router: MetadataRouter | None = None,
                  journal: Journal | SoloJournal | None = None,
-                 pages: SharedAnswers | None = None) -> None:  # fmt: skip
+                 pages: SharedAnswers | None = None,
+                 broadcast: Broadcast | None = None) -> None:  # fmt: skip
         """``router``: in a cluster, metadata misses go to their owner node;
         ``journal``: the node's invalidations, shared with sibling workers;
-        ``pages``: origin answers shared with sibling workers asking at once."""
+        ``pages``: origin answers shared with sibling workers asking at once;
+        ``broadcast``: the cluster's other nodes, told of an origin change a fill met."""
         self.namespace = namespace
         self.journal = journal or SoloJournal()
         self.store = store
@@ -70,7 +72,8 @@ class Reader:
         self.observers: list[Callable[[str, str], None]] = []
         self._writes = WriteThrough(self.source, blocks, block_size, self.catch_up,
                                     metrics.write_through_bytes.inc)  # fmt: skip
-        self.changes = Invalidator(namespace, self.source, blocks, self._writes, self.journal)
+        self.changes = Invalidator(namespace, self.source, blocks, self._writes, self.journal,
+                                   broadcast)  # fmt: skip
 
     async def list_buckets(self) -> list[BucketInfo]:
         return await self.namespace.list_buckets()
@@ -332,7 +335,7 @@ class Reader:
                     self.metrics.read_ahead_window.observe(self.streams.policy.caught_up(window))
         except errors.OriginChanged:
             # Every tier at once: the next read (or this one's retry) sees the new version.
-            await self.changes.apply(Invalidation(*scope_of(mount), key=okey))
+            await self.changes.heal(Invalidation(*scope_of(mount), key=okey))
             raise
 
     def _stream_window(

@@ -141,7 +141,8 @@ def build(
     read_ahead = ReadAheadPolicy(cache.read_ahead, cache.read_ahead_max, cache.read_ahead_idle)
     reader = Reader(namespace, blocks, metadata, metrics, cache.block_size, read_ahead, store,
                     router, journal=journal,
-                    pages=SharedPages(cache.dir / "node" / "pages", store) if shared else None)  # fmt: skip
+                    pages=SharedPages(cache.dir / "node" / "pages", store) if shared else None,
+                    broadcast=cluster.broadcast if cluster is not None else None)  # fmt: skip
     prefetcher = Prefetcher(settings.prefetch, reader.block_refs, blocks, metrics, cache.block_size)
     registry = Registry(cache.dir / "prefetch", settings.prefetch.max_streams)
     node_prefetch = NodePrefetch(registry, prefetcher, leadership)  # the node's streams
@@ -220,6 +221,7 @@ def build(
         await warm.close()
         await writer.close()  # pending write-throughs, before the tiers they write to
         await node_prefetch.close()
+        await reader.changes.close()  # origin changes still being told to other nodes
         if cluster is not None:
             await cluster.close()
         await blocks.close()

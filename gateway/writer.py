@@ -36,12 +36,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from urllib.parse import quote, unquote
 
 from gateway import errors
 from gateway.capture import Budget, Capture
-from gateway.invalidation import Invalidation
+from gateway.invalidation import Broadcast
 from gateway.namespace import Mount, Namespace
 from gateway.origins.base import ObjectInfo
 from gateway.origins.posix_files import PutResult
@@ -53,7 +53,6 @@ from gateway.write_caching import WriteThroughs
 
 __all__ = ["Budget", "Capture", "ForwardResponse", "PartInfo", "PutResult", "UploadInfo", "Writer"]
 
-Broadcast = Callable[[list[Invalidation]], Awaitable[None]]  # to every other live node
 
 # Called with the object a write would replace (None if there is none); raises to refuse.
 WriteCheck = Callable[[ObjectInfo | None], None]

@@ -186,6 +186,27 @@ def test_a_write_through_one_node_is_seen_by_another(cluster, origin_client, buc
     assert b.list_objects_v2(Bucket=bucket).get("KeyCount") == 0
 
 
+def test_an_origin_change_one_node_meets_is_healed_on_every_node(cluster, origin_client, bucket):
+    """An object replaced behind Hoard's back: the node whose fill meets the 412 forgets it
+    and tells the others, which then serve the new version, not theirs until the TTL."""
+    old, new = os.urandom(BLOCK + 1000), os.urandom(BLOCK + 1000)
+    origin_client.put_object(Bucket=bucket, Key="moved", Body=old)
+    urls = [f"{node.endpoint}/{bucket}/moved" for node in cluster]
+    head = {"Range": "bytes=0-999"}
+    for url in urls:  # every node holds the metadata (60 s TTL), block 0 is cached
+        assert requests.get(url, headers=head, timeout=30).content == old[:1000]
+    origin_client.put_object(Bucket=bucket, Key="moved", Body=new)
+    # Block 1 was never cached: its fill asks with If-Match, meets the 412, heals, retries.
+    tail = requests.get(urls[0], headers={"Range": f"bytes={BLOCK}-"}, timeout=30)
+    assert (tail.status_code, tail.content) == (206, new[BLOCK:])
+    for url in urls[1:]:  # told in the background: bounded wait for what they serve
+        deadline = time.monotonic() + 30
+        while (served := requests.get(url, headers=head, timeout=30).content) != new[:1000]:
+            assert served == old[:1000]
+            assert time.monotonic() < deadline, "the other node still serves the old version"
+            time.sleep(0.05)
+
+
 def test_peer_endpoint_needs_the_cluster_signature(cluster, origin_client, bucket):
     data = os.urandom(1000)
     origin_client.put_object(Bucket=bucket, Key="secret", Body=data)
