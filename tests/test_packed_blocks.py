@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import random
 import sqlite3
@@ -342,5 +343,43 @@ async def test_a_hit_moves_its_segment_in_the_lru_order_not_its_block_row(tmp_pa
         packed_rows = db.execute("SELECT count(*) FROM blocks WHERE last_access IS NOT NULL")
         assert packed_rows.fetchone() == (0,)
         db.close()
+    finally:
+        await tier.close()
+
+
+async def test_a_block_file_whose_filler_died_before_its_row_is_taken_over(tmp_path: Path) -> None:
+    """A filler killed between renaming its block file into place and indexing it left a
+    file no row names: no read finds it, and (before) no later fill could store the block
+    either. A claim now removes such a file and fills afresh; a file whose filler still
+    holds it (its row on the way) is left alone."""
+    directory = tmp_path / "cache"
+    block, data = block_id("large"), payload("large", 128 << 10)  # its own file
+    first = packed_tier(directory)
+    await first.start()
+    try:
+        assert await first.put(block, data)
+    finally:
+        await first.close()
+    final = next((directory / "blocks").rglob(block.digest))
+    db = sqlite3.connect(directory / "index.sqlite3")
+    with db:  # the filler died after the rename: the row never landed
+        db.execute("DELETE FROM blocks WHERE digest = ?", (bytes.fromhex(block.digest),))
+    db.close()
+    tier = packed_tier(directory)  # a sibling, started within the recovery's grace period
+    await tier.start()
+    try:
+        assert final.exists()
+        assert await tier.get(block) is None  # a file without its row is no block
+        # Its filler still holding it: the row is on the way, the claim gives way.
+        holder = os.open(final, os.O_RDONLY)
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        try:
+            assert not await tier.put(block, data)
+            assert final.exists()
+        finally:
+            os.close(holder)
+        # Nobody holds it: its filler died. The block is stored again, and read back.
+        assert await tier.put(block, data)
+        assert await read_back(tier, block) == data
     finally:
         await tier.close()

@@ -320,7 +320,6 @@ class DiskTier:
             await writer.abort()
             await self._failed("commit", exc, block)
             return False
-        writer.release()  # renamed: the part's name may already be another filler's
         row = IndexRow(block, writer.length, HEADER_SIZE + writer.length)
         touches, self._touched = self._touched, {}  # so this eviction pass sees our hits
         try:
@@ -329,6 +328,8 @@ class DiskTier:
             await asyncio.to_thread(files.unlink, final)  # an unindexed file would never go
             await self._failed("index", exc, block)
             return False
+        finally:  # the lock, on the renamed file, is held until its row lands (disk_packed)
+            writer.release()  # (not its part's name: that may already be another filler's)
         await self._remove_evicted(evicted)
         return block.digest not in evicted.files  # it evicts itself only if nothing else fits
 

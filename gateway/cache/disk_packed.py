@@ -440,13 +440,38 @@ def claim_unless_indexed(
     conn: sqlite3.Connection, part: Path, final: Path, header: bytes, digest: str
 ) -> int | None:
     """``files.claim``, in the index thread, also giving way to a block indexed already
-    (a packed block has no final file for ``claim`` to find)."""
+    (a packed block has no final file for ``claim`` to find), and taking over a block
+    file whose filler died between renaming it into place and indexing it."""
     fd = files.claim(part, final, header)
+    if fd is None and _orphaned(conn, final, digest):
+        fd = files.claim(part, final, header)
     if fd is not None and segment_sql.locate(conn, digest) is not None:
         files.unlink(part)
         os.close(fd)
         return None
     return fd
+
+
+def _orphaned(conn: sqlite3.Connection, final: Path, digest: str) -> bool:
+    """Remove ``final`` if no row names it and no filler holds it: its filler died after
+    the rename, before the row (a filler keeps its claim's lock on the renamed file until
+    the row lands: ``DiskTier._publish``). Such a file is no block to ``get`` (this tier
+    asks the index) and, in place, stopped every later claim: the block was never cached
+    again until a restart's recovery, each read of it going to the origin."""
+    try:
+        fd = os.open(final, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False  # the claim was refused for a part another process holds
+    try:
+        # Checked under the lock: a filler that indexes it meanwhile holds the lock until then.
+        if not files.lock_is_free(fd, keep=True) or segment_sql.locate(conn, digest) is not None:
+            return False
+        files.unlink(final)
+        log.warning("disk tier: removed block file %s, renamed into place but never indexed",
+                    final.name)  # fmt: skip
+        return True
+    finally:
+        os.close(fd)
 
 
 def _create(path: Path) -> int:
