@@ -181,6 +181,9 @@ class MetadataStore:
         # Made on the loop, which is the only thread that uses it (sqlite3's thread check).
         self._reader = sqlite3.connect(self._path, timeout=0, isolation_level=None)
         self._reader.execute("PRAGMA query_only = ON")
+        # One read now: the connection opens the log's files at its first read, and a
+        # process's descriptors are what it holds from its start, not from its first miss.
+        self._reader.execute("SELECT 1 FROM objects LIMIT 1").fetchall()
         self._flusher = asyncio.create_task(self._flush_forever())
 
     def _open(self) -> None:
