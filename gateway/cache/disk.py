@@ -30,6 +30,9 @@ Several processes (the gateway workers of one node) share one directory.
   that loses the claim tails the part file (``PartFollower``) instead of
   fetching the block again, and can tell a dead filler (the lock is free) from
   a slow one. Part files whose lock is free are stale and may be taken over.
+  The lock is held on the renamed file until its row lands, so a file in
+  ``blocks/`` with neither a row nor a lock is one whose filler died between
+  the two: a claim removes it and fills afresh (``disk_packed.py``).
 - Eviction happens at commit, inside the transaction that inserts the row:
   least recently used first, until the total over all processes fits the
   capacity. Files are unlinked after that commit; an unlink racing another
