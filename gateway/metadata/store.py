@@ -57,8 +57,9 @@ _Row = tuple[str, float, int, str | bytes, int, int | None]
 log = logging.getLogger(__name__)
 _WAL_PAGES = 256  # write-ahead log pages before a checkpoint (1 MiB)
 # Seconds from the end of one write to the start of the next: an idle store writes at once,
-# a busy one lets rows gather (at ~100 cold objects/s per worker a write held one row).
-_WRITE_SPACING = 0.02
+# a busy one lets rows gather (at ~100 cold objects/s per worker a write held one row). No
+# read waits for it (``fetch_locks.py``): a sibling asking for the same key meanwhile does.
+_WRITE_SPACING = 0.1
 _RECOUNT_EVERY = 60.0  # seconds: the longest sibling workers' rows go uncounted
 
 # Rows are keyed by a 64-bit hash of (origin, bucket, key), the table's rowid:
