@@ -89,9 +89,10 @@ _VERIFY_ON_LOOP = 64 << 10  # records up to this size are checked without a thre
 # waits for the commit: readers take the bytes from the fill). At ~100 cold objects/s per
 # worker each commit held one row, and with sibling workers every commit also makes the
 # other process re-read the pages it changed (~18 pwrite/pread a block); spaced 20 ms,
-# Hoard's CPU per cold 4 KiB object fell ~10%, and a few % more at 50-100 ms
-# (loadtest/smallobjects.py, 2 workers). Longer holds claims (part files) longer.
-_COMMIT_SPACING = 0.05
+# Hoard's CPU per cold 4 KiB object fell ~10% (loadtest/smallobjects.py, 2 workers).
+# The cost: blocks a killed worker filled in its last 20 ms are not indexed (dead bytes,
+# fetched again), and claims (part files) are held that much longer.
+_COMMIT_SPACING = 0.02
 
 
 class _Segment:
