@@ -234,8 +234,10 @@ class BlockSource:
         An owned block is filled to disk, past the admission policy (whoever
         preloads knows it will be read). A block owned by another node goes
         through a peer fill, which makes its owner fill it; this node keeps a
-        copy only if its memory tier takes it. Returns when the bytes are in;
-        raises what the fill raised.
+        copy only if its memory tier takes it. Returns when the bytes are in
+        and, for an owned block, its fill has returned (the block committed to
+        disk, which a group commit may hold back a little: what a stream reports
+        fetched outlives its worker); raises what the fill raised.
         """
         if self.memory.get(ref.block) is not None:
             return 0
@@ -251,6 +253,8 @@ class BlockSource:
             flight = self.remote.get(ref.block) or self._peer_fill(ref)
         async for _ in flight.read():  # views of bytes already held: nothing is copied
             pass
+        if self.owns(ref):
+            await self.fills.settled(ref.block)
         return ref.length
 
     async def warm(self, ref: BlockRef) -> bool:

@@ -6,11 +6,9 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
 
 from gateway.metadata.store import MetadataStore
-from gateway.origins.base import ObjectInfo
 
 SCOPE = ("origin", "bucket")
 # A second process: for each offset read, whether it can lock that byte of the file now.
@@ -106,32 +104,4 @@ async def test_tasks_of_one_process_take_a_stripe_in_turn(tmp_path: Path) -> Non
         assert order == ["first", "first out", "second"] and probe(offset) == "free"
     finally:
         probe.close()
-        await store.close()
-
-
-async def test_a_lock_held_until_flushed_opens_once_its_row_is_on_disk(tmp_path: Path) -> None:
-    """``until_flushed``: the holder leaves at once, the stripe stays locked for other
-    processes until the row saved under it is written, and then a sibling reads it."""
-    path = tmp_path / "metadata.sqlite3"
-    store, sibling = MetadataStore(path, shared=True), MetadataStore(path, shared=True)
-    await store.start()
-    await sibling.start()
-    probe = Probe(tmp_path / "metadata.sqlite3.locks")
-    offset = store.lock_offset(SCOPE, "k")
-    answer = ObjectInfo("k", 4096, '"' + "0f" * 16 + '"', datetime(2026, 11, 25, tzinfo=UTC))
-    try:
-        async with store.fetch_lock(SCOPE, "k", until_flushed=True):
-            store.save(SCOPE, "k", answer, learned=1)
-        assert probe(offset) == "held"  # left, but the row is not written yet
-        assert await sibling.load(SCOPE, "k") is None
-        await store.settle()
-        assert probe(offset) == "free"
-        stored = await sibling.load(SCOPE, "k")
-        assert stored is not None and stored.info == answer
-        async with store.fetch_lock(SCOPE, "k", until_flushed=True):
-            pass  # nothing saved: opens at once
-        assert probe(offset) == "free"
-    finally:
-        probe.close()
-        await sibling.close()
         await store.close()

@@ -83,13 +83,16 @@ SUFFIX = ".seg"
 _PLACES = 262_144  # block places remembered per process (a miss asks the index)
 _SEGMENT_SHARE = 32  # a segment holds at most 1/32 of the limit: eviction stays fine-grained
 _SEGMENT_MIN = 1 << 20
-_VERIFY_ON_LOOP = 64 << 10
+_VERIFY_ON_LOOP = 64 << 10  # records up to this size are checked without a thread hop
 # Seconds from the end of one index commit of this process to the start of the next. An
-# idle tier commits at once; a busy one lets appends gather meanwhile. At ~100 cold
-# objects/s per worker each commit held one row (its WAL frames, locks and checkpoints:
-# ~18 pwrite/pread a block); spaced, a commit holds a few, and Hoard's CPU per cold 4 KiB
-# object fell ~10% (user + system, loadtest/smallobjects.py, 2 workers).
-_COMMIT_SPACING = 0.02  # records up to this size are checked without a thread hop
+# idle tier commits at once; a busy one lets appends gather meanwhile (nobody's answer
+# waits for the commit: readers take the bytes from the fill). At ~100 cold objects/s per
+# worker each commit held one row, and with sibling workers every commit also makes the
+# other process re-read the pages it changed (~18 pwrite/pread a block); spaced 20 ms,
+# Hoard's CPU per cold 4 KiB object fell ~10% (loadtest/smallobjects.py, 2 workers).
+# The cost: blocks a killed worker filled in its last 20 ms are not indexed (dead bytes,
+# fetched again), and claims (part files) are held that much longer.
+_COMMIT_SPACING = 0.02
 
 
 class _Segment:

@@ -13,17 +13,11 @@ not to a descriptor (a second ``lockf`` by the same process succeeds at once,
 and one unlock ends both), so tasks of this process first queue on an
 ``asyncio.Lock`` per stripe, and only the one holding it holds the byte.
 
-A lock may be held *until flushed*: the rows saved under it reach the
-store's disk before it opens (a sibling that waited reads them), yet its
-holder does not wait for that write. On a normal exit the lock is handed to
-a task that joins the store's next group commit and then opens it; a cold
-read answers its client without waiting for SQLite, and one transaction
-serves every object fetched meanwhile.
+The holder writes what it learned to the store before it lets go (a
+sibling waiting for the lock reads it next); that is the caller's part.
 
 Not guaranteed: fairness between processes (a waiting process polls the
-byte every 2 ms, a task of the holding process may take it first); that a
-row whose write failed is seen by a sibling (the write's failure is logged,
-the sibling asks the origin itself: one more request, never a wrong answer).
+byte every 2 ms, a task of the holding process may take it first).
 """
 
 from __future__ import annotations
@@ -31,14 +25,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import logging
 import os
-import sqlite3
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
-
-log = logging.getLogger(__name__)
 
 Scope = tuple[str, str]
 _STRIPES = 1 << 16  # stripes per kind: byte offsets of one lock file, so no file each
@@ -47,25 +37,19 @@ _POLL = 0.002  # seconds between tries of a byte a sibling process holds
 
 
 class FetchLocks:
-    """The striped locks of one lock file; ``flush()`` writes what ``unflushed()`` says
-    is still to be written (the store's group commit)."""
+    """The striped locks of one lock file."""
 
-    def __init__(
-        self, path: Path, flush: Callable[[], Awaitable[None]], unflushed: Callable[[], bool]
-    ) -> None:
+    def __init__(self, path: Path) -> None:
         self.path = path
-        self._flush = flush
-        self._unflushed = unflushed
         self._fd: int | None = None
         # Stripes this process's tasks hold or await: the lock and how many use it.
         self._stripes: dict[int, tuple[asyncio.Lock, list[int]]] = {}
-        self._handovers: set[asyncio.Future[None]] = set()  # held until flushed
 
     def open(self) -> None:
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
 
     def close(self) -> None:
-        """Close the file (after ``settle``): every byte this process held opens."""
+        """Close the file: every byte this process held opens."""
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
@@ -77,11 +61,9 @@ class FetchLocks:
         return _KINDS[kind] * _STRIPES + digest % _STRIPES
 
     @contextlib.asynccontextmanager
-    async def hold(
-        self, scope: Scope, key: str, kind: str = "meta", until_flushed: bool = False
-    ) -> AsyncIterator[bool]:
+    async def hold(self, scope: Scope, key: str, kind: str = "meta") -> AsyncIterator[bool]:
         """Hold ``key``'s stripe of ``kind``; yields whether it was taken when asked
-        (another task or process held it). ``until_flushed``: see the module docstring."""
+        (another task or process held it)."""
         if self._fd is None:
             yield False
             return
@@ -102,20 +84,8 @@ class FetchLocks:
             raise
         try:
             yield waited
-        except BaseException:
+        finally:
             self._unlock(stripe, local, users)
-            raise
-        if until_flushed and self._unflushed():
-            handover = asyncio.ensure_future(self._unlock_after_flush(stripe, local, users))
-            self._handovers.add(handover)
-            handover.add_done_callback(self._handovers.discard)
-        else:
-            self._unlock(stripe, local, users)
-
-    async def settle(self) -> None:
-        """Wait until every lock held until flushed has opened."""
-        while self._handovers:
-            await asyncio.gather(*self._handovers, return_exceptions=True)
 
     async def _take_byte(self, stripe: int) -> bool:
         """Lock the stripe's byte of the file; whether another process held it first."""
@@ -139,11 +109,3 @@ class FetchLocks:
         users[0] -= 1
         if not users[0]:
             del self._stripes[stripe]
-
-    async def _unlock_after_flush(self, stripe: int, local: asyncio.Lock, users: list[int]) -> None:
-        try:
-            await self._flush()
-        except sqlite3.Error as exc:  # not on disk: a sibling asks the origin itself
-            log.warning("metadata store flush failed: %s", exc)
-        finally:
-            self._unlock(stripe, local, users)

@@ -254,7 +254,7 @@ class MetadataSource:
             return await self._known_or(mount, okey, None, fetch)
         scope = scope_of(mount)
         asked = time.time()
-        async with self.store.fetch_lock(scope, okey, until_flushed=True) as waited:
+        async with self.store.fetch_lock(scope, okey) as waited:
             stored = await self._believable(scope, okey)
             if stored is not None and stored.age < mount.metadata_ttl:
                 return Aged(stored.info, stored.age)
@@ -270,8 +270,9 @@ class MetadataSource:
                     self._shared.leave_missing(scope, okey, missing)
                 raise
             if not isinstance(answer, Aged):  # a confirmed row was refreshed in the store
-                # Written before the lock opens (siblings waiting read it), not waited for.
                 self.store.save(scope, okey, answer, learned)
+                if self.store.shared:
+                    await self.store.flush()  # visible to siblings before the lock opens
         return answer
 
     async def _known_or(

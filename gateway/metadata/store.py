@@ -56,9 +56,6 @@ Scope = tuple[str, str]
 _Row = tuple[str, float, int, str | bytes, int, int | None]
 log = logging.getLogger(__name__)
 _WAL_PAGES = 256  # write-ahead log pages before a checkpoint (1 MiB)
-# Seconds from the end of one write to the start of the next: an idle store writes at once,
-# a busy one lets rows gather (at ~100 cold objects/s per worker a write held one row).
-_WRITE_SPACING = 0.02
 _RECOUNT_EVERY = 60.0  # seconds: the longest sibling workers' rows go uncounted
 
 # Rows are keyed by a 64-bit hash of (origin, bucket, key), the table's rowid:
@@ -165,8 +162,7 @@ class MetadataStore:
         self._written = 0  # rows written since: an upper bound (a replaced row adds none)
         self._counted_at = -math.inf
         lock_path = path.with_name(path.name + ".locks")
-        self._locks = FetchLocks(lock_path, self.flush, self._unflushed)
-        self._last_write = -math.inf  # time.monotonic() at the end of the last write
+        self._locks = FetchLocks(lock_path)
 
     @property
     def shared(self) -> bool:
@@ -209,7 +205,6 @@ class MetadataStore:
         if self._flusher is not None:
             self._flusher.cancel()
             await asyncio.gather(self._flusher, return_exceptions=True)
-        await self.settle()
         await self.flush()
         if self._reader is not None:
             self._reader.close()
@@ -241,25 +236,20 @@ class MetadataStore:
         return _select(self._db, scope, key)
 
     def fetch_lock(
-        self, scope: Scope, key: str, kind: str = "meta", until_flushed: bool = False
+        self, scope: Scope, key: str, kind: str = "meta"
     ) -> contextlib.AbstractAsyncContextManager[bool]:
         """Hold while fetching ``key``'s metadata, so sibling workers fetch it once
         (``fetch_locks.py``); yields whether another task or worker held it first.
         ``kind`` names a separate set of stripes (``"list"``: a directory's listing),
         so a task holding a key's lock may take a listing's without waiting on itself.
-        ``until_flushed``: the rows saved meanwhile are written before it opens,
-        without the holder waiting. Without ``shared`` (one worker) this is free:
-        the in-memory cache already coalesces."""
-        return self._locks.hold(scope, key, kind, until_flushed)
+        Without ``shared`` (one worker) this is free: the in-memory cache already
+        coalesces."""
+        return self._locks.hold(scope, key, kind)
 
     @staticmethod
     def lock_offset(scope: Scope, key: str, kind: str = "meta") -> int:
         """The byte of the lock file that ``fetch_lock(scope, key, kind)`` locks."""
         return FetchLocks.offset(scope, key, kind)
-
-    async def settle(self) -> None:
-        """Wait until every fetch lock held until flushed has opened."""
-        await self._locks.settle()
 
     async def clear(self) -> None:
         """Forget every stored object (a cluster peer missed too many invalidations)."""
@@ -304,16 +294,12 @@ class MetadataStore:
             (*scope, len(key_prefix), key_prefix),
         )
 
-    def _unflushed(self) -> bool:
-        return bool(self._pending or self._next_write or self._writing)
-
     async def flush(self) -> None:
         """Write every row saved before the call (and whatever joins it).
 
-        A group commit: callers that arrive while a write runs, or within
-        ``_WRITE_SPACING`` of the last one, share the next one. With sibling
-        workers each cold object's row is flushed before its fetch lock opens
-        (``fetch_lock``'s until_flushed); one transaction and one trip to the
+        A group commit: callers that arrive while a write runs share the next
+        one. With sibling workers each cold object's fetch flushes its row
+        before opening the fetch lock; one transaction and one trip to the
         store's thread then serves every object that finished meanwhile.
         """
         if self._db is None or not (self._pending or self._confirmations or self._writing):
@@ -327,17 +313,12 @@ class MetadataStore:
         was asked for) is done; its failure is its own callers' to see."""
         if previous is not None:
             await asyncio.gather(previous, return_exceptions=True)
-        # Under load, rows gather for a while: one transaction for several objects.
-        delay = self._last_write + _WRITE_SPACING - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
         self._writing, self._next_write = self._next_write, None
         try:
             if self._pending or self._confirmations:
                 batch, self._pending = self._pending, {}
                 confirmations, self._confirmations = self._confirmations, []
                 await self._call(self._write, batch, confirmations)
-                self._last_write = time.monotonic()
         finally:
             if self._writing is asyncio.current_task():
                 self._writing = None
