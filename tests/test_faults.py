@@ -70,16 +70,17 @@ async def test_the_first_block_get_of_a_metadata_miss_resumes_too(
     data = put(origin_client, bucket, "one", 200 * KiB)  # one block: the miss's GET is all
     async with hoard_app(tmp_path, fault_config(proxy)) as node:
         proxy.reset()
-        # Cut with a FIN, so exactly 50 KiB arrive: an RST may drop bytes sent but not yet
-        # read (the receive queue), and the resume point would move with the machine's load.
         proxy.faults = fail_nth(1, Fault("truncate", after=50 * KiB))
         assert await get_all([f"{node.endpoint}/{bucket}/one"]) == [data]
         assert proxy.injected["truncate"] == 1
-        # The block as asked, then its rest, from the byte after the break to the object's end.
-        assert [r for _, r in proxy.ranges] == [
-            f"bytes=0-{BLOCK - 1}",
-            f"bytes={50 * KiB}-{200 * KiB - 1}",
-        ]
+        # The block as asked, then its rest: from the first byte Hoard did not get to the
+        # object's end. That byte is at most the 50 KiB sent, and not always all of them:
+        # aiohttp raises the broken body before handing over bytes it had buffered, as many
+        # as the machine's load left unread when the FIN arrived.
+        first, rest = [r for _, r in proxy.ranges]
+        assert first == f"bytes=0-{BLOCK - 1}"
+        start, _, end = rest.removeprefix("bytes=").partition("-")
+        assert 0 <= int(start) <= 50 * KiB and int(end) == 200 * KiB - 1, rest
 
 
 async def _get_body(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes | None]:

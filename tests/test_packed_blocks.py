@@ -189,9 +189,12 @@ async def main(directory, worker, count):
     tier = DiskTier(Path(directory), 64 << 20, packed_max=64 << 10)
     await tier.start()
     blocks = [BlockId("origin", "b", f"w{worker}-{i}", "e1", 0) for i in range(count)]
-    await asyncio.gather(*(
+    stored = await asyncio.gather(*(
         tier.put(b, random.Random(b.key).randbytes(1000 + i)) for i, b in enumerate(blocks)))
     await tier.close()
+    missing = [b.key for b, kept in zip(blocks, stored) if not kept]
+    if missing:  # the test fails on the exit code, this says which and the log says why
+        sys.exit(f"worker {worker}: not stored: {missing}")
 
 asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))
 """
