@@ -168,6 +168,20 @@ def reloaded(args: argparse.Namespace) -> Settings:
     return with_credential(settings)[0]
 
 
+def hot_reloaded(settings: Settings, reload: Callable[[], Settings]) -> Settings:
+    """``settings`` with what a SIGHUP applies re-read: the credentials, ``allow_anonymous``
+    and the cluster's peers (the rest of the config needs a restart)."""
+    try:
+        fresh = reload()
+    except (ConfigError, OSError) as exc:
+        log.error("config reload failed, the config the node started with is used: %s", exc)
+        return settings
+    cluster = settings.cluster.model_copy(update={"peers": fresh.cluster.peers})
+    update = {"credentials": fresh.credentials, "allow_anonymous": fresh.allow_anonymous,
+              "cluster": cluster}  # fmt: skip
+    return settings.model_copy(update=update)
+
+
 def _banner(settings: Settings, credential: Credential | None) -> str:
     host, port = split_listen(settings.listen)
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
@@ -205,7 +219,7 @@ def serve(settings: Settings, reload: Callable[[], Settings] | None = None) -> N
     settings, credential = with_credential(settings)
     if settings.workers > 1:
         supervise(settings, _banner(settings, credential),
-                  lambda metrics_dir: _worker(settings, metrics_dir, reload))  # fmt: skip
+                  lambda metrics_dir, hupped: _worker(settings, metrics_dir, reload, hupped))  # fmt: skip
         return
     sock = bind(settings.listen, reuse_port=False)
     app = build(settings, reload=reload)
@@ -230,11 +244,17 @@ def _run(app: web.Application, settings: Settings, sock: socket.socket) -> None:
     )  # fmt: skip
 
 
-def _worker(settings: Settings, metrics_dir: Path, reload: Callable[[], Settings] | None) -> None:
-    """One of ``workers`` processes: its own event loop on the shared port (SO_REUSEPORT)."""
+def _worker(
+    settings: Settings, metrics_dir: Path, reload: Callable[[], Settings] | None, hupped: bool
+) -> None:
+    """One of ``workers`` processes: its own event loop on the shared port (SO_REUSEPORT).
+    ``hupped``: started after a SIGHUP (a restarted worker), so it applies what its
+    siblings applied then, not the config the node started with."""
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, signal.SIG_DFL)  # aiohttp and build() install their own handlers
     enable_multiprocess(metrics_dir)
+    if hupped and reload is not None:
+        settings = hot_reloaded(settings, reload)
     _run(build(settings, metrics_dir, reload), settings, bind(settings.listen, reuse_port=True))
 
 

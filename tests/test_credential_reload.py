@@ -7,6 +7,8 @@ credentials, so the test waits on those lines, not on time.
 
 from __future__ import annotations
 
+import os
+import re
 import signal
 import time
 import urllib.error
@@ -22,6 +24,12 @@ from tests.harness import ACCESS_KEY, SECRET_KEY, HoardProcess, s3_client
 pytestmark = pytest.mark.timeout(90)
 
 NEW_KEY, NEW_SECRET = "rotated-key", "rotated-secret-rotated-secret"
+
+
+def _children(pid: int) -> list[int]:
+    """The worker processes of the node ``pid`` supervises."""
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(child) for child in path.read_text().split()]
 
 
 def _error(call) -> str:
@@ -54,6 +62,8 @@ def test_sighup_applies_new_removed_and_limited_keys(tmp_path: Path) -> None:
         "default_origin": "dir",
     }
     node = HoardProcess(tmp_path, config).start()
+    assert node.proc is not None
+    first_workers = _children(node.proc.pid)
     try:
         old = s3_client(node.endpoint, ACCESS_KEY, SECRET_KEY)
         new = s3_client(node.endpoint, NEW_KEY, NEW_SECRET)
@@ -87,5 +97,22 @@ def test_sighup_applies_new_removed_and_limited_keys(tmp_path: Path) -> None:
             with pytest.raises(urllib.error.HTTPError) as refused:
                 urllib.request.urlopen(url, timeout=10)
             assert refused.value.code == 403
+
+        # A worker restarted after the reload starts with what its siblings applied, not
+        # with the config the node started with.
+        assert node.proc is not None
+        killed = _children(node.proc.pid)[0]
+        os.kill(killed, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while killed in (kids := _children(node.proc.pid)) or len(kids) < 2:
+            assert time.monotonic() < deadline, node.log()[-2000:]
+            time.sleep(0.05)
+        (replacement,) = set(kids) - {killed} - set(first_workers)
+        answered = re.compile(rf"Z {replacement} [0-9A-F]{{16}} ")  # its access-log lines
+        while not answered.search(node.log()):  # until it has answered a request
+            assert time.monotonic() < deadline, node.log()[-2000:]
+            assert _error(lambda: s3_client(node.endpoint, ACCESS_KEY, SECRET_KEY).head_object(
+                Bucket="other", Key="k")) == "403"  # fmt: skip
+            assert new.get_object(Bucket="data", Key="k")["Body"].read() == b"data"
     finally:
         node.stop()

@@ -49,6 +49,7 @@ from typing import Any
 from gateway.metadata.fetch_locks import FetchLocks
 from gateway.metadata.snapshot import microseconds, moment
 from gateway.origins.base import ListEntry, ObjectInfo
+from gateway.sqlite_wal import use_wal
 
 Scope = tuple[str, str]
 # info (the rest, compact JSON), stored_at, learned, etag (_etag_column), size,
@@ -189,7 +190,7 @@ class MetadataStore:
         if self._shared:
             self._locks.open()
         self._db = sqlite3.connect(self._path, timeout=30, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
+        use_wal(self._db)  # siblings may be opening it at this very moment
         self._db.execute("PRAGMA synchronous=NORMAL")
         # The log is checkpointed at SQLite's default of 1,000 pages but never cut back, so it
         # stayed at its largest (6 MB at 100k objects: 60 bytes an object). A smaller log,

@@ -31,9 +31,10 @@ log = logging.getLogger("hoard")
 CHECK_EVERY = 0.2  # seconds between the supervisor's looks at its workers
 
 
-def supervise(settings: Settings, banner: str, worker: Callable[[Path], None]) -> None:
-    """Start ``workers`` processes running ``worker(metrics_dir)``, restart any that
-    dies, stop them all on SIGTERM/SIGINT, forward SIGHUP to them."""
+def supervise(settings: Settings, banner: str, worker: Callable[[Path, bool], None]) -> None:
+    """Start ``workers`` processes running ``worker(metrics_dir, hupped)``, restart any
+    that dies, stop them all on SIGTERM/SIGINT, forward SIGHUP to them. ``hupped``: a
+    SIGHUP came before the worker started (it must apply what its siblings applied)."""
     bind(settings.listen, reuse_port=True).close()  # a busy port: one line, before any worker
     metrics_dir = settings.cache.dir / f"prometheus-{os.getpid()}"
     shutil.rmtree(metrics_dir, ignore_errors=True)
@@ -41,8 +42,11 @@ def supervise(settings: Settings, banner: str, worker: Callable[[Path], None]) -
     context = multiprocessing.get_context("fork")
     stopping = False
 
+    hupped = False  # a SIGHUP was passed on: a worker started after it re-reads the config
+
     def spawn(index: int) -> multiprocessing.process.BaseProcess:
-        process = context.Process(target=worker, args=(metrics_dir,), name=f"hoard-worker-{index}")
+        process = context.Process(target=worker, args=(metrics_dir, hupped),
+                                  name=f"hoard-worker-{index}")  # fmt: skip
         process.start()
         return process
 
@@ -57,6 +61,8 @@ def supervise(settings: Settings, banner: str, worker: Callable[[Path], None]) -
     workers = [spawn(i) for i in range(settings.workers)]
 
     def forward(signum: int, frame: object) -> None:
+        nonlocal hupped
+        hupped = True
         for process in workers:  # each worker re-reads the config itself
             if process.is_alive() and process.pid is not None:
                 os.kill(process.pid, signum)

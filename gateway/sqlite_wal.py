@@ -1,0 +1,33 @@
+"""Turning a shared SQLite database to WAL mode when several processes open it at once.
+
+A node's workers start together and open the same databases (the block index,
+the metadata store). Setting ``journal_mode = WAL`` needs the database to
+itself for a moment, and SQLite does not always wait on its busy handler for
+that: a worker opening the file while a sibling is inside its first
+transaction got "database is locked" and exited at start (its supervisor
+started it again). The mode is a property of the file, so once any process
+has set it the others find it set; until then each retries for a bounded time.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+_RETRY_FOR = 30.0  # seconds: the longest a sibling's first transaction may hold the file
+_PAUSE = 0.01
+
+
+def use_wal(conn: sqlite3.Connection) -> None:
+    """Put ``conn``'s database in WAL mode, waiting out siblings opening it at once."""
+    deadline = time.monotonic() + _RETRY_FOR
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL").fetchall()
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(_PAUSE)
