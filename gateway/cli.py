@@ -168,20 +168,6 @@ def reloaded(args: argparse.Namespace) -> Settings:
     return with_credential(settings)[0]
 
 
-def hot_reloaded(settings: Settings, reload: Callable[[], Settings]) -> Settings:
-    """``settings`` with what a SIGHUP applies re-read: the credentials, ``allow_anonymous``
-    and the cluster's peers (the rest of the config needs a restart)."""
-    try:
-        fresh = reload()
-    except (ConfigError, OSError) as exc:
-        log.error("config reload failed, the config the node started with is used: %s", exc)
-        return settings
-    cluster = settings.cluster.model_copy(update={"peers": fresh.cluster.peers})
-    update = {"credentials": fresh.credentials, "allow_anonymous": fresh.allow_anonymous,
-              "cluster": cluster}  # fmt: skip
-    return settings.model_copy(update=update)
-
-
 def _banner(settings: Settings, credential: Credential | None) -> str:
     host, port = split_listen(settings.listen)
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
@@ -253,9 +239,8 @@ def _worker(
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, signal.SIG_DFL)  # aiohttp and build() install their own handlers
     enable_multiprocess(metrics_dir)
-    if hupped and reload is not None:
-        settings = hot_reloaded(settings, reload)
-    _run(build(settings, metrics_dir, reload), settings, bind(settings.listen, reuse_port=True))
+    app = build(settings, metrics_dir, reload, reloaded=hupped)
+    _run(app, settings, bind(settings.listen, reuse_port=True))
 
 
 def main(argv: list[str] | None = None) -> int:

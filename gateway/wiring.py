@@ -90,11 +90,13 @@ def build(
     settings: Settings,
     metrics_dir: Path | None = None,
     reload: Callable[[], Settings] | None = None,
+    reloaded: bool = False,
 ) -> web.Application:
     """Wire every object of one gateway process from its settings.
 
     ``metrics_dir`` is set when this process is one of several workers;
-    ``reload`` re-reads the config on SIGHUP (credentials and ``cluster.peers`` are applied).
+    ``reload`` re-reads the config on SIGHUP (credentials and ``cluster.peers`` are applied);
+    ``reloaded``: a worker started after a SIGHUP applies it at start, as its siblings did.
     """
     metrics = Metrics(multiprocess_dir=metrics_dir)
     shared = metrics_dir is not None
@@ -208,6 +210,8 @@ def build(
             await cluster.start()
         if reload is not None:
             on_sighup.append(functools.partial(_reload, reload, auth, cluster))
+            if reloaded:
+                _reload(reload, auth, cluster)  # not the config the node started with
         if on_sighup:
             asyncio.get_running_loop().add_signal_handler(
                 signal.SIGHUP, lambda: [each() for each in on_sighup]
