@@ -44,6 +44,16 @@ def packed_tier(directory: Path, capacity: int = 64 << 20, **kwargs: object) -> 
     return DiskTier(directory, capacity, packed_max=64 << 10, **kwargs)  # type: ignore[arg-type]
 
 
+async def stored_and_closed(directory: Path, blocks: dict[BlockId, bytes]) -> None:
+    """``blocks`` stored by a tier that then closes (a process before a restart)."""
+    first = packed_tier(directory)
+    await first.start()
+    try:
+        assert all(await asyncio.gather(*(first.put(b, data) for b, data in blocks.items())))
+    finally:
+        await first.close()
+
+
 @pytest.fixture
 async def tier(tmp_path: Path) -> AsyncIterator[DiskTier]:
     tier = packed_tier(tmp_path / "cache")
@@ -84,11 +94,8 @@ async def test_large_blocks_keep_their_own_files(tier: DiskTier, tmp_path: Path)
 
 async def test_restart_keeps_packed_blocks_and_a_fresh_process_finds_them(tmp_path: Path) -> None:
     directory = tmp_path / "cache"
-    first = packed_tier(directory)
-    await first.start()
     blocks = [block_id(f"r{i}") for i in range(50)]
-    assert all(await asyncio.gather(*(first.put(b, payload(b)) for b in blocks)))
-    await first.close()
+    await stored_and_closed(directory, {b: payload(b) for b in blocks})
     second = packed_tier(directory)
     await second.start()
     try:
@@ -163,11 +170,8 @@ async def test_segment_deleted_while_open_drops_its_blocks(tier: DiskTier, tmp_p
 async def test_a_torn_tail_after_a_crash_is_dead_bytes_not_blocks(tmp_path: Path) -> None:
     """Bytes appended after the last indexed record (a crash mid-append) are never served."""
     directory = tmp_path / "cache"
-    first = packed_tier(directory)
-    await first.start()
     kept = block_id("kept")
-    assert await first.put(kept, payload(kept))
-    await first.close()
+    await stored_and_closed(directory, {kept: payload(kept)})
     with open(segments(directory)[0], "ab") as f:
         f.write(b"HOARDBLK" + os.urandom(1000))  # a torn record: header start, no row
     second = packed_tier(directory)
@@ -297,11 +301,8 @@ async def test_a_full_disk_eviction_whose_commit_fails_removes_no_file_its_rows_
 
 async def test_an_index_of_an_older_layout_is_started_over_never_misread(tmp_path: Path) -> None:
     directory = tmp_path / "cache"
-    first = packed_tier(directory)
-    await first.start()
     old = block_id("old")
-    assert await first.put(old, payload(old))
-    await first.close()
+    await stored_and_closed(directory, {old: payload(old)})
     with contextlib.closing(sqlite3.connect(directory / "index.sqlite3")) as db:
         db.execute("PRAGMA user_version = 0")  # what every index made before layouts says
     second = packed_tier(directory)
@@ -357,12 +358,7 @@ async def test_a_block_file_whose_filler_died_before_its_row_is_taken_over(tmp_p
     holds it (its row on the way) is left alone."""
     directory = tmp_path / "cache"
     block, data = block_id("large"), payload("large", 128 << 10)  # its own file
-    first = packed_tier(directory)
-    await first.start()
-    try:
-        assert await first.put(block, data)
-    finally:
-        await first.close()
+    await stored_and_closed(directory, {block: data})
     final = next((directory / "blocks").rglob(block.digest))
     db = sqlite3.connect(directory / "index.sqlite3")
     with db:  # the filler died after the rename: the row never landed
