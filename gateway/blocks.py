@@ -416,7 +416,7 @@ class BlockSource:
             if began and not committed and self.disk is not None:
                 committed = await self._store_after_room(ref, flight, rooms)
             if stage or self.memory.admits(ref.length):
-                kept = self.memory.put(ref.block, flight.data(), oversize=stage)
+                kept = self.memory.put(ref.block, flight.data(), oversize=stage, on_disk=committed)
                 if stage and kept:
                     self._staged[ref.block.digest] = 0
                     if len(self._staged) > _STAGED_MEMORY:

@@ -78,6 +78,9 @@ class CacheConfig(_Strict):
     fill_concurrency: int = Field(default=16, ge=1, le=1024)
     # Largest block the memory tier keeps; bigger ones are served from disk with sendfile.
     memory_item_max: Size = parse_size("1MiB")
+    # Largest block the memory tier keeps when it is on disk too: above it a hit sent
+    # with sendfile from the disk copy costs less CPU than a copy out of memory.
+    memory_item_max_on_disk: Size = parse_size("64KiB")
     # fsync block files before they become visible (a crash otherwise costs a refetch).
     fsync: bool = False
     # Descriptors of hot disk blocks up to 1 MiB kept open per worker, so a hit needs no

@@ -109,6 +109,7 @@ def build(
     memory = MemoryTier(
         cache.memory // settings.workers, cache.memory_item_max,
         on_evict=lambda n: metrics.cache_evictions.labels("memory").inc(n),
+        max_on_disk=cache.memory_item_max_on_disk,
     )  # fmt: skip
     disk = DiskTier(
         cache.dir, cache.size, fsync=cache.fsync, open_files=cache.open_files,

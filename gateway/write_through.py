@@ -83,9 +83,8 @@ class WriteThrough:
             if self._changed_since(watch):  # checked right before each store: no await between
                 return cached
             block_id = BlockId(mount.origin.name, mount.origin_bucket, okey, info.etag, index)
-            stored = self._blocks.memory.put(block_id, block)
-            if self._blocks.disk is not None:
-                stored = await self._blocks.disk.put(block_id, block) or stored
+            on_disk = self._blocks.disk is not None and await self._blocks.disk.put(block_id, block)
+            stored = self._blocks.memory.put(block_id, block, on_disk=on_disk) or on_disk
             if stored:
                 cached += len(block)
                 self._on_cached(len(block))

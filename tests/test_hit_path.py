@@ -26,7 +26,8 @@ from tests.harness import HoardProcess, logged, metric
 from tests.origin_proxy import OriginProxy
 from tests.rawhttp import RawResponse, presign, send, sign_headers, signed_send
 
-SMALL = os.urandom(100 * 1024)
+SMALL = os.urandom(48 * 1024)  # kept in memory (cache.memory_item_max_on_disk)
+MEDIUM = os.urandom(100 * 1024)  # kept on disk only: hits sent with sendfile
 BIG = os.urandom(1024 * 1024 + 5)  # two blocks of 1 MiB
 PER_REQUEST = {"date", "x-amz-request-id", "x-amz-id-2"}
 LIMITED_KEY, LIMITED_SECRET = "limited-access", "limited-secret-key"
@@ -54,6 +55,7 @@ def seeded(origin_client, bucket: str) -> str:
         Metadata={"label": "n01440764"}, CacheControl="max-age=60",
     )  # fmt: skip
     origin_client.put_object(Bucket=bucket, Key="big.bin", Body=BIG)
+    origin_client.put_object(Bucket=bucket, Key="medium.bin", Body=MEDIUM)
     return bucket
 
 
@@ -217,6 +219,25 @@ def test_a_write_through_hoard_is_seen_by_the_next_hit(node, seeded) -> None:
     assert _get(node, target).body == b"first"  # held
     client.put_object(Bucket=seeded, Key="fresh.bin", Body=b"second version")
     assert _get(node, target).body == b"second version"
+
+
+def test_a_block_above_the_memory_limit_for_disk_blocks_is_hit_from_disk(
+    node, proxy, seeded
+) -> None:
+    target = f"/{seeded}/medium.bin"
+    general = _miss(node, target, "disk")
+    gets, hits = proxy.counts["GET"], _hits(node, "disk")
+    for _ in range(2):
+        _same_answer(general, _get(node, target))
+    assert _hits(node, "disk") == hits + 2 and _hits(node, "memory") == 0
+    assert metric(node.endpoint, 'hoard_cache_bytes{tier="memory"}') == 0  # held once: on disk
+    assert proxy.counts["GET"] == gets
+
+    small = f"/{seeded}/small.bin"
+    _miss(node, small)
+    assert metric(node.endpoint, 'hoard_cache_bytes{tier="memory"}') == len(SMALL)
+    assert _get(node, small).body == SMALL
+    assert _hits(node, "memory") == 1
 
 
 def test_disk_tier_hits_take_the_hit_path_with_sendfile(tmp_path, proxy, seeded) -> None:

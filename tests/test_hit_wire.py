@@ -41,7 +41,7 @@ from tests.harness import ACCESS_KEY, SECRET_KEY
 from tests.origin_proxy import OriginProxy
 from tests.rawhttp import presign, sign_headers
 
-SMALL = os.urandom(100 * 1024)
+SMALL = os.urandom(48 * 1024)  # kept in memory (cache.memory_item_max_on_disk)
 
 
 @dataclass
