@@ -2,8 +2,11 @@
 
 Each client here speaks S3 its own way (its own signing, multipart sizes,
 range requests, listing parameters and bucket checks): pyarrow's S3FileSystem
-(the AWS C++ SDK), obstore (Rust's object_store, which polars uses too), rclone
-(Go's AWS SDK; it also creates its bucket before an upload) and the aws CLI. Each
+(the AWS C++ SDK), obstore (Rust's object_store, which polars uses too), the
+Mountpoint client of s3torchconnector (``s3torchconnectorclient``: Rust over the
+AWS Common Runtime's S3 client, which splits a GET into parallel ranged parts;
+PyTorch's ``S3MapDataset`` / ``S3IterableDataset`` and DLIO read through it),
+rclone (Go's AWS SDK; it also creates its bucket before an upload) and the aws CLI. Each
 drives the same sequence through Hoard: a small put, a multipart put, whole and
 ranged gets (twice: cold, then from the cache), a listing, and deletes — once in
 front of moto (``default_origin``), once over a directory as the embedded default
@@ -12,7 +15,8 @@ what was written is checked at the origin itself.
 
 A client whose package or binary is not installed is skipped (``scripts/test``
 installs them). boto3, s3fs and minio-py are covered by the other modules;
-s3torchconnector needs torch, which is not installed here.
+s3torchconnector itself is a thin torch layer over the client tested here (torch
+is not installed: ~1 GB for no request of its own).
 """
 
 from __future__ import annotations
@@ -143,6 +147,55 @@ class Obstore:
         obstore.delete(self.store, key)
 
 
+class Mountpoint:
+    """s3torchconnector's S3 client; it takes credentials from the environment only.
+
+    Its uploads are always multipart, and it reads the object's ETag from the
+    CompleteMultipartUpload answer, whose root moto names
+    ``CompleteMultipartUploadResponse`` (S3: ``...Result``), so the CRT finds
+    none: against moto straight, too. In front of moto, objects are written
+    with boto3 through Hoard; everything else goes through this client.
+    """
+
+    def __init__(self, target: Target, env: pytest.MonkeyPatch) -> None:
+        from s3torchconnectorclient._mountpoint_s3_client import MountpointS3Client
+
+        env.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+        env.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+        env.delenv("AWS_SESSION_TOKEN", raising=False)
+        # A small part size, so that a multipart upload and a GET split in parts both happen.
+        self.client = MountpointS3Client(
+            "us-east-1", endpoint=target.node.endpoint, force_path_style=True,
+            part_size=5 * MiB, max_attempts=1,
+        )  # fmt: skip
+        self.bucket = target.bucket
+        in_front_of_moto = target.node.config.get("default_origin") == "moto"
+        self.writer = target.node.client() if in_front_of_moto else None
+
+    def put(self, key: str, data: bytes) -> None:
+        if self.writer is not None:
+            self.writer.put_object(Bucket=self.bucket, Key=key, Body=data)
+            return
+        stream = self.client.put_object(self.bucket, key)
+        stream.write(data)
+        stream.close()
+
+    put_multipart = put  # the CRT uploads in part_size parts past one part
+
+    def get(self, key: str) -> bytes:
+        return b"".join(self.client.get_object(self.bucket, key))
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        return b"".join(self.client.get_object(self.bucket, key, start, start + length))
+
+    def list(self, prefix: str) -> list[str]:
+        pages = self.client.list_objects(self.bucket, prefix)
+        return sorted(info.key for page in pages for info in page.object_info)
+
+    def delete(self, key: str) -> None:
+        self.client.delete_object(self.bucket, key)
+
+
 class Command:
     """A command-line client: files in a scratch directory, bytes through stdout."""
 
@@ -235,10 +288,15 @@ def _module(name: str) -> bool:
 
 
 CLIENTS = {
-    "pyarrow": (lambda t, s: PyArrow(t), lambda: _module("pyarrow")),
-    "obstore": (lambda t, s: Obstore(t), lambda: _module("obstore")),
-    "rclone": (Rclone, lambda: shutil.which("rclone") is not None),
-    "aws-cli": (AwsCli, lambda: shutil.which("aws") is not None),
+    # name: (the client, given its target, a scratch directory and the test's environment)
+    "pyarrow": (lambda t, s, e: PyArrow(t), lambda: _module("pyarrow")),
+    "obstore": (lambda t, s, e: Obstore(t), lambda: _module("obstore")),
+    "s3torchconnector": (
+        lambda t, s, e: Mountpoint(t, e),
+        lambda: _module("s3torchconnectorclient"),
+    ),
+    "rclone": (lambda t, s, e: Rclone(t, s), lambda: shutil.which("rclone") is not None),
+    "aws-cli": (lambda t, s, e: AwsCli(t, s), lambda: shutil.which("aws") is not None),
 }
 
 
@@ -296,7 +354,7 @@ def target(request, origin_client, data_dir) -> Target:
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", sorted(CLIENTS))
-def test_client_round_trip_is_byte_exact(name: str, target: Target, tmp_path) -> None:
+def test_client_round_trip_is_byte_exact(name: str, target: Target, tmp_path, monkeypatch) -> None:
     make, installed = CLIENTS[name]
     if not installed():
         pytest.skip(f"{name} is not installed")
@@ -304,7 +362,7 @@ def test_client_round_trip_is_byte_exact(name: str, target: Target, tmp_path) ->
         # Straight against moto too, pyarrow reads moto's CompleteMultipartUpload answer as
         # "error embedded in a 200 OK" (INTERNAL_FAILURE): a moto answer, not Hoard's.
         pytest.skip("pyarrow does not accept moto's CompleteMultipartUpload answer")
-    client: Client = make(target, tmp_path)
+    client: Client = make(target, tmp_path, monkeypatch)
     small, large = os.urandom(100_000), os.urandom(MULTIPART)
     client.put("ds/small.bin", small)
     client.put_multipart("ds/deep/large.bin", large)
