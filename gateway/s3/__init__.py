@@ -6,7 +6,7 @@ the one table of S3 operations; ``auth.py`` verifies SigV4 (``sigv4.py``) or
 SigV2 (``sigv2.py``) and the anonymous policy; ``front.py`` dispatches to one
 handler module per family of operations (``objects.py`` GET/HEAD,
 ``listing.py``, ``buckets.py``, ``writes.py`` for origins written through
-their own API, ``passthrough.py`` for everything forwarded); ``errors.py`` is
+their own API (``upload_lists.py`` pages their multipart uploads), ``passthrough.py`` for everything forwarded); ``errors.py`` is
 the one table of S3 error codes and the one translation from domain errors;
 ``xml.py`` and ``xml_writes.py`` write the bodies. Request details each have
 their module: ``ranges.py``, ``conditionals.py``, ``chunked.py``

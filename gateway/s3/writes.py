@@ -37,16 +37,15 @@ from aiohttp import web
 
 from gateway import errors
 from gateway.origins.base import ObjectInfo
-from gateway.s3 import xml_writes
+from gateway.s3 import upload_lists, xml_writes
 from gateway.s3.call import Call
 from gateway.s3.checksums import of_the_body
 from gateway.s3.chunked import RequestBody, read_whole
 from gateway.s3.conditionals import Conditions
 from gateway.s3.errors import Code, S3Error, from_domain
-from gateway.s3.listing import url_encoding_requested
-from gateway.s3.numbers import natural, query_integer
+from gateway.s3.numbers import natural
 from gateway.s3.xml import XML_TYPE
-from gateway.writer import Attributes, SourceCheck, UploadInfo, WriteCheck
+from gateway.writer import Attributes, SourceCheck, WriteCheck
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +53,6 @@ Handler = Callable[[Call], Awaitable[web.StreamResponse]]
 
 MAX_OBJECT_SIZE = 5 * 1024**3  # one PutObject, one part
 MAX_METADATA_SIZE = 2048  # user metadata: names and values, UTF-8 bytes
-LIST_LIMIT = 1000  # max-parts and max-uploads are capped here, as S3 does
 _REPRESENTATION = ("Cache-Control", "Content-Disposition", "Content-Language", "Expires")
 # What makes copying an object onto itself legal besides a REPLACE directive.
 _SELF_COPY_CHANGES = ("x-amz-storage-class", "x-amz-website-redirect-location",
@@ -330,80 +328,6 @@ async def abort_multipart_upload(call: Call) -> web.StreamResponse:
     return web.Response(status=204)
 
 
-async def list_parts(call: Call) -> web.StreamResponse:
-    max_parts = min(query_integer(call.query, "max-parts", LIST_LIMIT), LIST_LIMIT)
-    marker = query_integer(call.query, "part-number-marker", 0)
-    encode = url_encoding_requested(call.query)
-    upload_id = call.query["uploadId"]
-    parts = await call.writer.list_parts(call.bucket, call.key, upload_id)
-    after = [part for part in parts if part.part_number > marker]
-    body = xml_writes.list_parts(
-        call.bucket,
-        call.key,
-        upload_id,
-        after[:max_parts],
-        part_number_marker=marker,
-        max_parts=max_parts,
-        truncated=len(after) > max_parts,
-        encode=encode,
-    )
-    return _xml(body)
-
-
-async def list_multipart_uploads(call: Call) -> web.StreamResponse:
-    query = call.query
-    prefix, delimiter = query.get("prefix", ""), query.get("delimiter", "")
-    key_marker = query.get("key-marker", "")
-    id_marker = query.get("upload-id-marker", "") if key_marker else ""  # S3 ignores it alone
-    max_uploads = min(query_integer(query, "max-uploads", LIST_LIMIT), LIST_LIMIT)
-    encode = url_encoding_requested(query)
-    found = await call.writer.list_multipart_uploads(call.bucket, prefix)
-    uploads: list[UploadInfo] = []
-    prefixes: list[str] = []
-    truncated, last = False, None  # last: (key or prefix, upload id) shown last
-    for upload in _after(found, key_marker, id_marker):
-        cut = upload.key.find(delimiter, len(prefix)) if delimiter else -1
-        rolled = upload.key[: cut + len(delimiter)] if cut >= 0 else None
-        if rolled is not None and (rolled in prefixes or rolled <= key_marker):
-            continue  # already shown, on this page or an earlier one
-        if len(uploads) + len(prefixes) == max_uploads:
-            truncated = True
-            break
-        if rolled is not None:
-            prefixes.append(rolled)
-            last = (rolled, "")
-        else:
-            uploads.append(upload)
-            last = (upload.key, upload.upload_id)
-    body = xml_writes.list_multipart_uploads(
-        call.bucket,
-        uploads,
-        prefixes,
-        prefix=prefix,
-        delimiter=delimiter,
-        key_marker=key_marker,
-        upload_id_marker=id_marker,
-        next_markers=last,
-        max_uploads=max_uploads,
-        truncated=truncated,
-        encode=encode,
-    )
-    return _xml(body)
-
-
-def _after(uploads: list[UploadInfo], key_marker: str, id_marker: str) -> list[UploadInfo]:
-    """The uploads a page starts from: after ``key_marker``, or after the marked upload of it."""
-    if not key_marker:
-        return uploads
-    same = [u for u in uploads if u.key == key_marker] if id_marker else []
-    ids = [u.upload_id for u in same]
-    if id_marker in ids:
-        same = same[ids.index(id_marker) + 1 :]
-    else:
-        same = [u for u in same if u.upload_id > id_marker]
-    return same + [u for u in uploads if u.key > key_marker]
-
-
 # -- buckets -----------------------------------------------------------------------------------
 
 
@@ -448,9 +372,9 @@ _OPERATIONS: dict[str, tuple[frozenset[str], Handler]] = {
     "AbortMultipartUpload": (frozenset({"uploadId"}), abort_multipart_upload),
     "ListParts": (
         frozenset({"uploadId", "max-parts", "part-number-marker", "encoding-type"}),
-        list_parts,
+        upload_lists.list_parts,
     ),
-    "ListMultipartUploads": (_LIST_UPLOADS_TAKES, list_multipart_uploads),
+    "ListMultipartUploads": (_LIST_UPLOADS_TAKES, upload_lists.list_multipart_uploads),
     "CopyObject": (frozenset(), put_object),
     "UploadPartCopy": (frozenset({"partNumber", "uploadId"}), upload_part),
     "PreflightRequest": (frozenset(), preflight),
