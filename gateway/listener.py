@@ -14,6 +14,13 @@ aiohttp has no hook for that answer (aio-libs/aiohttp#3287), so the
 connection handler is a subclass whose ``handle_error`` asks the application
 for the answer (``server.rejected``: S3 XML, a request id, accounted) and logs
 one line.
+
+The parser also takes a request line without an ``HTTP/1.x`` version as an
+HTTP/0.9 request, headers and body included, and aiohttp would answer it with
+an ``HTTP/0.9`` status line no client reads. S3 speaks HTTP/1.x only, so such
+a request is refused as the parser's own refusals are (a 400 in S3 XML, the
+connection closed): the handler puts the parser's error in its place in the
+queue before aiohttp's loop takes it.
 """
 
 from __future__ import annotations
@@ -29,6 +36,11 @@ from http import HTTPStatus
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http import HttpVersion10
+from aiohttp.http_exceptions import BadStatusLine
+from aiohttp.http_parser import RawRequestMessage
+from aiohttp.streams import EMPTY_PAYLOAD
+from aiohttp.web_protocol import _ErrInfo
 
 from gateway.config import split_listen
 from gateway.hotwire import HitConnection, WireAnswer
@@ -171,6 +183,14 @@ class _Server(web.Server):
 
 
 class _Handler(HitConnection):
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        messages = self._messages
+        for at, (message, _) in enumerate(messages):
+            if isinstance(message, RawRequestMessage) and message.version < HttpVersion10:
+                refusal = BadStatusLine("a request line without HTTP/1.x")
+                messages[at] = (_ErrInfo(400, refusal, refusal.message), EMPTY_PAYLOAD)
+
     def handle_error(
         self,
         request: Any,

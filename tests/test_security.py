@@ -400,6 +400,8 @@ def test_keys_with_newlines_are_served_and_accounted(node, posix_root):
         b"GET / HTTP/1.1\r\nHost: h\r\nBad Header: x\r\n\r\n",  # a space in a header name
         b"GET / HTTP/1.1\r\nHost: h\r\nX: " + b"a" * 70_000 + b"\r\n\r\n",  # a header too long
         b"GET * HTTP/1.1\r\nHost: h\r\n\r\n",  # not a path
+        b"GET /files/a\r\nHost: h\r\n\r\n",  # no version: HTTP/0.9 to the parser
+        b"PUT /files/aHTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\nhi",  # the same, with a body
     ],
 )
 def test_what_the_http_parser_refuses_is_answered_in_s3_xml(node, request_bytes):
