@@ -13,6 +13,10 @@ stream views show only what lies in buckets the key may use; anything else is
 answered as if it did not exist. Node-wide views (stats, cluster) name no
 bucket and no object and are open to every configured key; they are the
 node's whichever worker answers (``gateway/node/``).
+
+What a call meets on its way (a manifest key the origin refuses, an origin
+that is down) is answered as the S3 front would answer it, in JSON: the S3
+error's status and code, never a 500.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from gateway.metadata.memory import MetadataCache
 from gateway.metrics import Metrics
 from gateway.prefetch.api import PrefetchApi
 from gateway.s3.auth import Authenticator, Principal
-from gateway.s3.errors import S3Error
+from gateway.s3.errors import S3Error, from_domain
 from gateway.s3.front import request_view
 from gateway.warm.http import PATH as WARM_PATH
 from gateway.warm.http import WarmHttp
@@ -59,11 +63,14 @@ class Admin:
 
     async def handle(self, request: web.Request, path: str) -> web.StreamResponse:
         try:
-            principal = self._auth.authenticate(request_view(request))
+            return await self._handle(request, path)
+        except errors.HoardError as exc:
+            return _error(from_domain(exc))
         except S3Error as exc:
-            return web.json_response(
-                {"error": exc.code.name, "message": exc.message}, status=exc.status
-            )
+            return _error(exc)
+
+    async def _handle(self, request: web.Request, path: str) -> web.StreamResponse:
+        principal = self._auth.authenticate(request_view(request))
         if principal.anonymous:
             return web.json_response({"error": "AccessDenied"}, status=403)
         if path == "/_hoard/stats" and request.method == "GET":
@@ -114,3 +121,7 @@ def worker_stats(blocks: BlockSource, metadata: MetadataCache) -> dict[str, Any]
         "fills": {"started": blocks.fills.started, "coalesced": blocks.fills.joined},
         "metadata": metadata.stats(),
     }  # fmt: skip
+
+
+def _error(exc: S3Error) -> web.Response:
+    return web.json_response({"error": exc.code.name, "message": exc.message}, status=exc.status)

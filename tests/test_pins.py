@@ -77,7 +77,8 @@ def test_specs_and_progress_round_trip_through_json():
     spec = WarmSpec.from_json({"bucket": "b", "keys": ["a", "c"], "pin": True, "pin_ttl": "2h"})
     assert WarmSpec.from_json(spec.to_json()) == spec and spec.pin_ttl == 7200
     for bad in ({"bucket": "b"}, {"bucket": "b", "prefix": "p", "manifest": "m"},
-                {"bucket": "b", "keys": [""]}, {"bucket": "b", "prefix": "", "extra": 1}):  # fmt: skip
+                {"bucket": "b", "keys": [""]}, {"bucket": "b", "prefix": "", "extra": 1},
+                {"bucket": "b", "manifest": ""}):  # fmt: skip
         with pytest.raises(ValueError):
             WarmSpec.from_json(bad)
     progress = Progress(objects_done=5, bytes_done=500, cursor=3, at_cursor=(3, 300, 0))

@@ -172,6 +172,18 @@ def test_manifest_lines_that_are_not_keys_are_reported_by_number(node, buckets):
     assert "hunter2" not in str(status)
 
 
+def test_manifests_the_origin_refuses_are_client_errors_not_500s(node):
+    """Before (found by fuzzing the admin API): a prefetch manifest the posix origin cannot
+    name was a 500, and an empty warm manifest passed, then failed its job on an assertion."""
+    full = admin(node)
+    for manifest in ("../outside", "nul\x00byte"):
+        order = {"stream": "s1", "bucket": "files", "manifest": manifest}
+        assert refused(full.call, "POST", "/_hoard/prefetch", body=order) == (
+            400, "InvalidObjectName")  # fmt: skip
+    empty = {"bucket": "files", "manifest": ""}
+    assert refused(full.call, "POST", "/_hoard/warm", body=empty)[0] == 400
+
+
 def test_job_views_show_only_buckets_the_key_may_use(node, buckets):
     """Before: every key listed and cancelled every user's jobs, error samples included."""
     full, limited, readonly = admin(node), admin(node, LIMITED), admin(node, READONLY)

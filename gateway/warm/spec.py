@@ -56,6 +56,8 @@ class WarmSpec:
         for name in ("prefix", "manifest"):
             if body.get(name) is not None and not isinstance(body[name], str):
                 raise ValueError(f"{name} must be a string")
+        if body.get("manifest") == "":  # a prefix may be empty (the whole bucket); a key not
+            raise ValueError("manifest must be an object key")
         if not isinstance(body.get("pin", False), bool):
             raise ValueError("pin must be true or false")
         ttl = body.get("pin_ttl")
@@ -63,7 +65,7 @@ class WarmSpec:
             bucket=bucket,
             prefix=body.get("prefix"),
             keys=tuple(keys) if keys is not None else None,
-            manifest=body.get("manifest") or None,
+            manifest=body.get("manifest"),
             pin=body.get("pin", False),
             pin_ttl=math.inf if ttl is None else parse_duration(ttl),
         )
