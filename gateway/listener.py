@@ -186,6 +186,8 @@ class _Handler(HitConnection):
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
         messages = self._messages
+        if not messages:  # hits answered on the wire leave none
+            return
         for at, (message, _) in enumerate(messages):
             if isinstance(message, RawRequestMessage) and message.version < HttpVersion10:
                 refusal = BadStatusLine("a request line without HTTP/1.x")
