@@ -12,10 +12,17 @@ with a request id. Then the same kinds are pipelined on one keep-alive
 connection, some in pieces, and every answer must be the one its request gets
 alone, in order (wire hits answered inside the protocol included).
 
+The admin API gets the same treatment with its own bodies: signed warm jobs,
+prefetch orders and cache drops whose fields hold random JSON (wrong types,
+empty and unsafe keys, huge numbers, nested values), by a full and a limited
+key. Each answer is a JSON object with a status below 500.
+
 Seeded: the same bytes every run, so a failure names a request that fails
 again. Line breaks are never inserted (request smuggling has its own cases),
 so every request is complete and is answered without waiting. Found so far: a
-request line without ``HTTP/1.x`` was served with an ``HTTP/0.9`` status line.
+request line without ``HTTP/1.x`` was served with an ``HTTP/0.9`` status line;
+a prefetch manifest key the origin refuses was a 500; a warm job with an empty
+manifest was accepted and then failed on an assertion.
 """
 
 from __future__ import annotations
@@ -28,7 +35,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import HoardProcess
+from gateway.client.admin import AdminClient, AdminError
+from tests.harness import ACCESS_KEY, SECRET_KEY, HoardProcess
 from tests.rawhttp import presign, sign_headers
 
 SEED = 20261125
@@ -53,7 +61,13 @@ def node(tmp_path_factory) -> Iterator[HoardProcess]:
         "default_metadata_ttl": "forever",  # held objects: GETs become wire hits
         "allow_anonymous": True,
         "cache": {"block_size": "128KiB", "memory": "8MiB"},
-    }
+        "credentials": [
+            {"access_key": ACCESS_KEY, "secret_key": SECRET_KEY},  # sign_headers' and presign's
+            {"access_key": "fuzz-full", "secret_key": "fuzz-full-secret-0123456789"},
+            {"access_key": "fuzz-limited", "secret_key": "fuzz-limited-secret-012345",
+             "buckets": ["bkt"]},
+        ],
+    }  # fmt: skip
     running = HoardProcess(tmp_path_factory.mktemp("fuzz-hoard"), config).start()
     yield running
     assert running.stop() == 0
@@ -190,3 +204,45 @@ def test_pipelined_requests_are_each_answered_as_alone_in_order(node) -> None:
         for (_, request, status, body), (got, head, got_body) in zip(chosen, answers, strict=True):
             assert got == status, (request, head)
             assert body is None or got_body == body, request
+
+
+VALUES = [None, True, False, 0, -1, 1e308, 2**70, "", "bkt", "other", "k", "../x", "\u0000",
+          "x" * 2000, "s1", "bad stream", "1s", "-5s", "forever", 3.5, [], ["k1"], ["k1", ""],
+          [1, 2], {"a": 1}, [["k1"]]]  # fmt: skip
+# Values of the field's own type half the time, so that calls get past the type checks.
+TYPED = {"bucket": ["bkt", "other", ""], "prefix": ["", "k", "../"], "stream": ["s1", "s:2", "s 3"],
+         "keys": [["k1"], [], ["../x"], ["k1", "\u0000"]], "manifest": ["", "k1", "../x", "\u0000"],
+         "pin": [True], "pin_ttl": ["1h", "0s"], "window": [1, 0, 10**9]}  # fmt: skip
+FIELDS = {
+    "/_hoard/warm": ("bucket", "prefix", "keys", "manifest", "pin", "pin_ttl", "extra"),
+    "/_hoard/prefetch": ("stream", "bucket", "keys", "manifest", "window"),
+}
+
+
+def test_admin_calls_with_random_json_get_json_answers_below_500(node) -> None:
+    rnd = random.Random(SEED + 2)
+    clients = [
+        AdminClient(node.endpoint, "fuzz-full", "fuzz-full-secret-0123456789"),
+        AdminClient(node.endpoint, "fuzz-limited", "fuzz-limited-secret-012345"),
+    ]
+    for _ in range(500):
+        client = rnd.choice(clients)
+        path = rnd.choice([*FIELDS, "/_hoard/cache"])
+        if path == "/_hoard/cache":
+            query = {name: str(rnd.choice(VALUES)) for name in rnd.sample(["bucket", "prefix"], 2)}
+            call = ("DELETE", path, query, None)
+        else:
+            body = {
+                name: rnd.choice(VALUES) for name in rnd.sample(FIELDS[path], rnd.randint(1, 4))
+            }
+            if rnd.random() < 0.6:  # past the first checks more often: valid fields around
+                body["bucket"] = rnd.choice(["bkt", "other"])
+                body.update({"stream": "s1"} if path == "/_hoard/prefetch" else {})
+            call = ("POST", path, None, body)
+        try:
+            answer = client.call(*call)
+        except AdminError as refused:
+            assert refused.status < 500 and refused.body.get("error") != "InvalidResponse", (
+                call, refused.status, refused.body)  # fmt: skip
+        else:
+            assert isinstance(answer, dict), call
