@@ -35,6 +35,7 @@ from gateway import hotwire, listener, wiring
 from gateway import request_keys as keys
 from gateway.config_load import build_settings
 from gateway.s3.auth import Authenticator
+from gateway.s3.hits import HitPath
 from gateway.server import HIT_PATH, HIT_WIRE, STATE, rejected
 from tests.conftest import moto_origin
 from tests.harness import ACCESS_KEY, SECRET_KEY
@@ -305,6 +306,30 @@ async def test_a_miss_handed_on_from_the_wire_is_verified_once(
         reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
         writer.write(f"GET {target} HTTP/1.1\r\nHost: {served.host}\r\n{lines}\r\n".encode())
         assert (await read_answer(reader)).status == 403  # a refusal is never handed on
+        writer.close()
+
+
+async def test_a_reload_between_the_wire_and_aiohttp_voids_the_verdict_handed_on(
+    tmp_path, proxy, seeded, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGHUP that removes the key after the wire verified a miss and before aiohttp built
+    its request: the verdict handed on is not reused, and the request is refused."""
+    hand_on = HitPath._hand_on
+
+    def then_reload(self: HitPath, message: Any, call: Any) -> None:
+        hand_on(self, message, call)
+        self._front._auth.reload([], allow_anonymous=False)  # the key is gone
+
+    monkeypatch.setattr(HitPath, "_hand_on", then_reload)
+    target = f"/{seeded}/other.bin"
+    async with serve(tmp_path, proxy, seeded) as served:
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        lines = "".join(
+            f"{n}: {v}\r\n" for n, v in sign_headers("GET", served.host, target).items()
+        )
+        writer.write(f"GET {target} HTTP/1.1\r\nHost: {served.host}\r\n{lines}\r\n".encode())
+        answer = await read_answer(reader)
+        assert answer.status == 403 and b"<Code>InvalidAccessKeyId</Code>" in answer.body
         writer.close()
 
 

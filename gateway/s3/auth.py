@@ -58,6 +58,7 @@ class Authenticator:
     ) -> None:
         self._clock = clock
         self._domains = domains
+        self.generation = 0  # reloads so far: a verdict reached before one is not reused after
         self.reload(credentials, allow_anonymous)
 
     def reload(self, credentials: list[Credential], allow_anonymous: bool) -> None:
@@ -72,6 +73,7 @@ class Authenticator:
         self._v2_verifier = SigV2Verifier(secrets, clock=self._clock, domains=self._domains)
         self._allow_anonymous = allow_anonymous
         self._presigned = PresignedMemo(self._clock)
+        self.generation += 1
 
     def authenticate(self, request: RequestView) -> Principal:
         """The verified caller; ``S3Error`` for a bad signature or a refused anonymous call."""

@@ -83,6 +83,11 @@ class S3Front:
     def body(self) -> BodySender:
         return self._body
 
+    @property
+    def credentials_generation(self) -> int:
+        """Changes at every reload of the credentials (SIGHUP)."""
+        return self._auth.generation
+
     async def handle(self, request: web.Request) -> web.StreamResponse:
         request_id: str = request[keys.REQUEST_ID]
         try:

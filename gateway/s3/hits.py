@@ -123,8 +123,9 @@ class HitPath:
         # (bucket, key) -> (the metadata it was rendered from, status line and headers)
         self._blocks: OrderedDict[tuple[str, str], tuple[ObjectInfo, bytes, bool]] = OrderedDict()
         self._date = (0, "")
-        # id(message) -> (message, principal) of wire requests admitted but not answered there.
-        self._handed: dict[int, tuple[RawRequestMessage, Principal]] = {}
+        # id(message) -> (message, principal, credentials generation) of wire requests
+        # admitted but not answered there.
+        self._handed: dict[int, tuple[RawRequestMessage, Principal, int]] = {}
 
     def answer_now(
         self, message: RawRequestMessage, transport: asyncio.Transport, sockfd: int | None
@@ -176,7 +177,9 @@ class HitPath:
         started = time.perf_counter()
         handed = self._handed.pop(id(request.message), None)
         if handed is not None and handed[0] is request.message:
-            request[keys.PRINCIPAL] = handed[1]  # verified on the wire a moment ago
+            _, principal, generation = handed
+            if generation == self._front.credentials_generation:  # no SIGHUP since
+                request[keys.PRINCIPAL] = principal  # verified on the wire a moment ago
         call = self._admitted(request)
         if call is None:
             return None
@@ -211,7 +214,8 @@ class HitPath:
     def _hand_on(self, message: RawRequestMessage, call: Call) -> None:
         """Keep who ``message`` was verified as, for aiohttp's request of the same message
         (``answer``, then the general path): a miss is not verified two more times."""
-        self._handed[id(message)] = (message, call.principal)  # the message kept: ids stay
+        # The message is kept, so its id stays its own.
+        self._handed[id(message)] = (message, call.principal, self._front.credentials_generation)
         if len(self._handed) > _HANDED:
             del self._handed[next(iter(self._handed))]
 
