@@ -353,6 +353,10 @@ class Settings(BaseSettings):
     # Host names under which "bucket.<domain>" means virtual-hosted-style addressing.
     virtual_host_domains: list[str] = Field(default_factory=lambda: ["localhost"])
     shutdown_timeout: Duration = 30.0
+    # A client connection with no request under way is closed after this long, one that
+    # sends a request's head too slowly too (aiohttp's own default, when not run by
+    # web.run_app, is an hour: idle pools and slow senders held descriptors that long).
+    keepalive_timeout: Duration = Field(default=75.0, gt=0)
     # uvloop is faster for HTTP; the stdlib loop has native sendfile (uvloop's is emulated).
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
     log_level: Literal["debug", "info", "warning", "error"] = "info"

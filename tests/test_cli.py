@@ -254,6 +254,29 @@ def test_sigterm_lets_in_flight_requests_finish(big_file_hoard):
     assert node.proc.wait(15) == 0
 
 
+def test_idle_and_slow_connections_are_closed_after_the_keepalive_timeout(tmp_path):
+    """aiohttp's handler keeps a connection an hour unless told otherwise (web.run_app tells
+    it 75 s; Hoard runs its own listener): a client that connects and sends nothing, one
+    that sends half a request head, and one idle after an answer are each closed."""
+    (tmp_path / "data" / "bkt").mkdir(parents=True)
+    (tmp_path / "data" / "bkt" / "k").write_bytes(b"kept")
+    node = HoardProcess(tmp_path, {
+        "origins": {"disk": {"type": "posix", "path": str(tmp_path / "data")}},
+        "default_origin": "disk", "allow_anonymous": True, "keepalive_timeout": "1s",
+    }).start()  # fmt: skip
+    try:
+        silent, slow, served = (socket.create_connection(("127.0.0.1", node.port), timeout=30)
+                                for _ in range(3))  # fmt: skip
+        slow.sendall(b"GET /bkt/k HTTP/1.1\r\nHost: x\r\n")  # the head never ends
+        served.sendall(b"GET /bkt/k HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert served.recv(65536).startswith(b"HTTP/1.1 200 OK")
+        for sock in (silent, slow, served):
+            with sock:
+                assert sock.recv(65536) == b""  # closed by the server (30 s: a failure)
+    finally:
+        node.stop()
+
+
 def test_example_config_parses_with_every_documented_key(monkeypatch):
     from gateway.config_load import build_settings, read_yaml
 
