@@ -357,6 +357,8 @@ class Settings(BaseSettings):
     # sends a request's head too slowly too (aiohttp's own default, when not run by
     # web.run_app, is an hour: idle pools and slow senders held descriptors that long).
     keepalive_timeout: Duration = Field(default=75.0, gt=0)
+    # An upload whose body sends nothing for this long is answered 400 RequestTimeout.
+    body_timeout: Duration = Field(default=60.0, gt=0)
     # uvloop is faster for HTTP; the stdlib loop has native sendfile (uvloop's is emulated).
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
     log_level: Literal["debug", "info", "warning", "error"] = "info"

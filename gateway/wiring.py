@@ -157,7 +157,8 @@ def build(
         settings.credentials, settings.allow_anonymous, domains=settings.virtual_host_domains
     )
     writer = Writer(namespace, reader, cluster.broadcast if cluster is not None else None)
-    front = S3Front(reader, writer, auth, settings.virtual_host_domains, body)
+    front = S3Front(reader, writer, auth, settings.virtual_host_domains, body,
+                    settings.body_timeout)  # fmt: skip
     access = AccessLog(as_json=settings.log_format == "json", enabled=settings.access_log)
     warm = _warm(settings, reader, WarmTiers(blocks, disk, store), metrics, cluster)
     warm_http = WarmHttp(warm)

@@ -16,6 +16,7 @@ import pytest
 import requests
 
 from tests.harness import REPO, HoardProcess, free_port
+from tests.rawhttp import sign_headers
 
 GiB = 1024**3
 
@@ -273,6 +274,31 @@ def test_idle_and_slow_connections_are_closed_after_the_keepalive_timeout(tmp_pa
         for sock in (silent, slow, served):
             with sock:
                 assert sock.recv(65536) == b""  # closed by the server (30 s: a failure)
+    finally:
+        node.stop()
+
+
+def test_an_upload_that_stalls_is_answered_request_timeout_and_stores_nothing(tmp_path):
+    (tmp_path / "data" / "bkt").mkdir(parents=True)
+    node = HoardProcess(tmp_path, {
+        "origins": {"disk": {"type": "posix", "path": str(tmp_path / "data")}},
+        "default_origin": "disk", "body_timeout": "1s",
+    }).start()  # fmt: skip
+    try:
+        host = f"127.0.0.1:{node.port}"
+        signed = sign_headers("PUT", host, "/bkt/stalled", {"Content-Length": "10"})
+        head = "".join(f"{name}: {value}\r\n" for name, value in signed.items())
+        with socket.create_connection(("127.0.0.1", node.port), timeout=30) as sock:
+            sock.sendall(
+                f"PUT /bkt/stalled HTTP/1.1\r\nHost: {host}\r\n{head}\r\nabc".encode()
+            )  # 3 of 10 bytes
+            answer = b""
+            while b"</Error>" not in answer and (chunk := sock.recv(65536)):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
+        assert b"<Code>RequestTimeout</Code>" in answer and b"x-amz-request-id: " in answer
+        assert not (tmp_path / "data" / "bkt" / "stalled").exists()
+        assert [p.name for p in (tmp_path / "data" / "bkt").iterdir()] == []  # no temp file left
     finally:
         node.stop()
 

@@ -9,6 +9,7 @@ from aiohttp import web
 from gateway.reader import Reader
 from gateway.s3.auth import Principal
 from gateway.s3.body import BodySender
+from gateway.s3.chunked import IdleLimited
 from gateway.s3.routing import Route
 from gateway.writer import Writer
 
@@ -23,6 +24,11 @@ class Call:
     request_id: str
     body: BodySender
     writer: Writer
+    body_idle: float = 60.0  # seconds a request body may send nothing (settings.body_timeout)
+
+    def body_source(self) -> IdleLimited:
+        """The request's body as it arrives, cut off with RequestTimeout when it stalls."""
+        return IdleLimited(self.request.content, self.body_idle)
 
     @property
     def bucket(self) -> str:

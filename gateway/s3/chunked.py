@@ -40,6 +40,7 @@ while ``x-amz-content-sha256`` says otherwise (they are treated as plain bodies)
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import re
@@ -364,6 +365,28 @@ class _Reader:
                 self._pos = 0
                 return True
         return False
+
+
+class IdleLimited:
+    """A request body that must keep arriving: no new bytes for ``seconds`` is S3's
+    ``RequestTimeout``, so a client that stalls mid-upload does not hold its handler,
+    its origin temp file and its connection for ever (nginx: ``client_body_timeout``)."""
+
+    def __init__(self, source: Source, seconds: float) -> None:
+        self._source = source
+        self._seconds = seconds
+
+    async def iter_any(self) -> AsyncIterator[bytes]:
+        pieces = _pieces(self._source)
+        while True:
+            try:
+                async with asyncio.timeout(self._seconds):
+                    piece = await anext(pieces, None)
+            except TimeoutError:
+                raise S3Error(Code.RequestTimeout) from None
+            if piece is None:
+                return
+            yield piece
 
 
 def _pieces(source: Source) -> AsyncIterator[bytes]:

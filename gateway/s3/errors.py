@@ -68,6 +68,11 @@ class Code(Enum):
     NotImplemented = (501, "A header you provided implies functionality that is not implemented.")
     NotModified = (304, "Not Modified")
     PreconditionFailed = (412, "At least one of the pre-conditions you specified did not hold")
+    RequestTimeout = (
+        400,
+        "Your socket connection to the server was not read from or written to within the "
+        "timeout period. Idle connections will be closed.",
+    )
     RequestTimeTooSkewed = (
         403,
         "The difference between the request time and the server's time is too large.",

@@ -66,12 +66,14 @@ class S3Front:
         auth: Authenticator,
         domains: list[str],
         body: BodySender,
+        body_idle: float = 60.0,
     ) -> None:
         self._reader = reader
         self._writer = writer
         self._body = body
         self._auth = auth
         self._domains = domains
+        self._body_idle = body_idle
         # Data loaders ask for the same URLs every epoch; a refused route raises and is not kept.
         self._route = functools.lru_cache(maxsize=65_536)(self._route_of)
 
@@ -143,9 +145,8 @@ class S3Front:
             or _SDK_BUCKET.fullmatch(found.bucket) is not None
             or not self._writer.forwards(found.bucket)
         )
-        call = Call(
-            request, found, query, principal, self._reader, request_id, self._body, self._writer
-        )
+        call = Call(request, found, query, principal, self._reader, request_id, self._body,
+                    self._writer, self._body_idle)  # fmt: skip
         return call, served
 
     def _route_of(self, method: str, host: str, raw_path: str, raw_query: str, copy: bool) -> Route:

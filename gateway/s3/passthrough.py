@@ -60,7 +60,7 @@ async def passthrough(call: Call) -> web.StreamResponse:
     body, length, touched = None, None, None
     if _has_body(request):
         declared = of_the_body(request.headers, call.route.operation)
-        decoded = RequestBody(request.content, declared, call.principal.context)
+        decoded = RequestBody(call.body_source(), declared, call.principal.context)
         if decoded.content_encoding:
             headers["Content-Encoding"] = decoded.content_encoding
         body, length = await _verified_before_last_byte(decoded), decoded.length

@@ -74,7 +74,7 @@ def _body(call: Call) -> RequestBody:
     chunked = "chunked" in request.headers.get("Transfer-Encoding", "").lower()
     if request.content_length is None and not chunked:
         raise S3Error(Code.MissingContentLength)
-    body = RequestBody(request.content, request.headers, call.principal.context)
+    body = RequestBody(call.body_source(), request.headers, call.principal.context)
     if body.length is not None and body.length > MAX_OBJECT_SIZE:
         fields = {"ProposedSize": str(body.length), "MaxSizeAllowed": str(MAX_OBJECT_SIZE)}
         raise S3Error(Code.EntityTooLarge, fields=fields)
@@ -83,7 +83,7 @@ def _body(call: Call) -> RequestBody:
 
 def _xml_body(call: Call) -> RequestBody:
     declared = of_the_body(call.request.headers, call.route.operation)
-    return RequestBody(call.request.content, declared, call.principal.context)
+    return RequestBody(call.body_source(), declared, call.principal.context)
 
 
 def _checksum_headers(body: RequestBody, *, full_object: bool = False) -> dict[str, str]:
