@@ -225,6 +225,7 @@ def _run(app: web.Application, settings: Settings, sock: socket.socket) -> None:
         app, sock, functools.partial(rejected, app), _event_loop(settings.event_loop),
         ssl_context=app.get(TLS_CONTEXT), first=app[HIT_PATH].answer, wire=app[HIT_WIRE],  # type: ignore[arg-type]
         shutdown_timeout=settings.shutdown_timeout, keepalive_timeout=settings.keepalive_timeout,
+        send_timeout=settings.send_timeout,
         access_log=None,
         # Bodies are stored as sent: a gzip-encoded upload must reach the origin still gzipped.
         auto_decompress=False,

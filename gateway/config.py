@@ -359,6 +359,8 @@ class Settings(BaseSettings):
     keepalive_timeout: Duration = Field(default=75.0, gt=0)
     # An upload whose body sends nothing for this long is answered 400 RequestTimeout.
     body_timeout: Duration = Field(default=60.0, gt=0)
+    # A client that takes no byte of an answer for this long has its connection dropped.
+    send_timeout: Duration = Field(default=60.0, gt=0)
     # uvloop is faster for HTTP; the stdlib loop has native sendfile (uvloop's is emulated).
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
     log_level: Literal["debug", "info", "warning", "error"] = "info"

@@ -15,6 +15,11 @@ connection handler is a subclass whose ``handle_error`` asks the application
 for the answer (``server.rejected``: S3 XML, a request id, accounted) and logs
 one line.
 
+A client that takes no byte of an answer for ``send_timeout`` (the transport's
+buffer full all that time) has its connection dropped, as nginx's
+``send_timeout`` does: otherwise it holds the answer, and what the answer holds
+open, for as long as it likes.
+
 The parser also takes a request line without an ``HTTP/1.x`` version as an
 HTTP/0.9 request, headers and body included, and aiohttp would answer it with
 an ``HTTP/0.9`` status line no client reads. S3 speaks HTTP/1.x only, so such
@@ -148,18 +153,20 @@ async def start(
 class _Runner(web.AppRunner):
     def __init__(
         self, app: web.Application, rejected: Rejected, first: First | None,
-        wire: WireAnswer | None, **kwargs: Any,
+        wire: WireAnswer | None, send_timeout: float = 60.0, **kwargs: Any,
     ) -> None:  # fmt: skip
         super().__init__(app, **kwargs)
         self._rejected = rejected
         self._first = first
         self._wire = wire
+        self._send_timeout = send_timeout
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
         server.__class__ = _Server  # the same object, handing out Hoard's connection handler
         server.rejected = self._rejected  # type: ignore[attr-defined]
         server.wire = self._wire  # type: ignore[attr-defined]
+        server.send_timeout = self._send_timeout  # type: ignore[attr-defined]
         if self._first is not None:
             server.request_handler = _first_then(self._first, server.request_handler)
         return server
@@ -177,12 +184,47 @@ def _first_then(first: First, handler: Handler) -> Handler:
 class _Server(web.Server):
     rejected: Rejected
     wire: WireAnswer | None
+    send_timeout: float
 
     def __call__(self) -> HitConnection:
         return _Handler(self, loop=self._loop, **self._kwargs)
 
 
 class _Handler(HitConnection):
+    _stall: asyncio.TimerHandle | None = None  # armed while the transport's buffer is full
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._stall is None:
+            timeout = self._manager.send_timeout  # type: ignore[union-attr]
+            self._stall = self._loop.call_later(timeout, self._stalled)
+
+    def resume_writing(self) -> None:
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
+        super().resume_writing()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
+        super().connection_lost(exc)
+
+    def _stalled(self) -> None:
+        """The client took no byte for ``send_timeout``: it is gone, or holds the answer
+        (and what it holds open) on purpose. The connection is dropped; the answer's
+        writer sees it closed, and records the body as cut."""
+        self._stall = None
+        log.info("client %s took no byte for %gs: connection dropped",
+                 self.request_peer(), self._manager.send_timeout)  # type: ignore[union-attr]  # fmt: skip
+        if self.transport is not None:
+            self.transport.abort()
+
+    def request_peer(self) -> str:
+        peer = self.transport.get_extra_info("peername") if self.transport is not None else None
+        return str(peer[0]) if peer else "-"
+
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
         messages = self._messages

@@ -117,7 +117,7 @@ def build(
         on_corrupt=metrics.corrupt_blocks.inc, on_full=metrics.disk_full.inc,
         packed_max=cache.packed_block_max, segment_size=cache.segment_size,
     )  # fmt: skip
-    body = BodySender()
+    body = BodySender(send_timeout=settings.send_timeout)
     node_view = (  # one membership for the node's workers, probed by the leader
         LeaderDocument(cache.dir / "node" / "membership.json", leadership)
         if settings.workers > 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -15,7 +16,7 @@ import boto3
 import pytest
 import requests
 
-from tests.harness import REPO, HoardProcess, free_port
+from tests.harness import REPO, HoardProcess, free_port, metric
 from tests.rawhttp import sign_headers
 
 GiB = 1024**3
@@ -299,6 +300,36 @@ def test_an_upload_that_stalls_is_answered_request_timeout_and_stores_nothing(tm
         assert b"<Code>RequestTimeout</Code>" in answer and b"x-amz-request-id: " in answer
         assert not (tmp_path / "data" / "bkt" / "stalled").exists()
         assert [p.name for p in (tmp_path / "data" / "bkt").iterdir()] == []  # no temp file left
+    finally:
+        node.stop()
+
+
+@pytest.mark.parametrize("warm", [False, True])  # a fill's bytes through the transport; sendfile
+def test_a_client_that_stops_reading_is_dropped_after_the_send_timeout(tmp_path, warm):
+    (tmp_path / "data" / "bkt").mkdir(parents=True)
+    with open(tmp_path / "data" / "bkt" / "big", "wb") as handle:
+        handle.truncate(32 * 1024 * 1024)
+    node = HoardProcess(tmp_path, {
+        "origins": {"disk": {"type": "posix", "path": str(tmp_path / "data")}},
+        "default_origin": "disk", "allow_anonymous": True, "send_timeout": "1s",
+    }).start()  # fmt: skip
+    try:
+        if warm:  # the blocks on disk: the stalled answer is sent with sendfile
+            answer = requests.get(f"{node.endpoint}/bkt/big", timeout=60)
+            assert len(answer.content) == 32 * 1024 * 1024
+        with socket.create_connection(("127.0.0.1", node.port), timeout=30) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+            sock.sendall(b"GET /bkt/big HTTP/1.1\r\nHost: x\r\n\r\n")
+            deadline = time.monotonic() + 30  # the event polled, not a wait in its place
+            while metric(node.endpoint, "hoard_responses_cut_total") < 1:
+                assert time.monotonic() < deadline, "the stalled answer was never cut"
+                time.sleep(0.1)
+            received = 0
+            with contextlib.suppress(ConnectionResetError):
+                while chunk := sock.recv(1 << 20):
+                    received += len(chunk)
+        assert received < 32 * 1024 * 1024  # cut: the client never got the whole body
+        assert requests.get(f"{node.endpoint}/_hoard/health", timeout=5).ok
     finally:
         node.stop()
 

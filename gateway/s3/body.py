@@ -32,14 +32,15 @@ from aiohttp.abc import AbstractStreamWriter
 from gateway.pieces import FileSegment, Piece
 
 _COPY_PIECE = 1024 * 1024  # bytes read per step when sendfile cannot be used (HTTPS)
-_POLL_TIMEOUT_MS = 60_000  # a client that takes no byte for a minute is gone
 
 
 class BodySender:
     """Sends pieces of an object to one aiohttp response."""
 
-    def __init__(self, threads: int = 32) -> None:
+    def __init__(self, threads: int = 32, send_timeout: float = 60.0) -> None:
         self._native: bool | None = None  # learned on first use: does the loop sendfile?
+        # A client that takes no byte for this long is gone (settings.send_timeout).
+        self._send_timeout_ms = round(send_timeout * 1000)
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sendfile")
 
     def close(self) -> None:
@@ -121,8 +122,8 @@ class BodySender:
             return
         sock_copy, file_copy = os.dup(sockfd), os.dup(segment.fd)
         try:
-            done = self._pool.submit(_sendfile_waiting, sock_copy, file_copy,
-                                     segment.offset + sent, segment.count - sent)  # fmt: skip
+            done = self._pool.submit(_sendfile_waiting, sock_copy, file_copy, segment.offset + sent,
+                                     segment.count - sent, self._send_timeout_ms)  # fmt: skip
         except BaseException:
             os.close(sock_copy)
             os.close(file_copy)
@@ -186,7 +187,7 @@ def sendfile_now(sockfd: int, fd: int, offset: int, count: int) -> int:
     return sent
 
 
-def _sendfile_waiting(sockfd: int, fd: int, offset: int, count: int) -> None:
+def _sendfile_waiting(sockfd: int, fd: int, offset: int, count: int, timeout_ms: int) -> None:
     """In a thread: send the rest, waiting for the socket to drain between calls.
 
     Owns ``sockfd`` and ``fd`` (duplicates) and closes them when done.
@@ -198,7 +199,7 @@ def _sendfile_waiting(sockfd: int, fd: int, offset: int, count: int) -> None:
         while sent < count:
             sent += sendfile_now(sockfd, fd, offset + sent, count - sent)
             if sent < count:
-                events = poller.poll(_POLL_TIMEOUT_MS)
+                events = poller.poll(timeout_ms)
                 if not events:
                     raise TimeoutError("client stopped reading")
                 if any(flag & (select.POLLERR | select.POLLHUP) for _, flag in events):
