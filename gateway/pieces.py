@@ -28,6 +28,13 @@ class FileSegment:
 
 Piece = bytes | memoryview | FileSegment
 
+# What sending pieces to a client raises when the client is gone: reset, a broken pipe
+# (EPIPE: it closed while the answer was under way), aborted, or no byte taken within
+# the send timeout. Logged as the client's doing, never as a server error.
+CLIENT_GONE: tuple[type[BaseException], ...] = (
+    ConnectionResetError, BrokenPipeError, ConnectionAbortedError, TimeoutError,
+)  # fmt: skip
+
 
 @dataclass(frozen=True, slots=True)
 class BlockRef:

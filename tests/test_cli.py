@@ -232,6 +232,14 @@ def test_client_disconnect_closes_the_origin_stream(big_file_hoard):
     assert _open_fds(pid) <= baseline
     # …and the gateway still serves.
     assert requests.get(f"{node.endpoint}/_hoard/health", timeout=5).ok
+    # The client's doing, whichever way the kernel put it (a reset, or EPIPE on the next
+    # write): counted as client_gone, and no warning or traceback in the log.
+    gone = 'hoard_responses_cut_total{reason="client_gone"}'
+    deadline = time.monotonic() + 10
+    while metric(node.endpoint, gone) < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert metric(node.endpoint, gone) == 1
+    assert "Traceback" not in node.log() and "response cut" not in node.log()
 
 
 def test_sigterm_lets_in_flight_requests_finish(big_file_hoard):

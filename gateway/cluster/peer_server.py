@@ -53,7 +53,7 @@ from gateway.cluster.peers import (
     sign,
 )
 from gateway.invalidation import Invalidation
-from gateway.pieces import Piece
+from gateway.pieces import CLIENT_GONE, Piece
 
 Pieces = AsyncIterator[Piece]
 
@@ -216,7 +216,7 @@ class PeerServer:
             if sent != response.content_length:
                 raise errors.OriginUnavailable(f"the block read gave {sent} bytes")
             await response.write_eof()
-        except (ConnectionResetError, TimeoutError):
+        except CLIENT_GONE:
             log.debug("peer went away mid-block")
             _drop(request)
         except Exception:

@@ -158,7 +158,8 @@ class S3Front:
         request[keys.ERROR_CODE] = exc.code.name
         if exc.code is Code.NotModified:
             return web.Response(status=304, headers=exc.headers)
-        if exc.status >= 500:
+        if exc.status >= 500 and exc.code is not Code.NotImplemented:
+            # A server's failure; a 501 is the client's ask this gateway does not serve.
             log.warning("%s %r: %s", request.method, request.path, exc.message)
         fields = dict(exc.fields)
         fields.setdefault("Resource", request.path)

@@ -16,7 +16,7 @@ from gateway import errors
 from gateway import request_keys as keys
 from gateway.object_read import ObjectRead
 from gateway.origins.base import ObjectInfo
-from gateway.pieces import FileSegment
+from gateway.pieces import CLIENT_GONE, FileSegment
 from gateway.s3 import xml
 from gateway.s3.call import Call
 from gateway.s3.conditionals import Conditions
@@ -163,7 +163,7 @@ async def _stream(call: Call, response: web.StreamResponse, read: ObjectRead) ->
             await call.body.send(call.request, writer, piece)
             sent += count
         await response.write_eof()
-    except (ConnectionResetError, TimeoutError):
+    except CLIENT_GONE:
         log.debug("client went away mid-body, request %s", call.request_id)
         _cut(call, "client_gone", sent)
     except Exception as exc:
