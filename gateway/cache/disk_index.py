@@ -53,7 +53,7 @@ from typing import Any, TypeVar
 from gateway.cache import disk_pins, segment_sql
 from gateway.cache.block import BlockId
 from gateway.cache.segment_sql import Place, Removed
-from gateway.sqlite_wal import use_wal
+from gateway.sqlite_wal import share_pages, use_wal
 
 T = TypeVar("T")
 
@@ -313,6 +313,7 @@ class DiskIndex:
         conn = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None)
         use_wal(conn)  # siblings may be opening it at this very moment
         conn.execute("PRAGMA temp_store = MEMORY")  # sorting for eviction needs no disk
+        share_pages(conn)
         # A small log, checkpointed often and cut back after: on a full disk the log is
         # what must still find room for the eviction that frees it (disk_space.py).
         conn.execute(f"PRAGMA wal_autocheckpoint = {_WAL_PAGES}")
