@@ -7,9 +7,16 @@ and a hit never reads it: a hit opens the block's file by name.
 
 Rules that keep several processes honest:
 
-- One connection per process, used only from one dedicated thread, so the
-  event loop never waits on SQLite and sqlite3's thread rule holds
-  (``check_same_thread`` stays on and would raise if it were broken).
+- One connection per process for writes, used only from one dedicated
+  thread, so the event loop never waits on a write and sqlite3's thread rule
+  holds (``check_same_thread`` stays on and would raise if it were broken).
+  Point reads a cold fill needs at once (is this block indexed?) may run on
+  the loop instead, on a read-only connection of their own (``read_now``): a
+  WAL reader never waits for a writer, the read is an index lookup of a few
+  cached pages, and the hop to the thread and back cost more than the read
+  (on two busy cores, a context switch and a GIL handoff each way). Should
+  the database be busy anyway (a recovery, a lock held by a crashed process),
+  ``read_now`` raises and the caller asks the thread, which waits.
 - WAL mode, a busy timeout, and short ``BEGIN IMMEDIATE`` transactions: a
   writer takes the write lock up front instead of failing half-way when it
   upgrades from a read.
@@ -177,14 +184,25 @@ class DiskIndex:
         self._busy_timeout = busy_timeout
         self._executor: ThreadPoolExecutor | None = None
         self._conn: sqlite3.Connection | None = None
+        self._loop_reader: sqlite3.Connection | None = None  # read_now's, on the loop
 
     async def open(self) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=THREAD_NAME)
         await self.run(self._connect)
+        # Made on the loop, the only thread that uses it; after _connect made the tables.
+        reader = sqlite3.connect(self.path, timeout=0, isolation_level=None)
+        reader.execute("PRAGMA query_only = ON")
+        share_pages(reader)
+        # One read now: the connection opens the log's files at its first read.
+        reader.execute("SELECT 1 FROM totals").fetchall()
+        self._loop_reader = reader
 
     async def close(self) -> None:
         if self._executor is None:
             return
+        if self._loop_reader is not None:
+            self._loop_reader.close()
+            self._loop_reader = None
         await self.run(self._disconnect)
         self._executor.shutdown(wait=False)  # idle by now: the last job just finished
         self._executor = None
@@ -246,7 +264,10 @@ class DiskIndex:
 
     async def locate(self, digest: str) -> Place | bool | None:
         """A packed block's place; True if the block has its own file; None if not indexed."""
-        return await self.run(self.read, segment_sql.locate, digest)
+        try:
+            return self.read_now(segment_sql.locate, digest)
+        except sqlite3.OperationalError:  # busy or locked: wait for it in the thread
+            return await self.run(self.read, segment_sql.locate, digest)
 
     async def add_segment(self, name: str) -> None:
         await self.run(self._in_write, segment_sql.add_segment, name)
@@ -273,6 +294,16 @@ class DiskIndex:
         """In the index thread (via ``run``): ``fn(connection, *args)`` outside a transaction."""
         assert self._conn is not None
         return fn(self._conn, *args)
+
+    def read_now(self, fn: Callable[..., T], *args: Any) -> T:
+        """On the event loop: ``fn(connection, *args)`` on the read-only connection.
+
+        Raises ``sqlite3.OperationalError`` at once if the database is busy or
+        locked (the caller then asks the thread, ``run(read, ...)``, which waits).
+        """
+        if self._loop_reader is None:
+            raise RuntimeError("disk index is not open")
+        return fn(self._loop_reader, *args)
 
     def _publish_packed(
         self,

@@ -442,17 +442,31 @@ class PackedBlocks:
 def claim_unless_indexed(
     conn: sqlite3.Connection, part: Path, final: Path, header: bytes, digest: str
 ) -> int | None:
-    """``files.claim``, in the index thread, also giving way to a block indexed already
-    (a packed block has no final file for ``claim`` to find), and taking over a block
-    file whose filler died between renaming it into place and indexing it."""
+    """``files.claim``, also giving way to a block indexed already (a packed block has
+    no final file for ``claim`` to find), and taking over a block file whose filler
+    died between renaming it into place and indexing it. On the loop (``read_now``'s
+    connection) or in the index thread; if the index cannot be read (busy), the claim
+    is given back before the error is raised, so the caller may try again."""
     fd = files.claim(part, final, header)
     if fd is None and _orphaned(conn, final, digest):
         fd = files.claim(part, final, header)
-    if fd is not None and segment_sql.locate(conn, digest) is not None:
-        files.unlink(part)
-        os.close(fd)
+    if fd is None:
+        return None
+    try:
+        indexed = segment_sql.locate(conn, digest) is not None
+    except BaseException:
+        _give_back(part, fd)
+        raise
+    if indexed:
+        _give_back(part, fd)
         return None
     return fd
+
+
+def _give_back(part: Path, fd: int) -> None:
+    """End a claim that will not fill (unlinked while still locked: the name is ours)."""
+    files.unlink(part)
+    os.close(fd)
 
 
 def _orphaned(conn: sqlite3.Connection, final: Path, digest: str) -> bool:
