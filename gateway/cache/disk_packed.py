@@ -58,6 +58,7 @@ holds no more than the capacity plus the active segments' unindexed tails.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import os
@@ -359,15 +360,16 @@ class PackedBlocks:
                 end = pending.place.offset + HEADER_SIZE + pending.place.length
                 sizes[pending.place.segment] = max(sizes[pending.place.segment], end)
             rows = [(p.identity, p.place) for p in batch]
+            # The claims end once the rows are in (a sibling asking then finds the block),
+            # or once they failed to go in (it asks the origin): in the index thread.
+            release = functools.partial(files.unlink_many, [p.part for p in batch])
             try:
                 removed, gone = await self._index.publish_packed(
-                    rows, sizes, self._take_touches(), self._limit()
+                    rows, sizes, self._take_touches(), self._limit(), then=release
                 )
             except (sqlite3.Error, OSError) as exc:  # a full disk...: these stay unindexed
                 await self._on_failed(exc)
                 removed, gone = Removed(), set(sizes)
-            # The claims end once the rows are in: a sibling asking now finds the block.
-            await asyncio.to_thread(files.unlink_many, [p.part for p in batch])
             evicted = set(removed.packed)
             for pending in batch:
                 stored = pending.place.segment not in gone and pending.identity[0] not in evicted
