@@ -10,13 +10,9 @@ Rules that keep several processes honest:
 - One connection per process for writes, used only from one dedicated
   thread, so the event loop never waits on a write and sqlite3's thread rule
   holds (``check_same_thread`` stays on and would raise if it were broken).
-  Point reads a cold fill needs at once (is this block indexed?) may run on
-  the loop instead, on a read-only connection of their own (``read_now``): a
-  WAL reader never waits for a writer, the read is an index lookup of a few
-  cached pages, and the hop to the thread and back cost more than the read
-  (on two busy cores, a context switch and a GIL handoff each way). Should
-  the database be busy anyway (a recovery, a lock held by a crashed process),
-  ``read_now`` raises and the caller asks the thread, which waits.
+  Point reads a cold fill needs at once (is this block indexed?) run on the
+  loop instead, on a read-only connection (``read_now``,
+  ``sqlite_wal.point_reader``); a busy database sends them to the thread.
 - WAL mode, a busy timeout, and short ``BEGIN IMMEDIATE`` transactions: a
   writer takes the write lock up front instead of failing half-way when it
   upgrades from a read.
@@ -60,7 +56,7 @@ from typing import Any, TypeVar
 from gateway.cache import disk_pins, segment_sql
 from gateway.cache.block import BlockId
 from gateway.cache.segment_sql import Place, Removed
-from gateway.sqlite_wal import share_pages, use_wal
+from gateway.sqlite_wal import point_reader, share_pages, use_wal
 
 T = TypeVar("T")
 
@@ -190,12 +186,7 @@ class DiskIndex:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=THREAD_NAME)
         await self.run(self._connect)
         # Made on the loop, the only thread that uses it; after _connect made the tables.
-        reader = sqlite3.connect(self.path, timeout=0, isolation_level=None)
-        reader.execute("PRAGMA query_only = ON")
-        share_pages(reader)
-        # One read now: the connection opens the log's files at its first read.
-        reader.execute("SELECT 1 FROM totals").fetchall()
-        self._loop_reader = reader
+        self._loop_reader = point_reader(self.path, "totals")
 
     async def close(self) -> None:
         if self._executor is None:

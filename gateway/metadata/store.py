@@ -49,7 +49,7 @@ from typing import Any
 from gateway.metadata.fetch_locks import FetchLocks
 from gateway.metadata.snapshot import microseconds, moment
 from gateway.origins.base import ListEntry, ObjectInfo
-from gateway.sqlite_wal import share_pages, use_wal
+from gateway.sqlite_wal import point_reader, share_pages, use_wal
 
 Scope = tuple[str, str]
 # info (the rest, compact JSON), stored_at, learned, etag (_etag_column), size,
@@ -176,12 +176,7 @@ class MetadataStore:
     async def start(self) -> None:
         await self._call(self._open)
         # Made on the loop, which is the only thread that uses it (sqlite3's thread check).
-        self._reader = sqlite3.connect(self._path, timeout=0, isolation_level=None)
-        self._reader.execute("PRAGMA query_only = ON")
-        share_pages(self._reader)
-        # One read now: the connection opens the log's files at its first read, and a
-        # process's descriptors are what it holds from its start, not from its first miss.
-        self._reader.execute("SELECT 1 FROM objects LIMIT 1").fetchall()
+        self._reader = point_reader(self._path, "objects")
         self._flusher = asyncio.create_task(self._flush_forever())
 
     def _open(self) -> None:
