@@ -4,7 +4,9 @@ A cached small-object hit moved six series: the request counter, the latency
 histogram, the body bytes, the bytes by tier, the hit counter and the metadata
 lookup. Each ``inc`` of prometheus_client checks the series, takes a lock (with
 workers: writes a shared memory-mapped file): about a sixth of the Python a hit
-cost. Counted here, a request adds to a dict; the totals reach the series at the
+cost. A cold one moved nine more, for its origin request (count, latency,
+slot held, queue wait, bytes: ``Metrics.add``, ``Metrics.observe``). Counted
+here, a request adds to a dict; the totals reach the series at the
 end of the event loop's turn (one ``inc`` per series per turn, however many
 requests the turn answered), and before every scrape (``Metrics.render``).
 
@@ -56,7 +58,8 @@ class Tally:
         counts, self._counts = self._counts, {}
         observed, self._observed = self._observed, {}
         for series, amount in counts.items():
-            series.inc(amount)
+            if amount:  # a gauge moved up and back down within the turn: nothing to write
+                series.inc(amount)
         for series, values in observed.items():
             for value in values:
                 series.observe(value)

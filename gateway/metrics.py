@@ -374,7 +374,7 @@ class Metrics:
     @contextlib.contextmanager
     def origin_call(self, origin: str, operation: str) -> Iterator[None]:
         """Count one origin request, its latency to the answer, and its failure if any."""
-        self._child(self.origin_requests, origin, operation).inc()
+        self.add(self.origin_requests, origin, operation)
         started = time.perf_counter()
         try:
             yield
@@ -382,9 +382,16 @@ class Metrics:
             self._child(self.origin_errors, origin, operation, type(exc).__name__).inc()
             raise
         finally:
-            self._child(self.origin_duration, origin, operation).observe(
-                time.perf_counter() - started
-            )
+            self.observe(self.origin_duration, (origin, operation), time.perf_counter() - started)
+
+    def add(self, metric: Any, *labels: str, amount: float = 1.0) -> None:
+        """Add ``amount`` to a counter's or gauge's series at the end of this loop turn
+        (``metric_tally.py``): for series moved on every request, a cold one included."""
+        self._tally.add(self._child(metric, *labels), amount)
+
+    def observe(self, metric: Any, labels: tuple[str, ...], value: float) -> None:
+        """Observe ``value`` in a histogram's series at the end of this loop turn."""
+        self._tally.observe(self._child(metric, *labels), value)
 
     def _create_known_series(self) -> None:
         """Export bounded label sets at 0 from the start.
@@ -454,7 +461,7 @@ class Metrics:
         key = (metric, labels)
         child = self._children.get(key)
         if child is None:
-            child = self._children[key] = metric.labels(*labels)
+            child = self._children[key] = metric.labels(*labels) if labels else metric
         return child
 
     def flush(self) -> None:

@@ -286,17 +286,29 @@ class DiskTier:
             raise OSError(errno.EFBIG, f"a block of {length} bytes exceeds the disk tier")
         part, final = self._part(block), self._final(block)
         header = encode_header(block, length, 0)  # provisional: tells followers the length
-        if self._packed is not None:  # no final file to look for: ask the index too
-            claim = self._index.run(self._index.read, disk_packed.claim_unless_indexed,
-                                    part, final, header, block.digest)  # fmt: skip
-        else:
-            claim = asyncio.to_thread(files.claim, part, final, header)
         try:
-            fd = await opening(claim)
+            if self._packed is not None:  # no final file to look for: ask the index too
+                fd = await self._claim_packed(part, final, header, block.digest)
+            else:
+                fd = await opening(asyncio.to_thread(files.claim, part, final, header))
         except OSError as exc:
             await self._failed("start", exc, block)
             raise
         return None if fd is None else BlockWriter(self, block, fd, part, length)
+
+    async def _claim_packed(
+        self, part: Path, final: Path, header: bytes, digest: str
+    ) -> int | None:
+        """The claim of a block that may be packed, on the loop: a create, a lock, a
+        header's write to the page cache and an index point read cost less than the
+        hop to the index thread and back, paid by every cold block (the same trade
+        as ``BlockWriter.write``'s small writes). A busy index: asked in the thread."""
+        claim = disk_packed.claim_unless_indexed
+        try:
+            return self._index.read_now(claim, part, final, header, digest)
+        except sqlite3.OperationalError:
+            pass
+        return await opening(self._index.run(self._index.read, claim, part, final, header, digest))
 
     async def put(self, block: BlockId, data: bytes) -> bool:
         """Store ``data`` as ``block``; False if not stored (claimed elsewhere, no space)."""

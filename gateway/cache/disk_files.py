@@ -225,14 +225,16 @@ def claim(part: Path, final: Path, header: bytes) -> int | None:
             return None
         # The previous holder may have renamed or removed this inode just
         # before we locked it; the claim counts only if the name still leads here.
-        if names(part, identity(fd)):
+        found = os.fstat(fd)
+        if names(part, (found.st_dev, found.st_ino)):
             break
         os.close(fd)
     try:
         done = final.exists()
         if not done:
             pwrite_all(fd, header, 0)
-            os.ftruncate(fd, HEADER_SIZE)  # drops a stale part's data; the header stays valid
+            if found.st_size > HEADER_SIZE:  # a stale part's data: dropped (a new part has none)
+                os.ftruncate(fd, HEADER_SIZE)
     except BaseException:
         unlink(part)
         os.close(fd)

@@ -7,9 +7,12 @@ and a hit never reads it: a hit opens the block's file by name.
 
 Rules that keep several processes honest:
 
-- One connection per process, used only from one dedicated thread, so the
-  event loop never waits on SQLite and sqlite3's thread rule holds
-  (``check_same_thread`` stays on and would raise if it were broken).
+- One connection per process for writes, used only from one dedicated
+  thread, so the event loop never waits on a write and sqlite3's thread rule
+  holds (``check_same_thread`` stays on and would raise if it were broken).
+  Point reads a cold fill needs at once (is this block indexed?) run on the
+  loop instead, on a read-only connection (``read_now``,
+  ``sqlite_wal.point_reader``); a busy database sends them to the thread.
 - WAL mode, a busy timeout, and short ``BEGIN IMMEDIATE`` transactions: a
   writer takes the write lock up front instead of failing half-way when it
   upgrades from a read.
@@ -53,7 +56,7 @@ from typing import Any, TypeVar
 from gateway.cache import disk_pins, segment_sql
 from gateway.cache.block import BlockId
 from gateway.cache.segment_sql import Place, Removed
-from gateway.sqlite_wal import use_wal
+from gateway.sqlite_wal import point_reader, share_pages, use_wal
 
 T = TypeVar("T")
 
@@ -177,14 +180,20 @@ class DiskIndex:
         self._busy_timeout = busy_timeout
         self._executor: ThreadPoolExecutor | None = None
         self._conn: sqlite3.Connection | None = None
+        self._loop_reader: sqlite3.Connection | None = None  # read_now's, on the loop
 
     async def open(self) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=THREAD_NAME)
         await self.run(self._connect)
+        # Made on the loop, the only thread that uses it; after _connect made the tables.
+        self._loop_reader = point_reader(self.path, "totals")
 
     async def close(self) -> None:
         if self._executor is None:
             return
+        if self._loop_reader is not None:
+            self._loop_reader.close()
+            self._loop_reader = None
         await self.run(self._disconnect)
         self._executor.shutdown(wait=False)  # idle by now: the last job just finished
         self._executor = None
@@ -246,7 +255,10 @@ class DiskIndex:
 
     async def locate(self, digest: str) -> Place | bool | None:
         """A packed block's place; True if the block has its own file; None if not indexed."""
-        return await self.run(self.read, segment_sql.locate, digest)
+        try:
+            return self.read_now(segment_sql.locate, digest)
+        except sqlite3.OperationalError:  # busy or locked: wait for it in the thread
+            return await self.run(self.read, segment_sql.locate, digest)
 
     async def add_segment(self, name: str) -> None:
         await self.run(self._in_write, segment_sql.add_segment, name)
@@ -257,11 +269,14 @@ class DiskIndex:
         sizes: dict[str, int],
         touches: dict[str, float],
         capacity: int,
+        then: Callable[[], object] = lambda: None,
     ) -> tuple[Removed, set[str]]:
         """One transaction for a batch of packed blocks: record hits, index the rows,
         grow their segments, evict to ``capacity``. Returns what was evicted and the
-        segments found gone (their rows were not indexed)."""
-        return await self.run(self._publish_packed, rows, sizes, touches, capacity)
+        segments found gone (their rows were not indexed). ``then()`` runs in the
+        index thread right after, committed or not (the batch's claims end there:
+        one trip to the thread for both)."""
+        return await self.run(self._publish_packed, rows, sizes, touches, capacity, then)
 
     async def drop_segment(self, name: str) -> Removed:
         return await self.run(self._in_write, segment_sql.drop_segment, name)
@@ -274,17 +289,31 @@ class DiskIndex:
         assert self._conn is not None
         return fn(self._conn, *args)
 
+    def read_now(self, fn: Callable[..., T], *args: Any) -> T:
+        """On the event loop: ``fn(connection, *args)`` on the read-only connection.
+
+        Raises ``sqlite3.OperationalError`` at once if the database is busy or
+        locked (the caller then asks the thread, ``run(read, ...)``, which waits).
+        """
+        if self._loop_reader is None:
+            raise RuntimeError("disk index is not open")
+        return fn(self._loop_reader, *args)
+
     def _publish_packed(
         self,
         rows: list[tuple[tuple[object, ...], Place]],
         sizes: dict[str, int],
         touches: dict[str, float],
         capacity: int,
+        then: Callable[[], object],
     ) -> tuple[Removed, set[str]]:
-        with self._transaction() as conn:
-            segment_sql.touch(conn, touches)
-            gone = segment_sql.add_packed(conn, rows, sizes)
-            return _evict(conn, capacity), gone
+        try:
+            with self._transaction() as conn:
+                segment_sql.touch(conn, touches)
+                gone = segment_sql.add_packed(conn, rows, sizes)
+                return _evict(conn, capacity), gone
+        finally:
+            then()
 
     async def created(self) -> dict[str, float]:
         """Every indexed digest with its creation time (for reconciliation)."""
@@ -313,6 +342,7 @@ class DiskIndex:
         conn = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None)
         use_wal(conn)  # siblings may be opening it at this very moment
         conn.execute("PRAGMA temp_store = MEMORY")  # sorting for eviction needs no disk
+        share_pages(conn)
         # A small log, checkpointed often and cut back after: on a full disk the log is
         # what must still find room for the eviction that frees it (disk_space.py).
         conn.execute(f"PRAGMA wal_autocheckpoint = {_WAL_PAGES}")

@@ -58,6 +58,7 @@ holds no more than the capacity plus the active segments' unindexed tails.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import os
@@ -359,15 +360,16 @@ class PackedBlocks:
                 end = pending.place.offset + HEADER_SIZE + pending.place.length
                 sizes[pending.place.segment] = max(sizes[pending.place.segment], end)
             rows = [(p.identity, p.place) for p in batch]
+            # The claims end once the rows are in (a sibling asking then finds the block),
+            # or once they failed to go in (it asks the origin): in the index thread.
+            release = functools.partial(files.unlink_many, [p.part for p in batch])
             try:
                 removed, gone = await self._index.publish_packed(
-                    rows, sizes, self._take_touches(), self._limit()
+                    rows, sizes, self._take_touches(), self._limit(), then=release
                 )
             except (sqlite3.Error, OSError) as exc:  # a full disk...: these stay unindexed
                 await self._on_failed(exc)
                 removed, gone = Removed(), set(sizes)
-            # The claims end once the rows are in: a sibling asking now finds the block.
-            await asyncio.to_thread(files.unlink_many, [p.part for p in batch])
             evicted = set(removed.packed)
             for pending in batch:
                 stored = pending.place.segment not in gone and pending.identity[0] not in evicted
@@ -442,17 +444,31 @@ class PackedBlocks:
 def claim_unless_indexed(
     conn: sqlite3.Connection, part: Path, final: Path, header: bytes, digest: str
 ) -> int | None:
-    """``files.claim``, in the index thread, also giving way to a block indexed already
-    (a packed block has no final file for ``claim`` to find), and taking over a block
-    file whose filler died between renaming it into place and indexing it."""
+    """``files.claim``, also giving way to a block indexed already (a packed block has
+    no final file for ``claim`` to find), and taking over a block file whose filler
+    died between renaming it into place and indexing it. On the loop (``read_now``'s
+    connection) or in the index thread; if the index cannot be read (busy), the claim
+    is given back before the error is raised, so the caller may try again."""
     fd = files.claim(part, final, header)
     if fd is None and _orphaned(conn, final, digest):
         fd = files.claim(part, final, header)
-    if fd is not None and segment_sql.locate(conn, digest) is not None:
-        files.unlink(part)
-        os.close(fd)
+    if fd is None:
+        return None
+    try:
+        indexed = segment_sql.locate(conn, digest) is not None
+    except BaseException:
+        _give_back(part, fd)
+        raise
+    if indexed:
+        _give_back(part, fd)
         return None
     return fd
+
+
+def _give_back(part: Path, fd: int) -> None:
+    """End a claim that will not fill (unlinked while still locked: the name is ours)."""
+    files.unlink(part)
+    os.close(fd)
 
 
 def _orphaned(conn: sqlite3.Connection, final: Path, digest: str) -> bool:

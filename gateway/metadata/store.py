@@ -49,7 +49,7 @@ from typing import Any
 from gateway.metadata.fetch_locks import FetchLocks
 from gateway.metadata.snapshot import microseconds, moment
 from gateway.origins.base import ListEntry, ObjectInfo
-from gateway.sqlite_wal import use_wal
+from gateway.sqlite_wal import point_reader, share_pages, use_wal
 
 Scope = tuple[str, str]
 # info (the rest, compact JSON), stored_at, learned, etag (_etag_column), size,
@@ -176,11 +176,7 @@ class MetadataStore:
     async def start(self) -> None:
         await self._call(self._open)
         # Made on the loop, which is the only thread that uses it (sqlite3's thread check).
-        self._reader = sqlite3.connect(self._path, timeout=0, isolation_level=None)
-        self._reader.execute("PRAGMA query_only = ON")
-        # One read now: the connection opens the log's files at its first read, and a
-        # process's descriptors are what it holds from its start, not from its first miss.
-        self._reader.execute("SELECT 1 FROM objects LIMIT 1").fetchall()
+        self._reader = point_reader(self._path, "objects")
         self._flusher = asyncio.create_task(self._flush_forever())
 
     def _open(self) -> None:
@@ -192,6 +188,7 @@ class MetadataStore:
         self._db = sqlite3.connect(self._path, timeout=30, isolation_level=None)
         use_wal(self._db)  # siblings may be opening it at this very moment
         self._db.execute("PRAGMA synchronous=NORMAL")
+        share_pages(self._db)
         # The log is checkpointed at SQLite's default of 1,000 pages but never cut back, so it
         # stayed at its largest (6 MB at 100k objects: 60 bytes an object). A smaller log,
         # cut back to that size after each checkpoint, holds no copy of the database.

@@ -335,6 +335,14 @@ class GuardedStream:
     def __aiter__(self) -> GuardedStream:
         return self
 
+    def at_hand(self) -> bool:
+        """Whether the next chunk or the end is here (``resume.HeldStream``): the one
+        ``prime`` read, or the end of a body whose origin stream says it all arrived."""
+        if self._first is not None or self._ended:
+            return True
+        arrived = getattr(self._inner, "arrived", None)  # S3ObjectStream's; others: unknown
+        return arrived is not None and bool(arrived())
+
     async def prime(self) -> None:
         """Read the first chunk now, so that a failure before any byte is the request's."""
         self._chunks = aiter(self._inner.chunks())

@@ -18,6 +18,11 @@ wins and the other is cancelled and closed. Nothing waits more than
 ``OriginUnavailable``, which a client sees as a 503 before the response
 headers, or as a cut body after them.
 
+A chunk already here needs neither: the next read of a body whose bytes have
+all arrived (``HeldStream.at_hand``: a small object's whole answer, usually
+one segment) returns without waiting, so it is read as it is, without the
+race's task and timers (a cold small object paid for two such races).
+
 Not guaranteed: one hedge per stall (a hedge that stalls too is waited for,
 up to the deadline), and none while requests queue for the origin's
 concurrency slots; the deadline of a client's opening GET includes its wait
@@ -31,7 +36,7 @@ import asyncio
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from gateway import errors
 from gateway.origins.base import ObjectStream
@@ -125,7 +130,14 @@ def _seconds(value: float) -> float | None:
     return None if math.isinf(value) else value
 
 
-Reopen = Callable[[int], Awaitable[ObjectStream]]  # the rest of the body from this byte
+class HeldStream(ObjectStream, Protocol):
+    """An open GET that tells whether its next chunk (or its end) is at hand, so that
+    reading it cannot wait for the origin (``guard.GuardedStream``)."""
+
+    def at_hand(self) -> bool: ...
+
+
+Reopen = Callable[[int], Awaitable[HeldStream]]  # the rest of the body from this byte
 MayResume = Callable[[errors.HoardError, int], Awaitable[bool]]  # (failure, tries so far)
 
 
@@ -139,7 +151,7 @@ class ResumingStream:
     ``hedged(won)`` and ``resumed()`` count hedges and resumes.
     """
 
-    def __init__(self, stream: ObjectStream, reopen: Reopen, may_resume: MayResume,
+    def __init__(self, stream: HeldStream, reopen: Reopen, may_resume: MayResume,
                  patience: Patience, pace: Callable[[int], Awaitable[None]],
                  hedged: Callable[[bool], None], resumed: Callable[[], None]) -> None:  # fmt: skip
         self.info = stream.info
@@ -184,7 +196,9 @@ class ResumingStream:
 
     async def _next_chunk(self) -> bytes | None:
         """The current body's next chunk (None at its end), hedged when it stalls."""
-        if math.isinf(self._patience.hedge_after) and math.isinf(self._patience.deadline):
+        if self._current.at_hand() or (
+            math.isinf(self._patience.hedge_after) and math.isinf(self._patience.deadline)
+        ):
             return await anext(self._chunks, None)
         outcome = await first_of(
             anext(self._chunks, None),
@@ -207,7 +221,7 @@ class ResumingStream:
         self._resumed()
         await self._switch(await self._reopen(self._next_byte))
 
-    async def _switch(self, stream: ObjectStream) -> None:
+    async def _switch(self, stream: HeldStream) -> None:
         if (stream.info.size, stream.info.etag) != (self.info.size, self.info.etag):
             await stream.aclose()  # (an origin that ignores If-Match)
             raise errors.OriginChanged(f"{self.info.key} changed at the origin during a read")

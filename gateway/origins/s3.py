@@ -188,7 +188,7 @@ class S3ObjectStream:
         self.info = info
         self.start = start
         self.end = end
-        self._body = body  # aiobotocore AioStreamingBody over an aiohttp ClientResponse
+        self._body = body  # s3_get.ResponseBody: an aiohttp ClientResponse's body
         self._bucket = bucket
         self._closed = False
 
@@ -200,6 +200,10 @@ class S3ObjectStream:
 
     def __aiter__(self) -> S3ObjectStream:
         return self
+
+    def arrived(self) -> bool:
+        """Whether the whole body is here: no read of it waits for the origin."""
+        return bool(self._body.arrived())
 
     async def __anext__(self) -> bytes:
         with _translated(self._bucket, self.info.key):

@@ -84,7 +84,7 @@ async def error_of(response: aiohttp.ClientResponse) -> ClientError:
 
 
 class ResponseBody:
-    """An aiohttp answer's body with the two calls ``S3ObjectStream`` makes of aiobotocore's."""
+    """An aiohttp answer's body with the calls ``S3ObjectStream`` makes of it."""
 
     def __init__(self, response: aiohttp.ClientResponse) -> None:
         self._response = response
@@ -92,6 +92,10 @@ class ResponseBody:
     async def read(self, n: int) -> bytes:
         # aiohttp raises ClientPayloadError when the body ends before Content-Length.
         return await self._response.content.read(n)
+
+    def arrived(self) -> bool:
+        """Whether the body's end has arrived (what is left is in the buffer)."""
+        return self._response.content.is_eof()
 
     async def aclose(self) -> None:
         # After the end of the body the connection is back in the pool and this is a

@@ -13,9 +13,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from urllib.parse import parse_qsl
 
 from gateway.config import Credential
+from gateway.s3 import signing
 from gateway.s3.errors import Code, S3Error
 from gateway.s3.sigv2 import SigV2Verifier, is_sigv2
 from gateway.s3.sigv4 import AuthContext, RequestView, SigV4Verifier, is_signed
@@ -77,11 +77,12 @@ class Authenticator:
 
     def authenticate(self, request: RequestView) -> Principal:
         """The verified caller; ``S3Error`` for a bad signature or a refused anonymous call."""
-        remembered = self._presigned.get(request)
+        key = self._presigned.key(request)
+        remembered = self._presigned.get(key)
         if remembered is not None:
             return remembered
         principal = self._verify(request)
-        self._presigned.remember(request, principal)
+        self._presigned.remember(key, request.raw_query, principal)
         return principal
 
     def _verify(self, request: RequestView) -> Principal:
@@ -119,7 +120,8 @@ class PresignedMemo:
         )
 
     @staticmethod
-    def _key(request: RequestView) -> tuple[str, str, str, str] | None:
+    def key(request: RequestView) -> tuple[str, str, str, str] | None:
+        """What a remembered verdict on ``request`` is kept under; None: not memoisable."""
         # Reads only, and no x-amz-* headers: a memo hit must not skip the check
         # that every x-amz-* header a request carries is signed.
         query = request.raw_query
@@ -131,8 +133,7 @@ class PresignedMemo:
             return None
         return (request.method, request.raw_path, query, request.headers.get("Host", ""))
 
-    def get(self, request: RequestView) -> Principal | None:
-        key = self._key(request)
+    def get(self, key: tuple[str, str, str, str] | None) -> Principal | None:
         entry = self._entries.get(key) if key is not None else None
         if entry is None:
             return None
@@ -142,9 +143,10 @@ class PresignedMemo:
             return None  # the verifier answers "Request has expired"
         return principal
 
-    def remember(self, request: RequestView, principal: Principal) -> None:
-        key = self._key(request)
-        expires = _presigned_expiry(request.raw_query) if key is not None else None
+    def remember(
+        self, key: tuple[str, str, str, str] | None, raw_query: str, principal: Principal
+    ) -> None:
+        expires = _presigned_expiry(raw_query) if key is not None else None
         if key is None or expires is None or principal.anonymous:
             return
         self._entries[key] = (expires, principal)
@@ -154,11 +156,11 @@ class PresignedMemo:
 
 def _presigned_expiry(raw_query: str) -> float | None:
     """When a presigned URL stops being valid (SigV4 date + expires, or SigV2 Expires)."""
-    params = dict(parse_qsl(raw_query, keep_blank_values=True))
+    params = signing.query_params(raw_query)  # as the verifier read it: decoded once
     try:
-        if "X-Amz-Date" in params:
-            start = datetime.strptime(params["X-Amz-Date"], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
-            return start.timestamp() + int(params["X-Amz-Expires"])
-        return float(int(params["Expires"]))
+        if "x-amz-date" in params:
+            start = datetime.strptime(params["x-amz-date"], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
+            return start.timestamp() + int(params["x-amz-expires"])
+        return float(int(params["expires"]))
     except (KeyError, ValueError):
         return None

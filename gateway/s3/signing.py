@@ -13,8 +13,10 @@ import functools
 import re
 import time
 from calendar import timegm
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
+from types import MappingProxyType
 from urllib.parse import quote, unquote_to_bytes
 
 NO_DATE = "AWS authentication requires a valid Date or x-amz-date header"
@@ -44,13 +46,16 @@ def parse_http_date(value: str) -> float | None:
     return parsed.timestamp()
 
 
-def query_params(raw_query: str) -> dict[str, str]:
+# Pure, and asked for several times per request (is it signed, how, its claim, its
+# expiry), so a few recent queries are kept: each is decoded once. Read-only, as shared.
+@functools.lru_cache(maxsize=64)
+def query_params(raw_query: str) -> Mapping[str, str]:
     """Decoded parameters by lowercased name (S3 matches X-Amz-* names in any case)."""
     params: dict[str, str] = {}
     for item in raw_query.split("&"):
         name, _, value = item.partition("=")
         params.setdefault(decode(name).lower(), decode(value))
-    return params
+    return MappingProxyType(params)
 
 
 def decode(value: str) -> str:

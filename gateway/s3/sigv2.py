@@ -27,6 +27,7 @@ covered by a SigV2 signature at all: that is SigV2, not a bug here.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 import re
@@ -247,11 +248,12 @@ def _resources(req: RequestView, bucket: str | None) -> list[str]:
     return [p + ("?" + query if query else "") for p in paths]
 
 
-def _query_items(raw_query: str) -> list[tuple[str, str, str]]:
+@functools.lru_cache(maxsize=64)  # pure, and asked twice per verification
+def _query_items(raw_query: str) -> tuple[tuple[str, str, str], ...]:
     """(name, '=' or '', value), decoded; '+' stays '+', as S3 and botocore sign it."""
     items = []
     for item in raw_query.split("&"):
         if item:
             name, eq, value = item.partition("=")
             items.append((signing.decode(name), eq, signing.decode(value)))
-    return items
+    return tuple(items)
