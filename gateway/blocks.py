@@ -173,6 +173,10 @@ class BlockSource:
         says (an explicit prefetch: the block is known to be read soon); None
         asks the policy when the fill starts.
         """
+        flight = self.fills.get(ref.block)
+        if flight is not None and flight.adopter_to_come:
+            flight.adopter_to_come = False  # the reader whose metadata miss opened it
+            return flight
         flight, started = self.fills.join_or_start(
             ref.block, ref.length, lambda f: self._fill(ref, f, admit)
         )
@@ -200,11 +204,13 @@ class BlockSource:
         except BaseException:
             await stream.aclose()
             raise
-        _, started = self.fills.join_or_start(
+        flight, started = self.fills.join_or_start(
             ref.block, ref.length,
             lambda f: self._copy(ref, stream, f, writer, stage=not admitted),
         )  # fmt: skip
-        if not started:  # a local fill began while the claim was taken
+        if started:
+            flight.adopter_to_come = True
+        else:  # a local fill began while the claim was taken
             self.events.coalesced()
             if writer is not None:
                 await writer.abort()

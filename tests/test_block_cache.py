@@ -76,6 +76,18 @@ async def test_64_concurrent_cold_gets_cost_one_origin_get_per_block(
         assert sum_samples(metrics, "process_open_fds") >= own_fds * 0.5
 
 
+async def test_a_lone_cold_read_is_not_counted_as_coalesced(tmp_path, proxy, origin_client, bucket):
+    """The fill a metadata miss opens is read next by the same request: that is the fill's
+    own reader, not one that waited on another's (every cold GET used to count one)."""
+    data = put(origin_client, bucket, "lone", 100_000)
+    async with hoard_app(tmp_path, hoard_config(proxy)) as node:
+        proxy.reset()
+        assert await get_all([f"{node.endpoint}/{bucket}/lone"]) == [data]
+        assert proxy.counts["GetObject"] == 1
+        metrics = await _text(f"{node.endpoint}/metrics")
+        assert sum_samples(metrics, "hoard_coalesced_waiters_total") == 0
+
+
 def test_workers_share_one_origin_get_per_block_and_report_every_process(
     tmp_path, proxy, origin_client, bucket
 ):

@@ -108,6 +108,9 @@ class Flight:
         self._changed = asyncio.Event()
         self._done = False
         self._error: BaseException | None = None
+        # A fill a metadata miss opened (``BlockSource.adopt``) is read next by the request
+        # whose miss it was: that first join is the fill's own reader, not a coalesced one.
+        self.adopter_to_come = False
 
     @property
     def done(self) -> bool:
