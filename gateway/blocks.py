@@ -340,7 +340,14 @@ class BlockSource:
             return
         del self._staged[digest]
         if self.disk is not None:
-            self._background.spawn(self.disk.put(ref.block, data))
+            self._background.spawn(self._promote(ref.block, data))
+
+    async def _promote(self, block: BlockId, data: bytes) -> None:
+        """Write a staged block to disk; once there, memory keeps it only as any block on
+        disk (``memory_item_max_on_disk``), so bigger ones are hit with sendfile."""
+        assert self.disk is not None
+        if await self.disk.put(block, data) and len(data) > self.memory.max_on_disk:
+            self.memory.discard(block)
 
     def _admits(self, ref: BlockRef) -> bool:
         """The admission policy's word on writing this missed block to disk (records the miss)."""

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import time
 import uuid
 
 import pytest
 
 from gateway.cache.admission import Doorkeeper
-from tests.harness import HoardProcess
-from tests.test_block_cache import hoard_config, put
+from tests.harness import HoardProcess, sum_samples
+from tests.inprocess import get_all, hoard_app
+from tests.test_block_cache import _text, hoard_config, put
 
 
 def digest(n: int) -> str:
@@ -82,3 +85,27 @@ def test_hot_set_survives_a_scan_only_with_second_hit_admission(tmp_path, proxy,
     without = _scan_after_hot_set(tmp_path, proxy, origin_client, "always")
     assert with_admission == 0, "the hot set was flushed despite admission"
     assert without == HOT, "without admission the scan should have evicted the hot set"
+
+
+async def test_a_promoted_block_above_the_disk_limit_leaves_memory(tmp_path, proxy, origin_client):
+    """A block admission kept off the disk waits in memory; its second memory hit writes it
+    to disk, and then memory keeps it only as any block on disk (up to 64 KiB)."""
+    bucket = f"adm-{uuid.uuid4().hex[:10]}"
+    origin_client.create_bucket(Bucket=bucket)
+    data = put(origin_client, bucket, "staged", 100 * 1024)
+    config = hoard_config(proxy, read_ahead=0, admission="second_hit")
+    async with hoard_app(tmp_path, config) as node:
+        url = f"{node.endpoint}/{bucket}/staged"
+        for _ in range(3):  # a miss (staged in memory), then two memory hits: promoted
+            assert await get_all([url]) == [data]
+        deadline = time.monotonic() + 30  # the promotion's write runs in the background
+        while _tier_bytes(await _text(f"{node.endpoint}/metrics"), "disk") < len(data):
+            assert time.monotonic() < deadline, "the staged block was never promoted"
+            await asyncio.sleep(0.02)
+        metrics = await _text(f"{node.endpoint}/metrics")
+        assert _tier_bytes(metrics, "memory") == 0
+        assert proxy.gets() == 1
+
+
+def _tier_bytes(metrics: str, tier: str) -> float:
+    return sum_samples(metrics, f'hoard_cache_bytes{{tier="{tier}"}}')
