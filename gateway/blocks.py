@@ -20,11 +20,9 @@ at background priority (``priority.py``).
 
 With an admission policy (``cache/admission.py``) a demand fill writes its
 block to disk only if the policy admits it; otherwise the block is served
-from the origin and *staged* in the memory tier (even above its item limit,
-LRU within its bound), so a reader joining just after the fill still finds
-it; repeated memory hits on a staged block write it to disk (*promotion*,
-``_staged_hit``), as a second miss does. ``preload`` (epoch-order prefetch)
-is admitted always: the client said it will read the block.
+from the origin and *staged* in the memory tier, and promoted to disk when
+read again (``cache/staging.py``). ``preload`` (epoch-order prefetch) is
+admitted always: the client said it will read the block.
 
 In a cluster (``placement`` given) a block this node does not own is read from
 memory or disk if it happens to be there, else through a *peer fill*: one per
@@ -46,7 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Protocol
@@ -57,13 +55,12 @@ from gateway.cache.block import BlockId
 from gateway.cache.disk import BlockFile, BlockWriter, DiskTier, FillAbandoned
 from gateway.cache.memory import MemoryTier
 from gateway.cache.singleflight import Flight, FlightGroup
+from gateway.cache.staging import Staging
 from gateway.cluster.peers import PeerNotCached
 from gateway.cluster.placement import Placement
 from gateway.origins.base import ObjectStream
 from gateway.pieces import BlockRef, FileSegment, Piece
 from gateway.tasks import TaskSet
-
-_STAGED_MEMORY = 65536  # staged block digests remembered (more than the memory tier holds)
 
 
 class BlockEvents(Protocol):
@@ -85,7 +82,6 @@ class BlockSource:
         admission: Doorkeeper | None = None,
     ) -> None:
         self.memory = memory
-        self.admission = admission  # None: every filled block goes to disk
         self.disk = disk
         self.events = events
         self.placement = placement
@@ -96,8 +92,7 @@ class BlockSource:
         # two nodes wait on each other, each with its slots held by requests to the other.
         self._peer_slots = asyncio.Semaphore(fill_slots)
         self._background = TaskSet()
-        # Blocks admission kept off the disk and staged in memory: memory hits on each.
-        self._staged: OrderedDict[str, int] = OrderedDict()
+        self._staging = Staging(memory, disk, admission, events, self._background.spawn)
 
     @property
     def clustered(self) -> bool:
@@ -159,8 +154,9 @@ class BlockSource:
         finds); None otherwise, and then ``cached`` tells."""
         cached = self.memory.get(ref.block)
         if cached is not None:
-            if self._staged and ref.block.digest in self._staged:  # a digest is a hash to compute
-                self._staged_hit(ref, cached)
+            staged = self._staging.digests
+            if staged and ref.block.digest in staged:  # a digest is a hash to compute
+                self._staging.hit(ref.block, cached)
             return memoryview(cached)[offset : offset + length], "memory"
         if self.fills.get(ref.block) is None and self.disk is not None:
             return _on_disk(self.disk.get_held(ref.block), offset, length)
@@ -199,7 +195,7 @@ class BlockSource:
             await stream.aclose()
             return
         try:
-            admitted = bool(admit or self._admits(ref))
+            admitted = bool(admit or self._staging.admits(ref.block))
             writer = await self._begin(ref) if admitted else None
         except BaseException:
             await stream.aclose()
@@ -315,7 +311,7 @@ class BlockSource:
         async with self._slots:
             if await self._from_disk(ref, flight):
                 return
-            if not (admit or self._admits(ref)):
+            if not (admit or self._staging.admits(ref.block)):
                 # Kept off the disk: served from the origin, and kept in memory if it fits.
                 await self._copy(ref, None, flight, None, stage=True)
                 return
@@ -325,36 +321,6 @@ class BlockSource:
                     return
                 writer = await self._begin(ref)
             await self._copy(ref, None, flight, writer)
-
-    def _staged_hit(self, ref: BlockRef, data: bytes) -> None:
-        """A memory hit on a staged block; the second one writes it to disk (promotion).
-
-        Why the second: the request whose miss staged the block may itself find it
-        in memory (the first-block fill of a metadata miss can finish before the
-        reader asks), so the first memory hit may be no second access at all. A
-        block read once is never promoted; one read again is, by its third access.
-        """
-        digest = ref.block.digest
-        self._staged[digest] += 1
-        if self._staged[digest] < 2:
-            return
-        del self._staged[digest]
-        if self.disk is not None:
-            self._background.spawn(self._promote(ref.block, data))
-
-    async def _promote(self, block: BlockId, data: bytes) -> None:
-        """Write a staged block to disk; once there, memory keeps it only as any block on
-        disk (``memory_item_max_on_disk``), so bigger ones are hit with sendfile."""
-        assert self.disk is not None
-        if await self.disk.put(block, data) and len(data) > self.memory.max_on_disk:
-            self.memory.discard(block)
-
-    def _admits(self, ref: BlockRef) -> bool:
-        """The admission policy's word on writing this missed block to disk (records the miss)."""
-        if self.disk is None or self.admission is None or self.admission.admit(ref.block.digest):
-            return True
-        self.events.admission_rejected()
-        return False
 
     async def _begin(self, ref: BlockRef) -> BlockWriter | None:
         if self.disk is None:
@@ -428,12 +394,10 @@ class BlockSource:
                 committed = await writer.commit()
             if began and not committed and self.disk is not None:
                 committed = await self._store_after_room(ref, flight, rooms)
-            if stage or self.memory.admits(ref.length):
-                kept = self.memory.put(ref.block, flight.data(), oversize=stage, on_disk=committed)
-                if stage and kept:
-                    self._staged[ref.block.digest] = 0
-                    if len(self._staged) > _STAGED_MEMORY:
-                        self._staged.popitem(last=False)
+            if stage:
+                self._staging.stage(ref.block, flight.data())
+            elif self.memory.admits(ref.length):
+                self.memory.put(ref.block, flight.data(), on_disk=committed)
         finally:
             if writer is not None and not committed:
                 await writer.abort()
