@@ -200,16 +200,17 @@ class _Handler(HitConnection):
             self._stall = self._loop.call_later(timeout, self._stalled)
 
     def resume_writing(self) -> None:
-        if self._stall is not None:
-            self._stall.cancel()
-            self._stall = None
+        self._disarm()
         super().resume_writing()
 
     def connection_lost(self, exc: BaseException | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _disarm(self) -> None:
         if self._stall is not None:
             self._stall.cancel()
             self._stall = None
-        super().connection_lost(exc)
 
     def _stalled(self) -> None:
         """The client took no byte for ``send_timeout``: it is gone, or holds the answer
@@ -217,13 +218,9 @@ class _Handler(HitConnection):
         writer sees it closed, and records the body as cut."""
         self._stall = None
         log.info("client %s took no byte for %gs: connection dropped",
-                 self.request_peer(), self._manager.send_timeout)  # type: ignore[union-attr]  # fmt: skip
+                 self.peername, self._manager.send_timeout)  # type: ignore[union-attr]  # fmt: skip
         if self.transport is not None:
             self.transport.abort()
-
-    def request_peer(self) -> str:
-        peer = self.transport.get_extra_info("peername") if self.transport is not None else None
-        return str(peer[0]) if peer else "-"
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)

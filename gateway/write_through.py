@@ -80,7 +80,9 @@ class WriteThrough:
             return 0
         cached = 0
         for index, block in enumerate(_blocks(data, self._block_size)):
-            if self._changed_since(watch):  # checked right before each store: no await between
+            # Checked right before the block's first store (no await between); the memory
+            # copy after the disk's is named by this ETag too, so right for it whatever changed.
+            if self._changed_since(watch):
                 return cached
             block_id = BlockId(mount.origin.name, mount.origin_bucket, okey, info.etag, index)
             on_disk = self._blocks.disk is not None and await self._blocks.disk.put(block_id, block)

@@ -24,7 +24,7 @@ class Call:
     request_id: str
     body: BodySender
     writer: Writer
-    body_idle: float = 60.0  # seconds a request body may send nothing (settings.body_timeout)
+    body_idle: float  # seconds a request body may send nothing (settings.body_timeout)
 
     def body_source(self) -> IdleLimited:
         """The request's body as it arrives, cut off with RequestTimeout when it stalls."""

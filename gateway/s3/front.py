@@ -66,7 +66,7 @@ class S3Front:
         auth: Authenticator,
         domains: list[str],
         body: BodySender,
-        body_idle: float = 60.0,
+        body_idle: float,
     ) -> None:
         self._reader = reader
         self._writer = writer

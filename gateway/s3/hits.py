@@ -59,7 +59,7 @@ from gateway import errors
 from gateway import request_keys as keys
 from gateway.metrics import Metrics
 from gateway.origins.base import ObjectInfo
-from gateway.pieces import CLIENT_GONE, FileSegment, Piece
+from gateway.pieces import FileSegment, Piece
 from gateway.reader import Reader
 from gateway.s3.auth import Principal
 from gateway.s3.body import BodySender, sendfile_now
@@ -346,8 +346,7 @@ def _cut(
     sent: int,
 ) -> None:  # fmt: skip
     """A body that could not be finished: recorded as cut, the connection dropped."""
-    reason = "client_gone" if isinstance(exc, CLIENT_GONE) else None
-    reason = reason or cut_reason(exc)
+    reason = cut_reason(exc)
     if reason != "client_gone":
         log.warning("hit cut, request %s: %s (%s)", request[keys.REQUEST_ID], reason, exc)
     request[keys.CUT], request[keys.SENT] = reason, sent

@@ -198,6 +198,8 @@ def _send_held_headers(writer: object) -> None:
 
 def cut_reason(exc: BaseException) -> str:
     """The bounded label of why a body was cut (``hoard_responses_cut_total{reason}``)."""
+    if isinstance(exc, CLIENT_GONE):
+        return "client_gone"
     if isinstance(exc, errors.OriginChanged):
         return "origin_changed"
     if isinstance(exc, errors.OriginUnavailable):
