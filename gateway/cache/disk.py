@@ -107,6 +107,7 @@ from gateway.cache.disk_open import OpenBlocks, opening, within_fd_limit
 from gateway.cache.disk_packed import PackedBlocks
 from gateway.cache.disk_writer import BlockWriter
 from gateway.cache.segment_sql import Place, Removed
+from gateway.cache.singleflight import Group
 from gateway.tasks import TaskSet
 
 __all__ = ["BlockFile", "BlockWriter", "DiskStats", "DiskTier", "FillAbandoned", "PartFollower"]
@@ -163,7 +164,7 @@ class DiskTier:
         self.errors = disk_space.ErrorLog(log)
         self._reserve = disk_space.Reserve(self.directory / "reserve")
         self._on_full = on_full
-        self._making_room = False
+        self._room_passes: Group[str, None] = Group()  # one pass at a time, shared by its waiters
         self.rooms_made = 0  # full-disk passes that made room: a write lost to one may retry
         self._fsync = fsync
         self._touch_interval = touch_interval
@@ -210,6 +211,7 @@ class DiskTier:
         self._flusher.cancel()
         await asyncio.gather(self._flusher, return_exceptions=True)
         await self._background.settle()
+        await self._room_passes.aclose()
         self._flusher = None
         if self._packed is not None:
             await self._packed.close()
@@ -425,10 +427,16 @@ class DiskTier:
             await self._make_room()
 
     async def _make_room(self) -> None:
-        """Lower the limit to the low watermark of what the file system holds; evict to it."""
-        if self._making_room:
-            return  # one pass at a time; the fills failing meanwhile just skip the disk
-        self._making_room = True
+        """Lower the limit to the low watermark of what the file system holds; evict to it.
+
+        One pass at a time: a write that fails while one runs waits for it, so that when
+        it returns ``rooms_made`` counts the room the pass made and the write may retry
+        (``BlockSource._store_after_room``). Returning at once lost that write's block:
+        it was served from the origin and not stored, though room was being made for it.
+        """
+        await self._room_passes.do("room", self._room_pass)
+
+    async def _room_pass(self) -> None:
         try:
             held = self._index.totals.used
             self.limit = await asyncio.to_thread(
@@ -445,8 +453,6 @@ class DiskTier:
                               self.limit, evicted)  # fmt: skip
         except (OSError, sqlite3.Error) as exc:
             self.errors.error("room", "disk tier: cannot make room on a full disk: %s", exc)
-        finally:
-            self._making_room = False
 
     def _final(self, block: BlockId | str) -> Path:
         digest = block if isinstance(block, str) else block.digest
