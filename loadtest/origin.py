@@ -282,7 +282,7 @@ class Origin:
 
 
 def diff_counts(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
-    keys = ("GET", "HEAD", "LIST", "OTHER", "bytes")
+    keys = ("GET", "HEAD", "LIST", "OTHER", "bytes", "connections")
     return {key: after.get(key, 0) - before.get(key, 0) for key in keys}
 
 

@@ -3,7 +3,8 @@
 Every target that talks to the origin (``direct`` clients, nginx, Hoard) uses
 this proxy's loopback address as the origin endpoint, so one place counts
 origin requests by kind (GET of an object, HEAD, LIST, other) and the body
-bytes the origin sent. ``GET /_counts`` returns the counters as JSON; bucket
+bytes the origin sent. ``GET /_counts`` returns the counters as JSON (with ``connections``, the
+client connections opened); bucket
 names cannot start with ``_``, so no S3 request is shadowed.
 
 When the kernel cannot delay packets (no ``sch_netem``), the proxy emulates the
@@ -103,7 +104,7 @@ class CountingProxy:
             return web.json_response(dict(self.counts))
         kind = classify(request.method, request.path, request.query_string)
         self.counts[kind] += 1
-        await self._delay(request)
+        await self._delay(request, self._new_connection(request))
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         body = request.content if request.body_exists else None
         assert self.session is not None
@@ -131,15 +132,19 @@ class CountingProxy:
             await response.write_eof()
             return response
 
-    async def _delay(self, request: web.Request) -> None:
-        if self.rtt <= 0:
-            return
-        wait = self.rtt
+    def _new_connection(self, request: web.Request) -> bool:
+        """Whether ``request`` is its connection's first (counted: a client that does not
+        keep its origin connections alive costs the origin a handshake each time)."""
         transport = request.transport
-        if transport is not None and transport not in self._seen:
-            self._seen.add(transport)
-            wait += self.rtt
-        await asyncio.sleep(wait)
+        if transport is None or transport in self._seen:
+            return False
+        self._seen.add(transport)
+        self.counts["connections"] += 1
+        return True
+
+    async def _delay(self, request: web.Request, new_connection: bool) -> None:
+        if self.rtt > 0:
+            await asyncio.sleep(self.rtt * (2 if new_connection else 1))
 
 
 def build_app(
