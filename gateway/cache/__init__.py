@@ -13,7 +13,8 @@ The tiers, fastest first, each one concept:
   by the node's worker processes; it decides what runs when, in which
   thread, in which order. Beside it, storage split from index as in
   python-diskcache: ``disk_files.py`` (a block as a file: claim, seal,
-  tail, open and verify), ``disk_index.py`` (the SQLite index, eviction),
+  tail, open and verify), ``disk_index.py`` (the SQLite index, eviction; its
+  tables and their layout in ``disk_schema.py``),
   ``disk_packed.py`` and ``segment_sql.py`` (small blocks packed into
   segment files), ``disk_open.py`` (hot descriptors kept open),
   ``disk_writer.py`` (one fill in progress), ``disk_pins.py`` (blocks warm
