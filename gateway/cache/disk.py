@@ -32,7 +32,7 @@ Several processes (the gateway workers of one node) share one directory.
   a slow one. Part files whose lock is free are stale and may be taken over.
   The lock is held on the renamed file until its row lands, so a file in
   ``blocks/`` with neither a row nor a lock is one whose filler died between
-  the two: a claim removes it and fills afresh (``disk_packed.py``).
+  the two: a claim removes it and fills afresh (``disk_claims.py``).
 - Eviction happens at commit, inside the transaction that inserts the row:
   least recently used first, until the total over all processes fits the
   capacity. Files are unlinked after that commit; an unlink racing another
@@ -98,8 +98,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from gateway.cache import disk_claims, disk_recovery, disk_space
 from gateway.cache import disk_files as files
-from gateway.cache import disk_packed, disk_recovery, disk_space
 from gateway.cache.block import HEADER_SIZE, BlockId, encode_header
 from gateway.cache.disk_files import BlockFile, Corrupt, FillAbandoned, PartFollower
 from gateway.cache.disk_index import DiskIndex, IndexRow
@@ -290,27 +290,13 @@ class DiskTier:
         header = encode_header(block, length, 0)  # provisional: tells followers the length
         try:
             if self._packed is not None:  # no final file to look for: ask the index too
-                fd = await self._claim_packed(part, final, header, block.digest)
+                fd = await disk_claims.claim_packed(self._index, part, final, header, block.digest)
             else:
                 fd = await opening(asyncio.to_thread(files.claim, part, final, header))
         except OSError as exc:
             await self._failed("start", exc, block)
             raise
         return None if fd is None else BlockWriter(self, block, fd, part, length)
-
-    async def _claim_packed(
-        self, part: Path, final: Path, header: bytes, digest: str
-    ) -> int | None:
-        """The claim of a block that may be packed, on the loop: a create, a lock, a
-        header's write to the page cache and an index point read cost less than the
-        hop to the index thread and back, paid by every cold block (the same trade
-        as ``BlockWriter.write``'s small writes). A busy index: asked in the thread."""
-        claim = disk_packed.claim_unless_indexed
-        try:
-            return self._index.read_now(claim, part, final, header, digest)
-        except sqlite3.OperationalError:
-            pass
-        return await opening(self._index.run(self._index.read, claim, part, final, header, digest))
 
     async def put(self, block: BlockId, data: bytes) -> bool:
         """Store ``data`` as ``block``; False if not stored (claimed elsewhere, no space)."""
@@ -345,7 +331,7 @@ class DiskTier:
             await asyncio.to_thread(files.unlink, final)  # an unindexed file would never go
             await self._failed("index", exc, block)
             return False
-        finally:  # the lock, on the renamed file, is held until its row lands (disk_packed)
+        finally:  # the lock, on the renamed file, is held until its row lands (disk_claims)
             writer.release()  # (not its part's name: that may already be another filler's)
         await self._remove_evicted(evicted)
         return block.digest not in evicted.files  # it evicts itself only if nothing else fits
