@@ -54,12 +54,10 @@ Disk full: ``begin``, ``write`` and ``commit`` remove the part file and fail
 (OSError from the first two, False from ``commit`` and ``put``); nothing
 partial reaches ``blocks/`` and blocks already stored keep serving, so the
 caller can go on serving from memory. A full file system (ENOSPC, or SQLite's
-"database or disk is full") also lowers the tier's limit to a low watermark
-and evicts down to it, so later fills replace old blocks (``disk_space.py``).
-That eviction, too, commits its rows before it removes a file (a reserve file
-is given back to make room for the commit), so no committed row ever names a
-removed file; if the commit fails anyway, nothing is removed.
-Errors are logged once per interval and kind, with a count, never per block.
+"database or disk is full") also lowers the tier's limit and evicts down to
+it, rows committed before files go, so later fills replace old blocks; the
+limit, the passes that make room and the errors logged once per interval and
+kind are ``disk_space.FullDisk``'s (``space``).
 
 Other programs writing into ``cache.dir``: a block is checked (header, size,
 checksum) when it is opened, and a kept descriptor is lent again only while
@@ -107,7 +105,6 @@ from gateway.cache.disk_open import OpenBlocks, opening, within_fd_limit
 from gateway.cache.disk_packed import PackedBlocks
 from gateway.cache.disk_writer import BlockWriter
 from gateway.cache.segment_sql import Place, Removed
-from gateway.cache.singleflight import Group
 from gateway.tasks import TaskSet
 
 __all__ = ["BlockFile", "BlockWriter", "DiskStats", "DiskTier", "FillAbandoned", "PartFollower"]
@@ -160,12 +157,6 @@ class DiskTier:
             raise ValueError("touch_interval must be positive")
         self.directory = Path(directory)
         self.capacity = capacity
-        self.limit = capacity  # lowered when the file system fills first (disk_space.py)
-        self.errors = disk_space.ErrorLog(log)
-        self._reserve = disk_space.Reserve(self.directory / "reserve")
-        self._on_full = on_full
-        self._room_passes: Group[str, None] = Group()  # one pass at a time, shared by its waiters
-        self.rooms_made = 0  # full-disk passes that made room: a write lost to one may retry
         self._fsync = fsync
         self._touch_interval = touch_interval
         self._on_evict = on_evict
@@ -173,6 +164,9 @@ class DiskTier:
         self._blocks = self.directory / "blocks"
         self._tmp = self.directory / "tmp"
         self._index = DiskIndex(self.directory / "index.sqlite3", durable=fsync)
+        # The limit, lowered when the file system fills first, and the passes making room.
+        self.space = disk_space.FullDisk(self.directory, capacity, self._index,
+                                         self._remove_evicted, on_full, log)  # fmt: skip
         self._touched: dict[str, float] = {}  # hits not yet written to the index
         # Stat fingerprints of block files whose checksum passed (see files.open_block).
         self._verified: dict[str, tuple[int, ...]] = {}
@@ -185,9 +179,19 @@ class DiskTier:
         self._packed: PackedBlocks | None = None
         if packed_max > 0:
             self._packed = PackedBlocks(self.directory / "segments", self._index, segment_size,
-                                        self._take_touches, lambda: self.limit,
+                                        self._take_touches, lambda: self.space.limit,
                                         self._remove_evicted, self._count_corrupt,
-                                        self._batch_failed)  # fmt: skip
+                                        self.space.batch_failed)  # fmt: skip
+
+    @property
+    def limit(self) -> int:
+        """The capacity, or less once the file system filled first (``disk_space.py``)."""
+        return self.space.limit
+
+    @property
+    def rooms_made(self) -> int:
+        """Full-disk passes that made room: a write lost to one may retry."""
+        return self.space.rooms_made
 
     def packs(self, length: int) -> bool:
         """Whether a block of ``length`` bytes is packed into a segment."""
@@ -200,7 +204,7 @@ class DiskTier:
         for path in (self._blocks, self._tmp, self.directory / "segments"):
             await asyncio.to_thread(path.mkdir, parents=True, exist_ok=True)
         await self._index.open()
-        await asyncio.to_thread(self._reserve.hold)
+        await asyncio.to_thread(self.space.reserve.hold)
         await disk_recovery.recover(self._index, self._blocks, self._tmp, self._final, self._packed)
         await self._remove_evicted(await self._index.evict(self.capacity))
         self._flusher = asyncio.create_task(self._flush_loop())
@@ -211,7 +215,7 @@ class DiskTier:
         self._flusher.cancel()
         await asyncio.gather(self._flusher, return_exceptions=True)
         await self._background.settle()
-        await self._room_passes.aclose()
+        await self.space.aclose()
         self._flusher = None
         if self._packed is not None:
             await self._packed.close()
@@ -294,7 +298,7 @@ class DiskTier:
             else:
                 fd = await opening(asyncio.to_thread(files.claim, part, final, header))
         except OSError as exc:
-            await self._failed("start", exc, block)
+            await self.space.failed("start", exc, block)
             raise
         return None if fd is None else BlockWriter(self, block, fd, part, length)
 
@@ -321,15 +325,15 @@ class DiskTier:
             await asyncio.to_thread(files.seal, writer.fd, header, writer.path, final, self._fsync)
         except OSError as exc:
             await writer.abort()
-            await self._failed("commit", exc, block)
+            await self.space.failed("commit", exc, block)
             return False
         row = IndexRow(block, writer.length, HEADER_SIZE + writer.length)
         touches, self._touched = self._touched, {}  # so this eviction pass sees our hits
         try:
-            evicted = await self._index.publish(row, touches, self.limit)
+            evicted = await self._index.publish(row, touches, self.space.limit)
         except sqlite3.Error as exc:
             await asyncio.to_thread(files.unlink, final)  # an unindexed file would never go
-            await self._failed("index", exc, block)
+            await self.space.failed("index", exc, block)
             return False
         finally:  # the lock, on the renamed file, is held until its row lands (disk_claims)
             writer.release()  # (not its part's name: that may already be another filler's)
@@ -344,7 +348,7 @@ class DiskTier:
             stored = await self._packed.store(writer.block, writer.chunks, checksum, writer.path)
         except OSError as exc:
             await writer.abort()
-            await self._failed("append", exc, writer.block)
+            await self.space.failed("append", exc, writer.block)
             return False
         writer.release()  # its part (the claim, the bytes for followers) went with the batch
         return stored
@@ -391,54 +395,10 @@ class DiskTier:
 
     def stats(self) -> DiskStats:
         totals = self._index.totals
-        return DiskStats(totals.used, self.limit, totals.entries, self._evictions,
+        return DiskStats(totals.used, self.space.limit, totals.entries, self._evictions,
                          self._corrupt, self._index.pinned)  # fmt: skip
 
     # -- internals -------------------------------------------------------------
-
-    async def _failed(self, step: str, exc: BaseException, block: BlockId) -> None:
-        """A write step failed: log it (once per interval and kind); a full disk makes room."""
-        full = disk_space.is_full(exc)
-        self.errors.error("full" if full else step, "disk tier: %s of block %s failed: %s",
-                          step, block.digest, exc)  # fmt: skip
-        if full:
-            await self._make_room()
-
-    async def _batch_failed(self, exc: BaseException) -> None:
-        """A group commit of packed blocks failed: log it; a full disk makes room."""
-        full = disk_space.is_full(exc)
-        self.errors.error("full" if full else "index", "disk tier: cannot index packed blocks: %s",
-                          exc)  # fmt: skip
-        if full:
-            await self._make_room()
-
-    async def _make_room(self) -> None:
-        """Lower the limit to the low watermark of what the file system holds; evict to it.
-
-        One pass at a time: a write that fails while one runs waits for it, so that when
-        it returns ``rooms_made`` counts the room the pass made and the write may retry
-        (``BlockSource._store_after_room``). Returning at once lost that write's block:
-        it was served from the origin and not stored, though room was being made for it.
-        """
-        await self._room_passes.do("room", self._room_pass)
-
-    async def _room_pass(self) -> None:
-        try:
-            held = self._index.totals.used
-            self.limit = await asyncio.to_thread(
-                disk_space.ceiling, self.directory, held, self.limit
-            )
-            evicted = await disk_space.evict_to(
-                self._index, self._reserve, self.limit, self._remove_evicted
-            )
-            self.rooms_made += 1
-            if self._on_full is not None:
-                self._on_full()
-            self.errors.error("room", "disk tier: file system full with %d bytes held; limit "
-                              "lowered to %d bytes, %d files and segments evicted", held,
-                              self.limit, evicted)  # fmt: skip
-        except (OSError, sqlite3.Error) as exc:
-            self.errors.error("room", "disk tier: cannot make room on a full disk: %s", exc)
 
     def _final(self, block: BlockId | str) -> Path:
         digest = block if isinstance(block, str) else block.digest
