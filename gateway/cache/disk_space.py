@@ -24,7 +24,7 @@ Errors of one kind (a full disk, a failing write) are logged once per
 ``FullDisk`` is what the tier holds of all this (``DiskTier.space``): its
 limit, the reserve, the error log, and one room-making pass at a time, which a
 write that failed meanwhile waits for; ``rooms_made`` then tells that write
-room was made, and it may try again (``BlockSource._store_after_room``).
+room was made, and it may try again (``block_fill.Filler._store_after_room``).
 
 Not guaranteed: that the reserve's bytes go to the eviction's commit rather
 than to a sibling worker's append racing it (then the commit fails, nothing is
@@ -156,7 +156,7 @@ class FullDisk:
 
         One pass at a time: a write that fails while one runs waits for it, so that when
         it returns ``rooms_made`` counts the room the pass made and the write may retry
-        (``BlockSource._store_after_room``). Returning at once lost that write's block:
+        (``block_fill.Filler._store_after_room``). Returning at once lost that write's block:
         it was served from the origin and not stored, though room was being made for it.
         """
         await self._room_passes.do("room", self._room_pass)
