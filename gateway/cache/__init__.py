@@ -20,7 +20,8 @@ The tiers, fastest first, each one concept:
   that asks the index), ``disk_open.py`` (hot descriptors kept open),
   ``disk_writer.py`` (one fill in progress), ``disk_pins.py`` (blocks warm
   jobs keep), ``disk_space.py`` (a file system that fills first),
-  ``disk_recovery.py`` (after a crash).
+  ``disk_recovery.py`` (after a crash), ``disk_removal.py`` (what leaves:
+  rows first, files after).
 - ``admission.py``: which misses are worth a disk write (the second one).
 - ``singleflight.py``: concurrent fills of one block coalesced into one, its
   bytes streamed to every waiter as they arrive.

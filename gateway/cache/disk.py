@@ -36,8 +36,9 @@ Several processes (the gateway workers of one node) share one directory.
 - Eviction happens at commit, inside the transaction that inserts the row:
   least recently used first, until the total over all processes fits the
   capacity. Files are unlinked after that commit; an unlink racing another
-  process is expected and ignored. Blocks still being filled are not counted,
-  so the files on disk exceed the capacity by at most the blocks in flight.
+  process is expected and ignored (``disk_removal.py``: every way out).
+  Blocks still being filled are not counted, so the files on disk exceed the
+  capacity by at most the blocks in flight.
 - Hits are recorded in memory and written to the index in one batch every
   ``touch_interval`` seconds (and with this process's next commit), not one
   SQLite write per hit.
@@ -103,8 +104,9 @@ from gateway.cache.disk_files import BlockFile, Corrupt, FillAbandoned, PartFoll
 from gateway.cache.disk_index import DiskIndex, IndexRow
 from gateway.cache.disk_open import OpenBlocks, opening, within_fd_limit
 from gateway.cache.disk_packed import PackedBlocks
+from gateway.cache.disk_removal import Removal
 from gateway.cache.disk_writer import BlockWriter
-from gateway.cache.segment_sql import Place, Removed
+from gateway.cache.segment_sql import Place
 from gateway.tasks import TaskSet
 
 __all__ = ["BlockFile", "BlockWriter", "DiskStats", "DiskTier", "FillAbandoned", "PartFollower"]
@@ -159,20 +161,19 @@ class DiskTier:
         self.capacity = capacity
         self._fsync = fsync
         self._touch_interval = touch_interval
-        self._on_evict = on_evict
-        self._on_corrupt = on_corrupt
         self._blocks = self.directory / "blocks"
         self._tmp = self.directory / "tmp"
         self._index = DiskIndex(self.directory / "index.sqlite3", durable=fsync)
+        self._open = OpenBlocks(within_fd_limit(open_files), _KEEP_OPEN_MAX)
+        # What leaves the tier (evicted, dropped, corrupt): rows first, files after, counted.
+        self._removal = Removal(self.directory, self._index, self._open, self._final,
+                                on_evict, on_corrupt)  # fmt: skip
         # The limit, lowered when the file system fills first, and the passes making room.
         self.space = disk_space.FullDisk(self.directory, capacity, self._index,
-                                         self._remove_evicted, on_full, log)  # fmt: skip
+                                         self._removal.remove_evicted, on_full, log)  # fmt: skip
         self._touched: dict[str, float] = {}  # hits not yet written to the index
         # Stat fingerprints of block files whose checksum passed (see files.open_block).
         self._verified: dict[str, tuple[int, ...]] = {}
-        self._open = OpenBlocks(within_fd_limit(open_files), _KEEP_OPEN_MAX)
-        self._evictions = 0
-        self._corrupt = 0
         self._flusher: asyncio.Task[None] | None = None
         self._background = TaskSet()  # commits and aborts that outlive a cancelled caller
         self.packed_max = packed_max
@@ -180,8 +181,10 @@ class DiskTier:
         if packed_max > 0:
             self._packed = PackedBlocks(self.directory / "segments", self._index, segment_size,
                                         self._take_touches, lambda: self.space.limit,
-                                        self._remove_evicted, self._count_corrupt,
+                                        self._removal.remove_evicted,
+                                        self._removal.count_corrupt,
                                         self.space.batch_failed)  # fmt: skip
+        self._removal.packed = self._packed
 
     @property
     def limit(self) -> int:
@@ -206,7 +209,7 @@ class DiskTier:
         await self._index.open()
         await asyncio.to_thread(self.space.reserve.hold)
         await disk_recovery.recover(self._index, self._blocks, self._tmp, self._final, self._packed)
-        await self._remove_evicted(await self._index.evict(self.capacity))
+        await self._removal.remove_evicted(await self._index.evict(self.capacity))
         self._flusher = asyncio.create_task(self._flush_loop())
 
     async def close(self) -> None:
@@ -247,7 +250,7 @@ class DiskTier:
             asyncio.to_thread(files.open_block, self._final(block), block, self._verified)
         )
         if isinstance(found, Corrupt):
-            await self._discard(block, found)
+            await self._removal.discard(block, found)
             return None
         if found is None:
             return None
@@ -337,7 +340,7 @@ class DiskTier:
             return False
         finally:  # the lock, on the renamed file, is held until its row lands (disk_claims)
             writer.release()  # (not its part's name: that may already be another filler's)
-        await self._remove_evicted(evicted)
+        await self._removal.remove_evicted(evicted)
         return block.digest not in evicted.files  # it evicts itself only if nothing else fits
 
     async def _publish_packed(self, writer: BlockWriter, checksum: int) -> bool:
@@ -357,15 +360,15 @@ class DiskTier:
 
     async def drop_object(self, origin: str, bucket: str, key: str) -> int:
         """Drop every block of every version of one object; returns how many."""
-        return await self._unlink(await self._index.drop_object(origin, bucket, key))
+        return await self._removal.unlink(await self._index.drop_object(origin, bucket, key))
 
     async def drop_prefix(self, origin: str, bucket: str, prefix: str) -> int:
         """Drop every block of every key starting with ``prefix``; returns how many."""
-        return await self._unlink(await self._index.drop_prefix(origin, bucket, prefix))
+        return await self._removal.unlink(await self._index.drop_prefix(origin, bucket, prefix))
 
     async def clear(self) -> int:
         """Drop every stored block; fills in progress finish and stay."""
-        return await self._unlink(await self._index.clear())
+        return await self._removal.unlink(await self._index.clear())
 
     # -- pinning ---------------------------------------------------------------
 
@@ -395,8 +398,9 @@ class DiskTier:
 
     def stats(self) -> DiskStats:
         totals = self._index.totals
-        return DiskStats(totals.used, self.space.limit, totals.entries, self._evictions,
-                         self._corrupt, self._index.pinned)  # fmt: skip
+        removal = self._removal
+        return DiskStats(totals.used, self.space.limit, totals.entries, removal.evictions,
+                         removal.corrupt, self._index.pinned)  # fmt: skip
 
     # -- internals -------------------------------------------------------------
 
@@ -414,49 +418,6 @@ class DiskTier:
     async def _keep(self, work: Awaitable[T]) -> T:
         """Await ``work``, which finishes even if the caller is cancelled."""
         return await asyncio.shield(self._background.spawn(work))
-
-    async def _discard(self, block: BlockId, bad: Corrupt) -> None:
-        log.warning("disk tier: dropping corrupt block %s (%s): %s", block.digest, block, bad.why)
-        self._corrupt += 1
-        if self._on_corrupt is not None:
-            self._on_corrupt()
-        path = self._final(block)
-        self._open.forget([block.digest])
-        # only if the name still holds the bad file, not a good one renamed over it
-        if await asyncio.to_thread(files.names, path, bad.identity):
-            await self._forget(block.digest)
-            await asyncio.to_thread(files.unlink, path)
-
-    def _count_corrupt(self, n: int) -> None:
-        self._corrupt += n
-        if self._on_corrupt is not None:
-            for _ in range(n):
-                self._on_corrupt()
-
-    async def _forget(self, digest: str) -> None:
-        try:
-            await self._index.remove(digest)
-        except sqlite3.Error as exc:  # a row without a file costs only capacity
-            log.error("disk tier: cannot remove index row %s: %s", digest, exc)
-
-    async def _remove_evicted(self, removed: Removed) -> None:
-        if removed.files or removed.packed or removed.segments:
-            await self._unlink(removed)
-            self._evictions += len(removed)
-            if self._on_evict is not None:
-                self._on_evict(len(removed))
-
-    async def _unlink(self, removed: Removed) -> int:
-        self._open.forget(removed.files)
-        if self._packed is not None:
-            self._packed.forget(removed)
-        await asyncio.to_thread(files.unlink_many, self._paths(removed))
-        return len(removed)
-
-    def _paths(self, removed: Removed) -> list[Path]:
-        """The files of ``removed``: block files and whole segments."""
-        segments = self.directory / "segments"
-        return [self._final(d) for d in removed.files] + [segments / n for n in removed.segments]
 
     async def _flush_loop(self) -> None:
         while True:
