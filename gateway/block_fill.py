@@ -77,6 +77,9 @@ class Filler:
         self._slots = asyncio.Semaphore(fill_slots)
 
     async def fill(self, ref: BlockRef, flight: Flight, admit: bool | None) -> None:
+        """Fill ``flight`` with ``ref``'s block, within a fill slot: from the disk if a
+        fill landed it meanwhile, else claimed (or a sibling's fill tailed) and copied;
+        ``admit`` as ``BlockSource.fill`` takes it."""
         async with self._slots:
             if await self._from_disk(ref, flight):
                 return
@@ -92,6 +95,8 @@ class Filler:
             await self.copy(ref, None, flight, writer)
 
     async def begin(self, ref: BlockRef) -> BlockWriter | None:
+        """Claim ``ref``'s block on disk; None without a disk, with the claim held
+        elsewhere, or with the disk failing (then the block is served, not stored)."""
         if self.disk is None:
             return None
         try:
