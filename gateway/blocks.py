@@ -5,18 +5,11 @@
 file (the S3 front sends those with sendfile). A miss starts a *fill*: one
 origin request per block, owned by the ``FlightGroup`` rather than by the
 client that caused it, streamed to every waiter as it arrives and written to
-the disk tier at the same time.
-
-Two interleaved readers show why a fill re-checks the disk before going to the
-origin: A misses on disk, B misses on disk, A's fill completes and leaves the
-group, then B starts its fill — without the re-check, B would fetch the block
-a second time. Workers of one node coordinate through the disk tier's fill
-claims: the worker that loses the claim tails the winner's part file.
-
-Concurrent fills are bounded (``fill_slots``) because each holds its block in
-memory while it runs; fills fed by a metadata miss's GET (``adopt``) are
-bounded by the origin's concurrency cap instead. Read-ahead and preloads run
-at background priority (``priority.py``).
+the disk tier at the same time. What runs inside a fill's flight (the disk
+re-checked, the claim taken or a sibling worker's part file tailed, handoff,
+the origin, the commit), and why, is ``block_fill.py``'s; fills are bounded
+by ``fill_slots``. Read-ahead and preloads run at background priority
+(``priority.py``).
 
 With an admission policy (``cache/admission.py``) a demand fill writes its
 block to disk only if the policy admits it; otherwise the block is served
@@ -30,29 +23,23 @@ block on this node (``remote``, a group apart from origin fills so that two
 nodes asking each other never wait on each other's flights), streamed from the
 owner and kept in the memory tier only, never on disk. ``local=True`` (a peer
 asking this node) always takes the owner's path: tiers, then the origin;
-``cached_only=True`` (a new owner asking) stops after the tiers.
-
-An owner's fill asks the nodes ranked after it before the origin (``handoff``):
-after a node joins, the blocks it now owns are still on their previous owners,
-which rank right after it, so growing the cluster does not re-download the
-dataset. What they send is written to this node's disk as an origin fill is;
-a block none of them holds, or the rest of one whose sender failed, comes from
-the origin.
+``cached_only=True`` (a new owner asking) stops after the tiers. An owner's
+fill asks the nodes ranked after it before the origin (handoff, in
+``block_fill.py``), so growing the cluster does not re-download the dataset.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 from collections import Counter
 from collections.abc import AsyncIterator
-from contextlib import aclosing
 from typing import Protocol
 
-from gateway import errors, priority
+from gateway import priority
+from gateway.block_fill import Filler
 from gateway.cache.admission import Doorkeeper
 from gateway.cache.block import BlockId
-from gateway.cache.disk import BlockFile, BlockWriter, DiskTier, FillAbandoned
+from gateway.cache.disk import BlockFile, DiskTier
 from gateway.cache.memory import MemoryTier
 from gateway.cache.singleflight import Flight, FlightGroup
 from gateway.cache.staging import Staging
@@ -87,12 +74,12 @@ class BlockSource:
         self.placement = placement
         self.fills: FlightGroup[BlockId] = FlightGroup()
         self.remote: FlightGroup[BlockId] = FlightGroup()  # peer fills (not owned here)
-        self._slots = asyncio.Semaphore(fill_slots)
         # Peer fills have slots of their own: sharing them with origin fills would let
         # two nodes wait on each other, each with its slots held by requests to the other.
         self._peer_slots = asyncio.Semaphore(fill_slots)
         self._background = TaskSet()
         self._staging = Staging(memory, disk, admission, events, self._background.spawn)
+        self._filler = Filler(memory, disk, events, self._staging, placement, fill_slots)
 
     @property
     def clustered(self) -> bool:
@@ -174,7 +161,7 @@ class BlockSource:
             flight.adopter_to_come = False  # the reader whose metadata miss opened it
             return flight
         flight, started = self.fills.join_or_start(
-            ref.block, ref.length, lambda f: self._fill(ref, f, admit)
+            ref.block, ref.length, lambda f: self._filler.fill(ref, f, admit)
         )
         if not started:
             self.events.coalesced()
@@ -196,13 +183,13 @@ class BlockSource:
             return
         try:
             admitted = bool(admit or self._staging.admits(ref.block))
-            writer = await self._begin(ref) if admitted else None
+            writer = await self._filler.begin(ref) if admitted else None
         except BaseException:
             await stream.aclose()
             raise
         flight, started = self.fills.join_or_start(
             ref.block, ref.length,
-            lambda f: self._copy(ref, stream, f, writer, stage=not admitted),
+            lambda f: self._filler.copy(ref, stream, f, writer, stage=not admitted),
         )  # fmt: skip
         if started:
             flight.adopter_to_come = True
@@ -292,8 +279,8 @@ class BlockSource:
         async with self._peer_slots:
             await self.placement.fetch(ref, flight)
             if flight.received < ref.length:  # every owner failed: the rest from the origin
-                async with await self._open_rest(ref, flight) as stream:
-                    await self._pour(ref, stream.chunks(), flight, None, origin=True)
+                async with await self._filler.open_rest(ref, flight) as stream:
+                    await self._filler.pour(ref, stream.chunks(), flight, None, origin=True)
             flight.finish()
             if flight.received == ref.length and self.memory.admits(ref.length):
                 self.memory.put(ref.block, flight.data())
@@ -306,152 +293,6 @@ class BlockSource:
                 return
         if self.fills.get(ref.block) is None:
             self.fill(ref)
-
-    async def _fill(self, ref: BlockRef, flight: Flight, admit: bool | None) -> None:
-        async with self._slots:
-            if await self._from_disk(ref, flight):
-                return
-            if not (admit or self._staging.admits(ref.block)):
-                # Kept off the disk: served from the origin, and kept in memory if it fits.
-                await self._copy(ref, None, flight, None, stage=True)
-                return
-            writer = await self._begin(ref)
-            if writer is None and self.disk is not None:
-                if await self._follow(ref, flight):
-                    return
-                writer = await self._begin(ref)
-            await self._copy(ref, None, flight, writer)
-
-    async def _begin(self, ref: BlockRef) -> BlockWriter | None:
-        if self.disk is None:
-            return None
-        try:
-            return await self.disk.begin(ref.block, ref.length)
-        except OSError:
-            # Disk full or failing (the tier logs it, and makes room if full):
-            # serve from the origin without caching this block.
-            return None
-
-    async def _from_disk(self, ref: BlockRef, flight: Flight) -> bool:
-        """The re-check inside the flight: another fill may have landed the block meanwhile."""
-        if self.disk is None:
-            return False
-        found = await self.disk.get(ref.block)
-        if found is None:
-            return False
-        try:
-            data = await asyncio.to_thread(os.pread, found.fd, found.length, found.data_offset)
-        finally:
-            found.close()
-        flight.append(data)
-        return True
-
-    async def _open_rest(self, ref: BlockRef, flight: Flight) -> ObjectStream:
-        """The origin stream of the block's bytes ``flight`` does not have yet."""
-        if not flight.received:
-            return await self._open(ref)
-        start = ref.first + flight.received
-        stream = await self._open(ref, start)
-        if (stream.start, stream.end) != (start, ref.last):
-            await stream.aclose()
-            raise errors.OriginUnavailable("the origin ignored a block's range")
-        return stream
-
-    async def _open(self, ref: BlockRef, start: int | None = None) -> ObjectStream:
-        block = ref.block
-        first = ref.first if start is None else start
-        return await ref.origin.get_object(
-            block.bucket, block.key, (first, ref.last), if_match=block.etag
-        )
-
-    async def _copy(
-        self,
-        ref: BlockRef,
-        stream: ObjectStream | None,
-        flight: Flight,
-        writer: BlockWriter | None,
-        stage: bool = False,
-    ) -> None:
-        """Fill ``flight`` (and ``writer``) from ``stream``, else from the nodes ranked
-        after this one and then the origin; land the block in the tiers.
-
-        ``stage``: the block was kept off the disk, so the memory tier takes it even
-        above ``max_item``: a reader that joins just after the fill (the first-block
-        metadata fill, read-ahead) must still find it, or it would fetch it again.
-        """
-        committed = False
-        began = writer is not None
-        rooms = self.disk.rooms_made if self.disk is not None else 0
-        try:
-            if stream is None and self.placement is not None:
-                async with aclosing(self.placement.handoff(ref)) as handoff:
-                    writer = await self._pour(ref, handoff, flight, writer, origin=False)
-            if flight.received < ref.length:
-                async with stream or await self._open_rest(ref, flight) as origin:
-                    writer = await self._pour(ref, origin.chunks(), flight, writer, origin=True)
-            flight.finish()
-            if writer is not None:
-                committed = await writer.commit()
-            if began and not committed and self.disk is not None:
-                committed = await self._store_after_room(ref, flight, rooms)
-            if stage:
-                self._staging.stage(ref.block, flight.data())
-            elif self.memory.admits(ref.length):
-                self.memory.put(ref.block, flight.data(), on_disk=committed)
-        finally:
-            if writer is not None and not committed:
-                await writer.abort()
-
-    async def _store_after_room(self, ref: BlockRef, flight: Flight, rooms: int) -> bool:
-        """The block's write met a full disk that has since made room: store the flight's
-        bytes, once, rather than leave a hole among the most recent blocks."""
-        assert self.disk is not None
-        if self.disk.rooms_made == rooms:
-            return False  # not a full disk (a failing one, a claim elsewhere): no retry
-        return await self.disk.put(ref.block, flight.data())
-
-    async def _pour(
-        self,
-        ref: BlockRef,
-        chunks: AsyncIterator[bytes],
-        flight: Flight,
-        writer: BlockWriter | None,
-        origin: bool,
-    ) -> BlockWriter | None:
-        """Append ``chunks`` to ``flight`` and ``writer``; returns the writer, None
-        once the disk failed. ``origin``: count them as origin bytes."""
-        async for chunk in chunks:
-            if origin:
-                self.events.from_origin(ref.block.origin, len(chunk))
-            flight.append(chunk)
-            if writer is not None:
-                writer = await self._write(writer, chunk)
-        return writer
-
-    async def _write(self, writer: BlockWriter, chunk: bytes) -> BlockWriter | None:
-        try:
-            await writer.write(chunk)
-            return writer
-        except OSError:
-            # Disk full or failing (logged by the tier): keep serving, cache nothing torn.
-            await writer.abort()
-            return None
-
-    async def _follow(self, ref: BlockRef, flight: Flight) -> bool:
-        """Another worker of this node is filling the block: tail its part file."""
-        assert self.disk is not None
-        follower = await self.disk.follow(ref.block)
-        if follower is None:
-            return await self._from_disk(ref, flight)
-        try:
-            await follower.copy_to(flight.append)
-            return True
-        except FillAbandoned:
-            if flight.received:
-                raise errors.OriginUnavailable("a worker's fill was abandoned mid-block") from None
-            return False
-        finally:
-            follower.close()
 
     async def drop_object(self, origin: str, bucket: str, key: str) -> None:
         """Forget every cached block of ``key`` (every version), in memory and on disk."""

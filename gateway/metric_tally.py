@@ -16,6 +16,12 @@ is answered in a later turn, and flushes first); a scrape of a sibling worker
 could, for the microseconds between an answer being written and the end of its
 turn, as it could before between the write and the count.
 
+Each series is a labelled child of a metric, and ``labels()`` hashes and
+locks on every call: ``PerRequestSeries`` looks each child up once per label
+set and keeps it (the label sets are bounded), and is what ``Metrics``
+counts per-request series with (``Metrics.add``, ``Metrics.observe``); the
+metrics themselves are all defined in ``metrics.py``.
+
 Used only on the event loop's thread (the per-request accounting runs there);
 without a running loop (a script, a test outside a loop), each count goes to
 its series at once.
@@ -72,3 +78,40 @@ class Tally:
             return
         self._scheduled = True
         loop.call_soon(self.flush)
+
+
+class PerRequestSeries:
+    """The machinery ``Metrics`` counts per-request series with: each labelled child
+    looked up once per label set and kept, its counts added up in a ``Tally``."""
+
+    def __init__(self) -> None:
+        # Labelled children of the per-request series, by label values (bounded sets).
+        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
+        # Their counts, added up per loop turn; flushed before a scrape.
+        self._tally = Tally()
+
+    def add(self, metric: Any, *labels: str, amount: float = 1.0) -> None:
+        """Add ``amount`` to a counter's or gauge's series at the end of this loop turn
+        (``metric_tally.py``): for series moved on every request, a cold one included."""
+        self._tally.add(self._child(metric, *labels), amount)
+
+    def observe(self, metric: Any, labels: tuple[str, ...], value: float) -> None:
+        """Observe ``value`` in a histogram's series at the end of this loop turn."""
+        self._tally.observe(self._child(metric, *labels), value)
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, looked up once per label set and kept.
+
+        ``labels()`` hashes and locks on every call, a noticeable share of a
+        cached small-object GET; the per-request series have bounded label sets.
+        """
+        key = (metric, labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels) if labels else metric
+        return child
+
+    def flush(self) -> None:
+        """Hand the per-request counts of this loop turn to their series now (``render``
+        does; a test reading the registry itself does too)."""
+        self._tally.flush()

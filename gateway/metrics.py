@@ -15,6 +15,9 @@ its memory tier) and for what is the node's and set by the leader worker
 alone (disk bytes, pins, warm jobs: ``wiring.py``'s ``tier_levels``), so it is
 counted once; ``max`` where every worker sees the same value (the cluster's
 live members, an open breaker).
+
+Definitions only: the machinery is ``metric_tally.py`` (``PerRequestSeries``,
+the base of ``Metrics``) and ``metrics_process.py`` (workers' summed scrapes).
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ import contextlib
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -31,12 +33,11 @@ from prometheus_client import (
     Gauge,
     Histogram,
     generate_latest,
-    multiprocess,
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from gateway.metric_tally import Tally
-from gateway.metrics_process import ProcessTreeCollector
+from gateway.metric_tally import PerRequestSeries
+from gateway.metrics_process import ProcessTreeCollector, render_node
 
 # Tiers an object byte can come from, and outcomes of a metadata lookup.
 SOURCES = ("memory", "disk", "origin", "peer")
@@ -57,22 +58,19 @@ _LATENCY_BUCKETS = (
 )  # fmt: skip
 
 
-class Metrics:
+class Metrics(PerRequestSeries):
     content_type = CONTENT_TYPE_LATEST
 
     def __init__(self, registry: CollectorRegistry | None = None,
                  multiprocess_dir: Path | None = None) -> None:  # fmt: skip
+        super().__init__()  # the per-request series' children and tally (metric_tally.py)
         self.registry = registry or CollectorRegistry()
         self._process = ProcessTreeCollector(tree=multiprocess_dir is not None)
         self.registry.register(self._process)
         self._multiprocess_dir = multiprocess_dir
         # Called before each scrape, to set gauges that are cheaper to read than to track.
         self.before_render: list[Callable[[], None]] = []
-        # Labelled children of the per-request series, by label values (bounded sets).
-        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
-        # Their counts, added up per loop turn (``metric_tally.py``); flushed before a scrape.
-        self._tally = Tally()
-        self.before_render.append(self._tally.flush)
+        self.before_render.append(self._tally.flush)  # per-request counts, before a scrape
         self.requests = Counter(
             "hoard_requests_total",
             'S3 requests answered, by operation, HTTP status ("cut": a body cut after its '
@@ -384,15 +382,6 @@ class Metrics:
         finally:
             self.observe(self.origin_duration, (origin, operation), time.perf_counter() - started)
 
-    def add(self, metric: Any, *labels: str, amount: float = 1.0) -> None:
-        """Add ``amount`` to a counter's or gauge's series at the end of this loop turn
-        (``metric_tally.py``): for series moved on every request, a cold one included."""
-        self._tally.add(self._child(metric, *labels), amount)
-
-    def observe(self, metric: Any, labels: tuple[str, ...], value: float) -> None:
-        """Observe ``value`` in a histogram's series at the end of this loop turn."""
-        self._tally.observe(self._child(metric, *labels), value)
-
     def _create_known_series(self) -> None:
         """Export bounded label sets at 0 from the start.
 
@@ -452,29 +441,9 @@ class Metrics:
         """Count one GET answered by the hit path, by the tier it came from."""
         self._tally.add(self._child(self.hit_path, source))
 
-    def _child(self, metric: Any, *labels: str) -> Any:
-        """``metric.labels(*labels)``, looked up once per label set and kept.
-
-        ``labels()`` hashes and locks on every call, a noticeable share of a
-        cached small-object GET; the per-request series have bounded label sets.
-        """
-        key = (metric, labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*labels) if labels else metric
-        return child
-
-    def flush(self) -> None:
-        """Hand the per-request counts of this loop turn to their series now (``render``
-        does; a test reading the registry itself does too)."""
-        self._tally.flush()
-
     def render(self) -> bytes:
         for refresh in self.before_render:
             refresh()
         if self._multiprocess_dir is None:
             return generate_latest(self.registry)
-        combined = CollectorRegistry()
-        multiprocess.MultiProcessCollector(combined, path=str(self._multiprocess_dir))
-        combined.register(self._process)
-        return generate_latest(combined)
+        return render_node(self._multiprocess_dir, self._process)

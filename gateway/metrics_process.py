@@ -2,7 +2,7 @@
 
 With ``workers: N`` every worker writes its metric values to memory-mapped
 files in the node's multiprocess directory, and a scrape of any worker sums
-them (``metrics.py``'s ``render``). What cannot be shared that way — the
+them (``metrics.py``'s ``render``, with ``render_node``). What cannot be shared that way — the
 standard ``process_*`` metrics of each process — is read here from ``/proc``
 for the whole tree of the node's processes.
 """
@@ -13,7 +13,13 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from prometheus_client import ProcessCollector, multiprocess, values
+from prometheus_client import (
+    CollectorRegistry,
+    ProcessCollector,
+    generate_latest,
+    multiprocess,
+    values,
+)
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
@@ -41,6 +47,15 @@ def forget_process(directory: Path, pid: int) -> None:
     multiprocess.mark_process_dead(pid, str(directory))
     for stale in directory.glob(f"gauge_max_{pid}.db"):
         stale.unlink(missing_ok=True)
+
+
+def render_node(directory: Path, process: Collector) -> bytes:
+    """A scrape of the node in the text format: every worker's values in ``directory``
+    summed, and ``process``, the process metrics of the node's tree."""
+    combined = CollectorRegistry()
+    multiprocess.MultiProcessCollector(combined, path=str(directory))
+    combined.register(process)
+    return generate_latest(combined)
 
 
 class ProcessTreeCollector(Collector):

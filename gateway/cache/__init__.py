@@ -13,12 +13,15 @@ The tiers, fastest first, each one concept:
   by the node's worker processes; it decides what runs when, in which
   thread, in which order. Beside it, storage split from index as in
   python-diskcache: ``disk_files.py`` (a block as a file: claim, seal,
-  tail, open and verify), ``disk_index.py`` (the SQLite index, eviction),
-  ``disk_packed.py`` and ``segment_sql.py`` (small blocks packed into
-  segment files), ``disk_open.py`` (hot descriptors kept open),
+  tail, open and verify), ``disk_index.py`` (the SQLite index, eviction; its
+  tables and their layout in ``disk_schema.py``),
+  ``disk_packed.py``, ``segment_files.py`` and ``segment_sql.py`` (small
+  blocks packed into segment files), ``disk_claims.py`` (a fill's claim
+  that asks the index), ``disk_open.py`` (hot descriptors kept open),
   ``disk_writer.py`` (one fill in progress), ``disk_pins.py`` (blocks warm
   jobs keep), ``disk_space.py`` (a file system that fills first),
-  ``disk_recovery.py`` (after a crash).
+  ``disk_recovery.py`` (after a crash), ``disk_removal.py`` (what leaves:
+  rows first, files after).
 - ``admission.py``: which misses are worth a disk write (the second one).
 - ``singleflight.py``: concurrent fills of one block coalesced into one, its
   bytes streamed to every waiter as they arrive.

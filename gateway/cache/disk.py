@@ -32,12 +32,13 @@ Several processes (the gateway workers of one node) share one directory.
   a slow one. Part files whose lock is free are stale and may be taken over.
   The lock is held on the renamed file until its row lands, so a file in
   ``blocks/`` with neither a row nor a lock is one whose filler died between
-  the two: a claim removes it and fills afresh (``disk_packed.py``).
+  the two: a claim removes it and fills afresh (``disk_claims.py``).
 - Eviction happens at commit, inside the transaction that inserts the row:
   least recently used first, until the total over all processes fits the
   capacity. Files are unlinked after that commit; an unlink racing another
-  process is expected and ignored. Blocks still being filled are not counted,
-  so the files on disk exceed the capacity by at most the blocks in flight.
+  process is expected and ignored (``disk_removal.py``: every way out).
+  Blocks still being filled are not counted, so the files on disk exceed the
+  capacity by at most the blocks in flight.
 - Hits are recorded in memory and written to the index in one batch every
   ``touch_interval`` seconds (and with this process's next commit), not one
   SQLite write per hit.
@@ -54,12 +55,10 @@ Disk full: ``begin``, ``write`` and ``commit`` remove the part file and fail
 (OSError from the first two, False from ``commit`` and ``put``); nothing
 partial reaches ``blocks/`` and blocks already stored keep serving, so the
 caller can go on serving from memory. A full file system (ENOSPC, or SQLite's
-"database or disk is full") also lowers the tier's limit to a low watermark
-and evicts down to it, so later fills replace old blocks (``disk_space.py``).
-That eviction, too, commits its rows before it removes a file (a reserve file
-is given back to make room for the commit), so no committed row ever names a
-removed file; if the commit fails anyway, nothing is removed.
-Errors are logged once per interval and kind, with a count, never per block.
+"database or disk is full") also lowers the tier's limit and evicts down to
+it, rows committed before files go, so later fills replace old blocks; the
+limit, the passes that make room and the errors logged once per interval and
+kind are ``disk_space.FullDisk``'s (``space``).
 
 Other programs writing into ``cache.dir``: a block is checked (header, size,
 checksum) when it is opened, and a kept descriptor is lent again only while
@@ -98,16 +97,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from gateway.cache import disk_claims, disk_recovery, disk_space
 from gateway.cache import disk_files as files
-from gateway.cache import disk_packed, disk_recovery, disk_space
 from gateway.cache.block import HEADER_SIZE, BlockId, encode_header
 from gateway.cache.disk_files import BlockFile, Corrupt, FillAbandoned, PartFollower
 from gateway.cache.disk_index import DiskIndex, IndexRow
 from gateway.cache.disk_open import OpenBlocks, opening, within_fd_limit
 from gateway.cache.disk_packed import PackedBlocks
+from gateway.cache.disk_removal import Removal
 from gateway.cache.disk_writer import BlockWriter
-from gateway.cache.segment_sql import Place, Removed
-from gateway.cache.singleflight import Group
+from gateway.cache.segment_sql import Place
 from gateway.tasks import TaskSet
 
 __all__ = ["BlockFile", "BlockWriter", "DiskStats", "DiskTier", "FillAbandoned", "PartFollower"]
@@ -160,34 +159,42 @@ class DiskTier:
             raise ValueError("touch_interval must be positive")
         self.directory = Path(directory)
         self.capacity = capacity
-        self.limit = capacity  # lowered when the file system fills first (disk_space.py)
-        self.errors = disk_space.ErrorLog(log)
-        self._reserve = disk_space.Reserve(self.directory / "reserve")
-        self._on_full = on_full
-        self._room_passes: Group[str, None] = Group()  # one pass at a time, shared by its waiters
-        self.rooms_made = 0  # full-disk passes that made room: a write lost to one may retry
         self._fsync = fsync
         self._touch_interval = touch_interval
-        self._on_evict = on_evict
-        self._on_corrupt = on_corrupt
         self._blocks = self.directory / "blocks"
         self._tmp = self.directory / "tmp"
         self._index = DiskIndex(self.directory / "index.sqlite3", durable=fsync)
+        self._open = OpenBlocks(within_fd_limit(open_files), _KEEP_OPEN_MAX)
+        # What leaves the tier (evicted, dropped, corrupt): rows first, files after, counted.
+        self._removal = Removal(self.directory, self._index, self._open, self._final,
+                                on_evict, on_corrupt)  # fmt: skip
+        # The limit, lowered when the file system fills first, and the passes making room.
+        self.space = disk_space.FullDisk(self.directory, capacity, self._index,
+                                         self._removal.remove_evicted, on_full, log)  # fmt: skip
         self._touched: dict[str, float] = {}  # hits not yet written to the index
         # Stat fingerprints of block files whose checksum passed (see files.open_block).
         self._verified: dict[str, tuple[int, ...]] = {}
-        self._open = OpenBlocks(within_fd_limit(open_files), _KEEP_OPEN_MAX)
-        self._evictions = 0
-        self._corrupt = 0
         self._flusher: asyncio.Task[None] | None = None
         self._background = TaskSet()  # commits and aborts that outlive a cancelled caller
         self.packed_max = packed_max
         self._packed: PackedBlocks | None = None
         if packed_max > 0:
             self._packed = PackedBlocks(self.directory / "segments", self._index, segment_size,
-                                        self._take_touches, lambda: self.limit,
-                                        self._remove_evicted, self._count_corrupt,
-                                        self._batch_failed)  # fmt: skip
+                                        self._take_touches, lambda: self.space.limit,
+                                        self._removal.remove_evicted,
+                                        self._removal.count_corrupt,
+                                        self.space.batch_failed)  # fmt: skip
+        self._removal.packed = self._packed
+
+    @property
+    def limit(self) -> int:
+        """The capacity, or less once the file system filled first (``disk_space.py``)."""
+        return self.space.limit
+
+    @property
+    def rooms_made(self) -> int:
+        """Full-disk passes that made room: a write lost to one may retry."""
+        return self.space.rooms_made
 
     def packs(self, length: int) -> bool:
         """Whether a block of ``length`` bytes is packed into a segment."""
@@ -200,9 +207,9 @@ class DiskTier:
         for path in (self._blocks, self._tmp, self.directory / "segments"):
             await asyncio.to_thread(path.mkdir, parents=True, exist_ok=True)
         await self._index.open()
-        await asyncio.to_thread(self._reserve.hold)
+        await asyncio.to_thread(self.space.reserve.hold)
         await disk_recovery.recover(self._index, self._blocks, self._tmp, self._final, self._packed)
-        await self._remove_evicted(await self._index.evict(self.capacity))
+        await self._removal.remove_evicted(await self._index.evict(self.capacity))
         self._flusher = asyncio.create_task(self._flush_loop())
 
     async def close(self) -> None:
@@ -211,7 +218,7 @@ class DiskTier:
         self._flusher.cancel()
         await asyncio.gather(self._flusher, return_exceptions=True)
         await self._background.settle()
-        await self._room_passes.aclose()
+        await self.space.aclose()
         self._flusher = None
         if self._packed is not None:
             await self._packed.close()
@@ -243,7 +250,7 @@ class DiskTier:
             asyncio.to_thread(files.open_block, self._final(block), block, self._verified)
         )
         if isinstance(found, Corrupt):
-            await self._discard(block, found)
+            await self._removal.discard(block, found)
             return None
         if found is None:
             return None
@@ -290,27 +297,13 @@ class DiskTier:
         header = encode_header(block, length, 0)  # provisional: tells followers the length
         try:
             if self._packed is not None:  # no final file to look for: ask the index too
-                fd = await self._claim_packed(part, final, header, block.digest)
+                fd = await disk_claims.claim_packed(self._index, part, final, header, block.digest)
             else:
                 fd = await opening(asyncio.to_thread(files.claim, part, final, header))
         except OSError as exc:
-            await self._failed("start", exc, block)
+            await self.space.failed("start", exc, block)
             raise
         return None if fd is None else BlockWriter(self, block, fd, part, length)
-
-    async def _claim_packed(
-        self, part: Path, final: Path, header: bytes, digest: str
-    ) -> int | None:
-        """The claim of a block that may be packed, on the loop: a create, a lock, a
-        header's write to the page cache and an index point read cost less than the
-        hop to the index thread and back, paid by every cold block (the same trade
-        as ``BlockWriter.write``'s small writes). A busy index: asked in the thread."""
-        claim = disk_packed.claim_unless_indexed
-        try:
-            return self._index.read_now(claim, part, final, header, digest)
-        except sqlite3.OperationalError:
-            pass
-        return await opening(self._index.run(self._index.read, claim, part, final, header, digest))
 
     async def put(self, block: BlockId, data: bytes) -> bool:
         """Store ``data`` as ``block``; False if not stored (claimed elsewhere, no space)."""
@@ -335,19 +328,19 @@ class DiskTier:
             await asyncio.to_thread(files.seal, writer.fd, header, writer.path, final, self._fsync)
         except OSError as exc:
             await writer.abort()
-            await self._failed("commit", exc, block)
+            await self.space.failed("commit", exc, block)
             return False
         row = IndexRow(block, writer.length, HEADER_SIZE + writer.length)
         touches, self._touched = self._touched, {}  # so this eviction pass sees our hits
         try:
-            evicted = await self._index.publish(row, touches, self.limit)
+            evicted = await self._index.publish(row, touches, self.space.limit)
         except sqlite3.Error as exc:
             await asyncio.to_thread(files.unlink, final)  # an unindexed file would never go
-            await self._failed("index", exc, block)
+            await self.space.failed("index", exc, block)
             return False
-        finally:  # the lock, on the renamed file, is held until its row lands (disk_packed)
+        finally:  # the lock, on the renamed file, is held until its row lands (disk_claims)
             writer.release()  # (not its part's name: that may already be another filler's)
-        await self._remove_evicted(evicted)
+        await self._removal.remove_evicted(evicted)
         return block.digest not in evicted.files  # it evicts itself only if nothing else fits
 
     async def _publish_packed(self, writer: BlockWriter, checksum: int) -> bool:
@@ -358,7 +351,7 @@ class DiskTier:
             stored = await self._packed.store(writer.block, writer.chunks, checksum, writer.path)
         except OSError as exc:
             await writer.abort()
-            await self._failed("append", exc, writer.block)
+            await self.space.failed("append", exc, writer.block)
             return False
         writer.release()  # its part (the claim, the bytes for followers) went with the batch
         return stored
@@ -367,15 +360,15 @@ class DiskTier:
 
     async def drop_object(self, origin: str, bucket: str, key: str) -> int:
         """Drop every block of every version of one object; returns how many."""
-        return await self._unlink(await self._index.drop_object(origin, bucket, key))
+        return await self._removal.unlink(await self._index.drop_object(origin, bucket, key))
 
     async def drop_prefix(self, origin: str, bucket: str, prefix: str) -> int:
         """Drop every block of every key starting with ``prefix``; returns how many."""
-        return await self._unlink(await self._index.drop_prefix(origin, bucket, prefix))
+        return await self._removal.unlink(await self._index.drop_prefix(origin, bucket, prefix))
 
     async def clear(self) -> int:
         """Drop every stored block; fills in progress finish and stay."""
-        return await self._unlink(await self._index.clear())
+        return await self._removal.unlink(await self._index.clear())
 
     # -- pinning ---------------------------------------------------------------
 
@@ -405,54 +398,11 @@ class DiskTier:
 
     def stats(self) -> DiskStats:
         totals = self._index.totals
-        return DiskStats(totals.used, self.limit, totals.entries, self._evictions,
-                         self._corrupt, self._index.pinned)  # fmt: skip
+        removal = self._removal
+        return DiskStats(totals.used, self.space.limit, totals.entries, removal.evictions,
+                         removal.corrupt, self._index.pinned)  # fmt: skip
 
     # -- internals -------------------------------------------------------------
-
-    async def _failed(self, step: str, exc: BaseException, block: BlockId) -> None:
-        """A write step failed: log it (once per interval and kind); a full disk makes room."""
-        full = disk_space.is_full(exc)
-        self.errors.error("full" if full else step, "disk tier: %s of block %s failed: %s",
-                          step, block.digest, exc)  # fmt: skip
-        if full:
-            await self._make_room()
-
-    async def _batch_failed(self, exc: BaseException) -> None:
-        """A group commit of packed blocks failed: log it; a full disk makes room."""
-        full = disk_space.is_full(exc)
-        self.errors.error("full" if full else "index", "disk tier: cannot index packed blocks: %s",
-                          exc)  # fmt: skip
-        if full:
-            await self._make_room()
-
-    async def _make_room(self) -> None:
-        """Lower the limit to the low watermark of what the file system holds; evict to it.
-
-        One pass at a time: a write that fails while one runs waits for it, so that when
-        it returns ``rooms_made`` counts the room the pass made and the write may retry
-        (``BlockSource._store_after_room``). Returning at once lost that write's block:
-        it was served from the origin and not stored, though room was being made for it.
-        """
-        await self._room_passes.do("room", self._room_pass)
-
-    async def _room_pass(self) -> None:
-        try:
-            held = self._index.totals.used
-            self.limit = await asyncio.to_thread(
-                disk_space.ceiling, self.directory, held, self.limit
-            )
-            evicted = await disk_space.evict_to(
-                self._index, self._reserve, self.limit, self._remove_evicted
-            )
-            self.rooms_made += 1
-            if self._on_full is not None:
-                self._on_full()
-            self.errors.error("room", "disk tier: file system full with %d bytes held; limit "
-                              "lowered to %d bytes, %d files and segments evicted", held,
-                              self.limit, evicted)  # fmt: skip
-        except (OSError, sqlite3.Error) as exc:
-            self.errors.error("room", "disk tier: cannot make room on a full disk: %s", exc)
 
     def _final(self, block: BlockId | str) -> Path:
         digest = block if isinstance(block, str) else block.digest
@@ -468,49 +418,6 @@ class DiskTier:
     async def _keep(self, work: Awaitable[T]) -> T:
         """Await ``work``, which finishes even if the caller is cancelled."""
         return await asyncio.shield(self._background.spawn(work))
-
-    async def _discard(self, block: BlockId, bad: Corrupt) -> None:
-        log.warning("disk tier: dropping corrupt block %s (%s): %s", block.digest, block, bad.why)
-        self._corrupt += 1
-        if self._on_corrupt is not None:
-            self._on_corrupt()
-        path = self._final(block)
-        self._open.forget([block.digest])
-        # only if the name still holds the bad file, not a good one renamed over it
-        if await asyncio.to_thread(files.names, path, bad.identity):
-            await self._forget(block.digest)
-            await asyncio.to_thread(files.unlink, path)
-
-    def _count_corrupt(self, n: int) -> None:
-        self._corrupt += n
-        if self._on_corrupt is not None:
-            for _ in range(n):
-                self._on_corrupt()
-
-    async def _forget(self, digest: str) -> None:
-        try:
-            await self._index.remove(digest)
-        except sqlite3.Error as exc:  # a row without a file costs only capacity
-            log.error("disk tier: cannot remove index row %s: %s", digest, exc)
-
-    async def _remove_evicted(self, removed: Removed) -> None:
-        if removed.files or removed.packed or removed.segments:
-            await self._unlink(removed)
-            self._evictions += len(removed)
-            if self._on_evict is not None:
-                self._on_evict(len(removed))
-
-    async def _unlink(self, removed: Removed) -> int:
-        self._open.forget(removed.files)
-        if self._packed is not None:
-            self._packed.forget(removed)
-        await asyncio.to_thread(files.unlink_many, self._paths(removed))
-        return len(removed)
-
-    def _paths(self, removed: Removed) -> list[Path]:
-        """The files of ``removed``: block files and whole segments."""
-        segments = self.directory / "segments"
-        return [self._final(d) for d in removed.files] + [segments / n for n in removed.segments]
 
     async def _flush_loop(self) -> None:
         while True:

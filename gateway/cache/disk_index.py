@@ -19,6 +19,7 @@ Rules that keep several processes honest:
 - ``totals`` is one row kept exact by triggers, so "bytes used, across all
   processes" is a one-row read inside the same transaction that inserts and
   evicts: capacity is checked against the truth without a ``SUM`` per commit.
+  The tables, their triggers and their layout number are ``disk_schema.py``'s.
 - A row is inserted just after its file is renamed into place and deleted
   just before its file is unlinked, so an eviction never deletes a row whose
   file is still to come, and the only files without a row are those between
@@ -26,15 +27,8 @@ Rules that keep several processes honest:
   a crash, leftovers that ``DiskTier.start`` removes. A row without a file (a
   refill racing an eviction) costs only capacity until it ages out.
 
-- The tables have a layout number (``LAYOUT``, SQLite's ``user_version``); an
-  index of another layout, as every index made before the number was, is
-  started over at open rather than read with today's meaning.
-
-Each row is kept small, because there is one per block and a cache of small
-objects holds millions: the digest is 20 raw bytes, a packed block names its
-segment by an integer id and keeps no last use or creation time (its segment
-does), and the by-access index covers own-file blocks only (eviction orders
-segments, not their blocks). About 180 bytes a packed block, indexes included.
+An index of another layout is started over at open (``disk_schema.py``: each
+row is kept small, one per block, and the layout says how to read it).
 
 Not guaranteed: ``last_access`` is as fresh as the callers' batches (see
 ``touch``); ``totals`` as seen by another process is as fresh as its last
@@ -53,8 +47,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gateway.cache import disk_pins, segment_sql
+from gateway.cache import disk_pins, disk_schema, segment_sql
 from gateway.cache.block import BlockId
+from gateway.cache.disk_schema import Totals
 from gateway.cache.segment_sql import Place, Removed
 from gateway.sqlite_wal import point_reader, share_pages, use_wal
 
@@ -63,68 +58,6 @@ T = TypeVar("T")
 THREAD_NAME = "hoard-disk-index"
 _WAL_PAGES = 64  # write-ahead log pages before a checkpoint (SQLite's default: 1,000)
 _EVICT_BATCH = 64  # least recently used rows fetched per eviction query
-
-# The layout of the tables below (PRAGMA user_version). An index of another layout
-# is started over at open: its rows would be misread (the block files it named are
-# then unindexed, and ``disk_recovery.py`` removes them).
-LAYOUT = 2
-_TABLES = ("blocks", "segments", "dead_segments", "totals", "pins")
-
-_SCHEMA = """
-BEGIN IMMEDIATE;
-CREATE TABLE IF NOT EXISTS blocks (
-    digest BLOB PRIMARY KEY,         -- BlockId.digest, 20 raw bytes
-    origin TEXT NOT NULL,
-    bucket TEXT NOT NULL,
-    key TEXT NOT NULL,
-    block_index INTEGER NOT NULL,
-    length INTEGER NOT NULL,         -- data bytes
-    file_size INTEGER NOT NULL,      -- header + data: what counts against capacity (0: packed)
-    last_access REAL,                -- time.time() of the last recorded hit (own files only)
-    created REAL,                    -- own files only
-    segment INTEGER,                 -- segments.id of a packed block; NULL: its own file
-    seg_offset INTEGER,
-    checksum INTEGER
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS blocks_by_object ON blocks (origin, bucket, key);
-CREATE INDEX IF NOT EXISTS blocks_by_access ON blocks (last_access) WHERE segment IS NULL;
-CREATE INDEX IF NOT EXISTS blocks_by_segment ON blocks (segment) WHERE segment IS NOT NULL;
-CREATE TABLE IF NOT EXISTS totals (
-    one INTEGER PRIMARY KEY CHECK (one = 1),
-    used INTEGER NOT NULL,
-    entries INTEGER NOT NULL
-);
-INSERT OR IGNORE INTO totals VALUES (1, 0, 0);
-CREATE TABLE IF NOT EXISTS segments (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: rows of a dead one may linger
-    name TEXT NOT NULL UNIQUE,       -- file name under segments/
-    size INTEGER NOT NULL,           -- bytes appended so far: what counts against capacity
-    last_access REAL NOT NULL,       -- the latest hit on any of its blocks
-    created REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS segments_by_access ON segments (last_access);
--- Segments evicted on a full disk whose block rows are still to be deleted.
-CREATE TABLE IF NOT EXISTS dead_segments (id INTEGER PRIMARY KEY);
-CREATE TRIGGER IF NOT EXISTS segments_insert AFTER INSERT ON segments BEGIN
-    UPDATE totals SET used = used + NEW.size;
-END;
-CREATE TRIGGER IF NOT EXISTS segments_delete AFTER DELETE ON segments BEGIN
-    UPDATE totals SET used = used - OLD.size;
-END;
-CREATE TRIGGER IF NOT EXISTS segments_resize AFTER UPDATE OF size ON segments BEGIN
-    UPDATE totals SET used = used - OLD.size + NEW.size;
-END;
-CREATE TRIGGER IF NOT EXISTS blocks_insert AFTER INSERT ON blocks BEGIN
-    UPDATE totals SET used = used + NEW.file_size, entries = entries + 1;
-END;
-CREATE TRIGGER IF NOT EXISTS blocks_delete AFTER DELETE ON blocks BEGIN
-    UPDATE totals SET used = used - OLD.file_size, entries = entries - 1;
-END;
-CREATE TRIGGER IF NOT EXISTS blocks_resize AFTER UPDATE OF file_size ON blocks BEGIN
-    UPDATE totals SET used = used - OLD.file_size + NEW.file_size;
-END;
-COMMIT;
-"""
 
 # An upsert, not INSERT OR REPLACE: REPLACE deletes without firing delete
 # triggers (unless recursive_triggers is on), which would skew `totals`.
@@ -143,12 +76,6 @@ _OBJECT = "origin = ? AND bucket = ? AND key = ?"
 # LIKE narrows through the index; substr() makes the match exact, because
 # SQLite's LIKE ignores ASCII case and S3 keys do not.
 _PREFIX = "origin = ? AND bucket = ? AND key LIKE ? ESCAPE '\\' AND substr(key, 1, ?) = ?"
-
-
-@dataclass(frozen=True, slots=True)
-class Totals:
-    used: int  # file bytes of all indexed blocks, all processes
-    entries: int  # indexed blocks, all processes
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,7 +261,7 @@ class DiskIndex:
 
     async def recount(self) -> None:
         """Recompute ``totals`` from the rows (start-up reconciliation)."""
-        await self.run(self._in_write, _recount)
+        await self.run(self._in_write, disk_schema.recount)
 
     # -- in the index thread ---------------------------------------------------
 
@@ -350,9 +277,7 @@ class DiskIndex:
         # NORMAL in WAL mode never corrupts the database; a power cut may drop
         # the last transactions, which reconciliation at start-up absorbs.
         conn.execute(f"PRAGMA synchronous = {'FULL' if self._durable else 'NORMAL'}")
-        _start_over_unless_current(conn)
-        conn.executescript(_SCHEMA)
-        conn.executescript(f"BEGIN IMMEDIATE; {disk_pins.SCHEMA} COMMIT;")
+        disk_schema.create(conn)  # the tables, started over if of another layout
         self._conn = conn
         self._read_totals()
         self.pinned = disk_pins.pinned_bytes(conn, time.time())
@@ -372,7 +297,7 @@ class DiskIndex:
         conn.execute("BEGIN IMMEDIATE")
         try:
             yield conn
-            totals = _totals(conn)
+            totals = disk_schema.read_totals(conn)
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
@@ -419,15 +344,10 @@ class DiskIndex:
 
     def _read_totals(self) -> None:
         assert self._conn is not None
-        self.totals = _totals(self._conn)
+        self.totals = disk_schema.read_totals(self._conn)
 
 
 # -- statements, run inside a write transaction --------------------------------
-
-
-def _totals(conn: sqlite3.Connection) -> Totals:
-    used, entries = conn.execute("SELECT used, entries FROM totals").fetchone()
-    return Totals(used, entries)
 
 
 def _evict(conn: sqlite3.Connection, capacity: int) -> Removed:
@@ -454,27 +374,4 @@ def _forget(conn: sqlite3.Connection, rows: list[tuple[str, float]]) -> None:
     conn.executemany(
         "DELETE FROM blocks WHERE digest = ? AND created = ?",
         [(segment_sql.raw(digest), created) for digest, created in rows],
-    )
-
-
-def _start_over_unless_current(conn: sqlite3.Connection) -> None:
-    """Drop the tables of an index of another layout (one transaction: the first worker
-    to open it does it; its siblings then find the current layout)."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        if conn.execute("PRAGMA user_version").fetchone()[0] != LAYOUT:
-            for table in _TABLES:  # their indexes and triggers go with them
-                conn.execute(f"DROP TABLE IF EXISTS {table}")
-            conn.execute(f"PRAGMA user_version = {LAYOUT}")
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-
-
-def _recount(conn: sqlite3.Connection) -> None:
-    conn.execute(
-        "UPDATE totals SET used = (SELECT coalesce(sum(file_size), 0) FROM blocks)"
-        " + (SELECT coalesce(sum(size), 0) FROM segments),"
-        " entries = (SELECT count(*) FROM blocks)"
     )

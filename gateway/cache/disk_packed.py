@@ -28,6 +28,13 @@ mtime, ctime) differ from when it last passed, so bytes flipped in place are
 caught at the next hit and never served. Records of a segment that is no longer
 appended to are checked once per process.
 
+This module decides what runs when (places, the active segment, the group
+commit, what an eviction or a lost segment drops). A segment as a file
+(records, the kept descriptor, the record's check) is ``segment_files.py``;
+a packed block's row and whole-segment eviction, ``segment_sql.py``; a fill's
+claim that asks the index, since a packed block has no file of its own to
+find, ``disk_claims.py``.
+
 A crash leaves at worst a torn tail: records appended whose rows never
 committed. No row points at them, so they are dead bytes, counted in the
 segment's size; a row's record is complete (it was written before the row),
@@ -69,18 +76,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import xxhash
-
 from gateway.cache import disk_files as files
-from gateway.cache import segment_sql
-from gateway.cache.block import HEADER_SIZE, BlockId, decode_header, encode_header
-from gateway.cache.disk_files import BlockFile
+from gateway.cache import segment_files
+from gateway.cache.block import HEADER_SIZE, BlockId, encode_header
 from gateway.cache.disk_index import DiskIndex
+from gateway.cache.segment_files import SUFFIX, Bad, PackedFile, Segment
 from gateway.cache.segment_sql import Place, Removed
 
 log = logging.getLogger(__name__)
 
-SUFFIX = ".seg"
 _PLACES = 262_144  # block places remembered per process (a miss asks the index)
 _SEGMENT_SHARE = 32  # a segment holds at most 1/32 of the limit: eviction stays fine-grained
 _SEGMENT_MIN = 1 << 20
@@ -96,35 +100,6 @@ _VERIFY_ON_LOOP = 64 << 10  # records up to this size are checked without a thre
 _COMMIT_SPACING = 0.02
 
 
-class _Segment:
-    """One kept segment descriptor, shared by responses; closed by its last user once dropped."""
-
-    __slots__ = ("fd", "kept", "users", "verified")
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.users = 0
-        self.kept = True
-        self.verified: dict[str, tuple[int, int, int]] = {}  # digest -> segment fingerprint
-
-    def release(self) -> None:
-        self.users -= 1
-        if not self.kept and self.users == 0:
-            os.close(self.fd)
-
-
-@dataclass(slots=True)
-class PackedFile(BlockFile):
-    """A packed block lent to one response: the segment's descriptor at the record's data."""
-
-    segment: _Segment | None = None
-
-    def close(self) -> None:
-        if self.segment is not None:
-            segment, self.segment = self.segment, None
-            segment.release()
-
-
 @dataclass(slots=True)
 class _Active:
     name: str
@@ -138,20 +113,6 @@ class _Pending:
     place: Place
     part: Path
     done: asyncio.Future[bool]
-
-
-def _fingerprint(stat: os.stat_result) -> tuple[int, int, int]:
-    """What changes when a segment's bytes may have: its record checks are redone then."""
-    return (stat.st_ino, stat.st_mtime_ns, stat.st_ctime_ns)
-
-
-def _lend(segment: _Segment, place: Place) -> PackedFile:
-    segment.users += 1
-    return PackedFile(segment.fd, place.offset + HEADER_SIZE, place.length, (), segment)
-
-
-class Bad(Exception):
-    """A packed block's record cannot be served (truncated, checksum, header)."""
 
 
 class PackedBlocks:
@@ -182,7 +143,7 @@ class PackedBlocks:
         self._on_corrupt = on_corrupt
         self._on_failed = on_failed
         self._places: OrderedDict[str, Place | bool] = OrderedDict()  # True: own file
-        self._segments: dict[str, _Segment] = {}
+        self._segments: dict[str, Segment] = {}
         self._active: _Active | None = None
         self._pending: list[_Pending] = []
         self._committing: asyncio.Task[None] | None = None
@@ -231,7 +192,7 @@ class PackedBlocks:
     async def reconcile(self, cutoff: float) -> None:
         """At start: segment files without a row go; rows of segments without a file go.
         Both only when older than ``cutoff``: younger ones may be another worker's, mid-commit."""
-        on_disk = await asyncio.to_thread(scan, self.directory)
+        on_disk = await asyncio.to_thread(segment_files.scan, self.directory)
         indexed = await self._index.segments()
         orphans = await asyncio.to_thread(
             files.older_than, [self.directory / n for n in on_disk.difference(indexed)], cutoff
@@ -270,14 +231,14 @@ class PackedBlocks:
             return None
         if stat.st_size < place.offset + HEADER_SIZE + place.length:
             raise Bad(f"segment {place.segment} ends before the record (truncated)")
-        fingerprint = _fingerprint(stat)
+        fingerprint = segment_files.fingerprint(stat)
         if segment.verified.get(block.digest) != fingerprint:
             if place.length <= _VERIFY_ON_LOOP:
-                _verify(segment.fd, block, place)
+                segment_files.verify(segment.fd, block, place)
             else:
-                await asyncio.to_thread(_verify, segment.fd, block, place)
+                await asyncio.to_thread(segment_files.verify, segment.fd, block, place)
             segment.verified[block.digest] = fingerprint
-        return _lend(segment, place)
+        return segment_files.lend(segment, place)
 
     def open_held(self, block: BlockId) -> PackedFile | None:
         """``locate`` and ``open`` when neither must wait: the place known, the segment
@@ -293,9 +254,9 @@ class PackedBlocks:
             return None
         if stat.st_nlink == 0 or stat.st_size < place.offset + HEADER_SIZE + place.length:
             return None
-        if segment.verified.get(block.digest) != _fingerprint(stat):
+        if segment.verified.get(block.digest) != segment_files.fingerprint(stat):
             return None
-        return _lend(segment, place)
+        return segment_files.lend(segment, place)
 
     def forget(self, removed: Removed) -> None:
         """Blocks and segments taken out of the index: stop serving them."""
@@ -329,7 +290,7 @@ class PackedBlocks:
         header = encode_header(block, length, checksum)
         active = await self._room(HEADER_SIZE + length)
         place = Place(active.name, active.size, length, checksum)
-        _pwritev_all(active.fd, [header, *chunks], active.size)
+        segment_files.pwritev_all(active.fd, [header, *chunks], active.size)
         active.size += HEADER_SIZE + length
         self._remember(block.digest, place)
         b = block
@@ -396,7 +357,7 @@ class PackedBlocks:
         async with self._rolling:  # one new segment for all the appends waiting on it
             if self._active is None:
                 name = f"{os.getpid()}-{time.time_ns():x}{SUFFIX}"
-                fd = await asyncio.to_thread(_create, self.directory / name)
+                fd = await asyncio.to_thread(segment_files.create, self.directory / name)
                 try:
                     await self._index.add_segment(name)
                 except BaseException:
@@ -410,7 +371,7 @@ class PackedBlocks:
             os.close(self._active.fd)
             self._active = None
 
-    async def _open_segment(self, name: str) -> _Segment | None:
+    async def _open_segment(self, name: str) -> Segment | None:
         try:
             fd = await asyncio.to_thread(os.open, self.directory / name, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -418,7 +379,7 @@ class PackedBlocks:
         if name in self._segments:  # opened meanwhile by a concurrent hit
             os.close(fd)
             return self._segments[name]
-        segment = self._segments[name] = _Segment(fd)
+        segment = self._segments[name] = Segment(fd)
         return segment
 
     def _drop_segment(self, name: str) -> None:
@@ -439,86 +400,3 @@ class PackedBlocks:
 
     def drop_place(self, digest: str) -> None:
         self._places.pop(digest, None)
-
-
-def claim_unless_indexed(
-    conn: sqlite3.Connection, part: Path, final: Path, header: bytes, digest: str
-) -> int | None:
-    """``files.claim``, also giving way to a block indexed already (a packed block has
-    no final file for ``claim`` to find), and taking over a block file whose filler
-    died between renaming it into place and indexing it. On the loop (``read_now``'s
-    connection) or in the index thread; if the index cannot be read (busy), the claim
-    is given back before the error is raised, so the caller may try again."""
-    fd = files.claim(part, final, header)
-    if fd is None and _orphaned(conn, final, digest):
-        fd = files.claim(part, final, header)
-    if fd is None:
-        return None
-    try:
-        indexed = segment_sql.locate(conn, digest) is not None
-    except BaseException:
-        _give_back(part, fd)
-        raise
-    if indexed:
-        _give_back(part, fd)
-        return None
-    return fd
-
-
-def _give_back(part: Path, fd: int) -> None:
-    """End a claim that will not fill (unlinked while still locked: the name is ours)."""
-    files.unlink(part)
-    os.close(fd)
-
-
-def _orphaned(conn: sqlite3.Connection, final: Path, digest: str) -> bool:
-    """Remove ``final`` if no row names it and no filler holds it: its filler died after
-    the rename, before the row (a filler keeps its claim's lock on the renamed file until
-    the row lands: ``DiskTier._publish``). Such a file is no block to ``get`` (this tier
-    asks the index) and, in place, stopped every later claim: the block was never cached
-    again until a restart's recovery, each read of it going to the origin."""
-    try:
-        fd = os.open(final, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return False  # the claim was refused for a part another process holds
-    try:
-        # Checked under the lock: a filler that indexes it meanwhile holds the lock until then.
-        if not files.lock_is_free(fd, keep=True) or segment_sql.locate(conn, digest) is not None:
-            return False
-        files.unlink(final)
-        log.warning("disk tier: removed block file %s, renamed into place but never indexed",
-                    final.name)  # fmt: skip
-        return True
-    finally:
-        os.close(fd)
-
-
-def _create(path: Path) -> int:
-    path.parent.mkdir(exist_ok=True)
-    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-
-
-def _verify(fd: int, block: BlockId, place: Place) -> None:
-    raw = os.pread(fd, HEADER_SIZE + place.length, place.offset)
-    header = decode_header(raw, block)
-    if header is None or header.length != place.length or header.checksum != place.checksum:
-        raise Bad("record header does not match its index row")
-    if len(raw) != HEADER_SIZE + place.length:
-        raise Bad("record cut short")
-    if xxhash.xxh3_64_intdigest(memoryview(raw)[HEADER_SIZE:]) != place.checksum:
-        raise Bad("checksum mismatch")
-
-
-def _pwritev_all(fd: int, buffers: list[bytes], offset: int) -> None:
-    total = sum(len(b) for b in buffers)
-    written = os.pwritev(fd, buffers, offset)
-    if written < total:  # rare: finish byte by byte of what is left
-        rest = b"".join(buffers)[written:]
-        files.pwrite_all(fd, rest, offset + written)
-
-
-def scan(directory: Path) -> set[str]:
-    """The names of every segment file in ``directory``."""
-    if not directory.exists():
-        return set()
-    return {e.name for e in os.scandir(directory) if e.name.endswith(SUFFIX)}

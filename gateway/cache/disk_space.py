@@ -21,6 +21,11 @@ each segment only marked dead), and taken again once room is made.
 Errors of one kind (a full disk, a failing write) are logged once per
 ``interval`` with a count of those since, never once per block (``ErrorLog``).
 
+``FullDisk`` is what the tier holds of all this (``DiskTier.space``): its
+limit, the reserve, the error log, and one room-making pass at a time, which a
+write that failed meanwhile waits for; ``rooms_made`` then tells that write
+room was made, and it may try again (``block_fill.Filler._store_after_room``).
+
 Not guaranteed: that the reserve's bytes go to the eviction's commit rather
 than to a sibling worker's append racing it (then the commit fails, nothing is
 removed, and the next full disk tries again); the lowered limit is per process and lasts until restart
@@ -41,8 +46,10 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from gateway.cache.block import BlockId
 from gateway.cache.disk_index import DiskIndex
 from gateway.cache.segment_sql import Removed
+from gateway.cache.singleflight import Group
 
 LOW_WATERMARK = 0.9  # share of (held + free) bytes the tier keeps after a full disk
 # Files and segments per eviction commit on a full disk: each changes at most ~4 pages
@@ -98,6 +105,79 @@ async def evict_to(
     await index.checkpoint()
     await asyncio.to_thread(reserve.hold)
     return evicted
+
+
+class FullDisk:
+    """The disk tier's limit, lowered when the file system fills first, and the passes
+    that make room for it: one at a time, shared by the writes that wait for it.
+
+    ``remove(removed)`` unlinks the files of an eviction's commit (the tier's);
+    ``on_full()`` hears of each pass that lowered the limit; ``logger`` is the
+    tier's, whose lines say "disk tier:".
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        capacity: int,
+        index: DiskIndex,
+        remove: Callable[[Removed], Awaitable[None]],
+        on_full: Callable[[], None] | None,
+        logger: logging.Logger,
+    ) -> None:
+        self.directory = directory
+        self.limit = capacity  # lowered when the file system fills first
+        self.errors = ErrorLog(logger)
+        self.reserve = Reserve(directory / "reserve")
+        self.rooms_made = 0  # full-disk passes that made room: a write lost to one may retry
+        self._index = index
+        self._remove_evicted = remove
+        self._on_full = on_full
+        self._room_passes: Group[str, None] = Group()  # one pass at a time, shared by its waiters
+
+    async def failed(self, step: str, exc: BaseException, block: BlockId) -> None:
+        """A write step failed: log it (once per interval and kind); a full disk makes room."""
+        full = is_full(exc)
+        self.errors.error("full" if full else step, "disk tier: %s of block %s failed: %s",
+                          step, block.digest, exc)  # fmt: skip
+        if full:
+            await self.make_room()
+
+    async def batch_failed(self, exc: BaseException) -> None:
+        """A group commit of packed blocks failed: log it; a full disk makes room."""
+        full = is_full(exc)
+        self.errors.error("full" if full else "index", "disk tier: cannot index packed blocks: %s",
+                          exc)  # fmt: skip
+        if full:
+            await self.make_room()
+
+    async def make_room(self) -> None:
+        """Lower the limit to the low watermark of what the file system holds; evict to it.
+
+        One pass at a time: a write that fails while one runs waits for it, so that when
+        it returns ``rooms_made`` counts the room the pass made and the write may retry
+        (``block_fill.Filler._store_after_room``). Returning at once lost that write's block:
+        it was served from the origin and not stored, though room was being made for it.
+        """
+        await self._room_passes.do("room", self._room_pass)
+
+    async def _room_pass(self) -> None:
+        try:
+            held = self._index.totals.used
+            self.limit = await asyncio.to_thread(ceiling, self.directory, held, self.limit)
+            evicted = await evict_to(self._index, self.reserve, self.limit, self._remove_evicted)
+            self.rooms_made += 1
+            if self._on_full is not None:
+                self._on_full()
+            self.errors.error("room", "disk tier: file system full with %d bytes held; limit "
+                              "lowered to %d bytes, %d files and segments evicted", held,
+                              self.limit, evicted)  # fmt: skip
+        except (OSError, sqlite3.Error) as exc:
+            self.errors.error("room", "disk tier: cannot make room on a full disk: %s", exc)
+
+    async def aclose(self) -> None:
+        """Cancel a pass under way (the tier is closing)."""
+        await self._room_passes.aclose()
 
 
 class Reserve:

@@ -19,6 +19,7 @@ import xxhash
 
 from gateway.cache import disk_files as files
 from gateway.cache.block import HEADER_SIZE, BlockId
+from gateway.cache.disk_space import FullDisk
 
 T = TypeVar("T")
 
@@ -31,7 +32,8 @@ class WriterTier(Protocol):
 
     async def _publish(self, writer: BlockWriter, checksum: int) -> bool: ...
 
-    async def _failed(self, step: str, exc: BaseException, block: BlockId) -> None: ...
+    @property
+    def space(self) -> FullDisk: ...
 
     async def _keep(self, work: Awaitable[T]) -> T: ...
 
@@ -81,7 +83,7 @@ class BlockWriter:
                 self.chunks.append(data)
         except OSError as exc:
             await self.abort()
-            await self._tier._failed("write", exc, self.block)
+            await self._tier.space.failed("write", exc, self.block)
             raise
         self.written += len(data)
 

@@ -59,7 +59,7 @@ class MemoryTier:
         """Keep ``data`` under ``key`` if it is small enough; evict LRU blocks to fit.
 
         ``oversize`` takes a block above ``max_item`` too (up to a quarter of the
-        capacity): one that has no other place to stay (see ``blocks.py``).
+        capacity): one that has no other place to stay (see ``staging.py``).
         ``on_disk``: the block is stored on disk too, so only up to ``max_on_disk``.
         """
         if on_disk and len(data) > self.max_on_disk:

@@ -9,7 +9,8 @@ for up to 1,000 keys per origin page (``revalidate.py``).
 The tiers, fastest first:
   * ``memory.py``: each worker's memory (heads and whole listings, TTLs,
     stale-while-revalidate, coalesced misses; its values, policies and
-    listings' LRU in ``lookups.py``);
+    listings' LRU in ``lookups.py``, serving by age and one flight per key in
+    ``freshness.py``);
   * ``store.py``: the node's SQLite store, shared by workers and kept across
     restarts;
   * ``cluster/directory.py``: in a cluster, the key's (or prefix's) owner node;

@@ -44,7 +44,9 @@ Coalescing
   Every origin call runs as one flight per cache key (``singleflight.Group``)
   that stores its own result, so it lands even if every caller gave up; the
   first caller's ``fetch`` and ``policy`` serve the whole flight. A refresh is
-  a flight too, so a refresh and a miss never both run for a key.
+  a flight too, so a refresh and a miss never both run for a key. Serving by
+  age and the flights are the class this cache is built on (``freshness.py``);
+  this module holds the tables and what a flight stores in them.
 
 Writes through Hoard call ``invalidate_key``: the key's entry and every listing
 whose prefix contains it are dropped, and flights for them are *detached*: they
@@ -71,31 +73,28 @@ Not thread-safe: use it from one event loop only.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import time
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Callable, Hashable
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
-from gateway.cache.singleflight import Group
-from gateway.errors import NoSuchKey, OriginUnavailable
+from gateway.errors import NoSuchKey
 from gateway.metadata import lookups
 from gateway.metadata.bodies import PageBodies
+from gateway.metadata.freshness import Freshness
 from gateway.metadata.heads import Entry, HeadTable
 from gateway.metadata.lookups import Aged, FetchHead, FetchPage, Lookup, Lru, Policy
 from gateway.metadata.snapshot import Snapshot, SnapshotBuilder
-from gateway.metadata.walk import Early, Walk, settled_page
+from gateway.metadata.walk import Walk, settled_page
 from gateway.origins.base import ListPage, ObjectInfo
 from gateway.origins.listing import paginate
 
-T = TypeVar("T")
-Load = Callable[..., Awaitable[Any]]
 ORIGIN_PAGE = 1000  # keys per origin page while walking a whole listing: S3's maximum
 _PAGE_ENTRY_BYTES = 330  # a ListEntry in a cached page, its strings and datetime
 
 
-class MetadataCache:
+class MetadataCache(Freshness):
     """HEAD and LIST answers per scope, with TTLs, SWR/SIE and coalesced misses."""
 
     def __init__(
@@ -116,17 +115,13 @@ class MetadataCache:
             listing_bytes - bodies,
             listing_bytes if whole_listing_bytes is None else whole_listing_bytes,
         )
-        self._clock = clock
-        self._on_event = on_event
+        super().__init__(clock, on_event)  # serving by age, flights, counts (freshness.py)
         self._heads = HeadTable(head_bytes)
         self._bodies = PageBodies(bodies)
         self._versions = itertools.count(1)  # of snapshots: what their bodies are keyed by
         # Keyed (scope, prefix) for whole listings and too-big markers,
         # (scope, prefix, delimiter, start_after, max_keys) for pages.
         self._lists = Lru(listing_bytes - bodies, self._dropped)
-        self._flights: Group[tuple[str, tuple[Any, ...]], Any] = Group()
-        self._walks: dict[tuple[str, Any], Walk] = {}  # whole listings being walked, by flight
-        self._counts = dict.fromkeys(("hits", "misses", "stale", "stale_error"), 0)
 
     async def head(
         self, scope: Hashable, key: str, policy: Policy, fetch: FetchHead
@@ -398,80 +393,15 @@ class MetadataCache:
         if isinstance(entry.value, Snapshot):
             self._bodies.drop(entry.value.version)
 
+    def _entry(self, kind: str, k: tuple[Any, ...]) -> Entry | None:
+        return self._heads.get(*k) if kind == "head" else self._lists.get(k)
+
     def _find_whole(self, scope: Hashable, prefix: str) -> tuple[Hashable, str] | None:
         for candidate in lookups.covering(prefix):
             entry = self._lists.entries.get((scope, candidate))
             if entry is not None and entry.value is not None:
                 return scope, candidate
         return None
-
-    # --- time and flights --------------------------------------------------------
-
-    async def _lookup(
-        self,
-        tag: str,
-        k: tuple[Any, ...],
-        load: Load,
-        policy: Policy,
-        entry: Entry | None,
-        early: Early | None = None,
-    ) -> Lookup[Any]:
-        """Serve ``entry`` (the one at ``k``, looked up by the caller) if fresh (``hit``)
-        or revalidating (``stale``, starting one refresh), else join or start the
-        flight for it (``miss``; see ``_join`` for ``early``), falling back on an
-        origin failure to a stale entry still young enough."""
-        kind = "head" if tag == "head" else "list"
-        held = self._held(tag, k, load, policy, entry)
-        if held is not None:
-            return held
-        try:
-            loaded = await self._join((tag, k), load, early)
-            return self._served(kind, loaded, "miss", policy.label)
-        except OriginUnavailable:
-            # Again: invalidation may have dropped it meanwhile.
-            entry = self._heads.get(*k) if kind == "head" else self._lists.get(k)
-            if lookups.usable(entry, self._clock(), policy.stale_if_error):
-                return self._served(kind, entry.value, "stale_error", policy.label)
-            self._count(kind, "miss", policy.label)
-            raise
-        except Exception:
-            self._count(kind, "miss", policy.label)
-            raise
-
-    def _held(
-        self, tag: str, k: tuple[Any, ...], load: Load, policy: Policy, entry: Entry | None
-    ) -> Lookup[Any] | None:
-        """``entry`` served without waiting if fresh (``hit``) or revalidating (``stale``,
-        starting one refresh); None if only a flight can answer."""
-        kind = "head" if tag == "head" else "list"
-        now = self._clock()
-        if entry is not None and now < entry.fresh_until:
-            return self._served(kind, entry.value, "hit", policy.label)
-        if lookups.usable(entry, now, policy.stale_while_revalidate):
-            if (tag, k) not in self._flights:  # exactly one refresh; nobody awaits it
-                self._flights.start((tag, k), load).add_done_callback(
-                    partial(lookups.log_refresh_failure, (tag, k))
-                )
-            return self._served(kind, entry.value, "stale", policy.label)
-        return None
-
-    async def _join(self, fk: tuple[str, Any], load: Load, early: Early | None) -> Any:
-        """The flight's answer; with ``early``, a whole listing's walk is watched as it
-        grows, and the page ``early`` finds settled by the origin pages so far is
-        answered at once (the walk goes on for everyone else; why this is sound:
-        ``walk.py``). A write during the walk detaches it, as it would the whole
-        answer: its waiters still get what it read."""
-        if early is not None and fk not in self._flights:
-            walk = self._walks[fk] = Walk(SnapshotBuilder(fk[1][1]))
-            load = partial(load, walk=walk)
-        task = self._flights.start(fk, load)
-        watched = self._walks.get(fk) if early is not None else None
-        while watched is not None and not task.done():
-            page = early(watched.builder)  # type: ignore[misc]
-            if page is not None:
-                return page
-            await asyncio.wait([task, watched.growth], return_when=asyncio.FIRST_COMPLETED)
-        return await asyncio.shield(task)
 
     def _drop_where(
         self,
@@ -485,15 +415,3 @@ class MetadataCache:
         # Detach, don't cancel: waiters still get an answer, but a fetch that
         # began before the write must not store what it read.
         self._flights.detach_where(lambda fk: (head if fk[0] == "head" else lists)(fk[1]))
-
-    def _count(self, kind: str, state: str, label: str = "") -> None:
-        if state in lookups.COUNTERS:
-            self._counts[lookups.COUNTERS[state]] += 1
-        if self._on_event is not None:
-            self._on_event(kind, state, label)
-
-    def _served(self, kind: str, value: T, state: str, label: str) -> Lookup[T]:
-        # None is a too-big verdict, not an answer: the page lookup after it counts.
-        if value is not None:
-            self._count(kind, state, label)
-        return Lookup(value, state)

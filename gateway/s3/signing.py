@@ -1,10 +1,11 @@
-"""What SigV4 and SigV2 verification share: the wire's encodings and dates.
+"""What SigV4 and SigV2 verification share: the request they read, the wire's encodings and dates.
 
-Both schemes read the same query strings and the same date headers, and must
-turn undecodable request bytes into the same text: one decoder, one date
-parser, one formatter for the error fields S3 returns (``Expires``,
-``ServerTime``, ``StringToSignBytes``). ``sigv4.py`` and ``sigv2.py`` import
-these; neither reaches into the other's private helpers.
+Both schemes verify the same ``RequestView`` (a request as received, free of
+the HTTP framework), read the same query strings and the same date headers,
+and must turn undecodable request bytes into the same text: one decoder, one
+date parser, one formatter for the error fields S3 returns (``Expires``,
+``ServerTime``, ``StringToSignBytes``). ``sigv4.py`` (with ``sigv4_claim.py``)
+and ``sigv2.py`` import these; neither reaches into the other's private helpers.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import re
 import time
 from calendar import timegm
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from types import MappingProxyType
@@ -21,6 +23,16 @@ from urllib.parse import quote, unquote_to_bytes
 
 NO_DATE = "AWS authentication requires a valid Date or x-amz-date header"
 AMZ_DATE = re.compile(r"[0-9]{8}T[0-9]{6}Z")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestView:
+    """What verification needs of a request, independent of the HTTP framework."""
+
+    method: str
+    raw_path: str  # as sent on the request line, percent-encoding intact, no '?query'
+    raw_query: str  # as sent, without '?'; '' if none
+    headers: Mapping[str, str]  # case-insensitive; repeated headers via getall()
 
 
 @functools.lru_cache(maxsize=4096)  # pure: clients repeat credentials, dates and header lists

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from gateway.s3 import signing
 from gateway.s3.errors import Code, S3Error
 from gateway.s3.routing import split_host
-from gateway.s3.sigv4 import RequestView
+from gateway.s3.signing import RequestView
 
 # Signed query parameters: S3's documented list, plus what botocore and the Java SDK sign.
 _SUBRESOURCES = frozenset(
