@@ -25,12 +25,14 @@ class NoSuchBucket(NotFound):
 class NoSuchKey(NotFound):
     """``headers``: what the origin's 404 said about the key, sent on with it
     (S3: ``x-amz-delete-marker`` and ``x-amz-version-id`` when the current
-    version is a delete marker)."""
+    version is a delete marker). ``age``: seconds since the origin said so (a
+    sibling worker's answer, ``node/pages.py``), so a cache of it keeps its TTL."""
 
-    def __init__(self, key: str, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, key: str, headers: dict[str, str] | None = None, age: float = 0.0) -> None:
         super().__init__("The specified key does not exist.")
         self.key = key
         self.headers = headers or {}
+        self.age = age
 
 
 class InvalidBucketName(HoardError):

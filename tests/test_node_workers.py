@@ -75,6 +75,18 @@ def test_list_and_head_storms_cost_one_origin_request_per_node(node, proxy, orig
         assert proxy.counts == origin, proxy.counts
 
 
+def test_a_missing_key_costs_one_origin_head_per_node_over_time(node, proxy, bucket):
+    """A 404 one worker learned is the node's for the negative TTL, as a found
+    object in the store is: HEADs one after another, each on a connection of its
+    own (SO_REUSEPORT spreads them over both workers: all 24 on one worker has a
+    chance of 2^-23), cost one origin HEAD, not one per worker."""
+    url = f"{node.endpoint}/{bucket}/gone/{os.urandom(4).hex()}"
+    proxy.reset()
+    statuses = [asyncio.run(_storm("HEAD", [url]))[0] for _ in range(24)]
+    assert statuses == [404] * 24
+    assert proxy.counts == {"HeadObject": 1, "HeadBucket": 1}, proxy.counts
+
+
 def test_stats_and_metrics_are_the_nodes_from_either_worker(node, origin_client, bucket):
     origin_client.put_object(Bucket=bucket, Key="stats/one", Body=os.urandom(MiB))
     asyncio.run(_storm("GET", [f"{node.endpoint}/{bucket}/stats/one"] * 8))

@@ -307,7 +307,7 @@ class MetadataCache(Freshness):
             answer = await fetch()
         except NoSuchKey as exc:
             if self._flights.owns(("head", k)):
-                self._store("head", k, None, policy.negative_ttl, learned=learned,
+                self._store("head", k, None, policy.negative_ttl, learned=learned - exc.age,
                             absent=exc.headers)  # fmt: skip
             raise
         if isinstance(answer, Aged):

@@ -26,6 +26,7 @@ place that names every tier a change reaches, blocks included.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Awaitable, Callable, Hashable
@@ -97,9 +98,13 @@ class SharedAnswers(Protocol):
         self, scope: Scope, query: tuple[str, str, str, int], ask: Callable[[], Awaitable[ListPage]]
     ) -> ListPage: ...
 
-    def leave_missing(self, scope: Scope, key: str, missing: errors.NotFound) -> None: ...
+    def leave_missing(
+        self, scope: Scope, key: str, missing: errors.NotFound, learned: int
+    ) -> None: ...
 
-    def raise_missing(self, scope: Scope, key: str, asked: float) -> None: ...
+    def raise_missing(
+        self, scope: Scope, key: str, since: float, believable: Callable[[int], bool]
+    ) -> None: ...
 
 
 class MetadataSource:
@@ -249,25 +254,31 @@ class MetadataSource:
         sibling worker that fetched the key flushed it before opening the lock,
         so a read taken before the lock would only be read again after it,
         which cost every cold object a second trip to the store's thread.
+
+        A key found missing is not in the store; the worker that learned it leaves
+        the 404 beside it (``node/pages.py``) with the journal's ``seq`` from before
+        its origin request. A sibling answers that 404 within ``negative_ttl`` of it
+        unless a write of the key came after, as it would its own (so a HEAD storm
+        of a missing key costs the node one origin request, however the storm is
+        spread over the workers and over time).
         """
         if self.store is None:
             return await self._known_or(mount, okey, None, fetch)
         scope = scope_of(mount)
         asked = time.time()
-        async with self.store.fetch_lock(scope, okey) as waited:
+        async with self.store.fetch_lock(scope, okey):
             stored = await self._believable(scope, okey)
             if stored is not None and stored.age < mount.metadata_ttl:
                 return Aged(stored.info, stored.age)
-            # A sibling that found it missing did so holding this lock: only a wait for
-            # the lock can have let it answer after ``asked``.
-            if waited and self._shared is not None:
-                self._shared.raise_missing(scope, okey, asked)
+            if self._shared is not None:  # a 404 a sibling learned within the negative TTL
+                current = functools.partial(self.journal.current, *scope, okey)
+                self._shared.raise_missing(scope, okey, asked - mount.negative_ttl, current)
             learned = self.journal.seq()  # before asking: a write after it makes this suspect
             try:
                 answer = await self._known_or(mount, okey, stored, fetch)
             except errors.NotFound as missing:
                 if self._shared is not None:
-                    self._shared.leave_missing(scope, okey, missing)
+                    self._shared.leave_missing(scope, okey, missing, learned)
                 raise
             if not isinstance(answer, Aged):  # a confirmed row was refreshed in the store
                 self.store.save(scope, okey, answer, learned)

@@ -8,15 +8,19 @@ kind ``page``), a worker first looks for the page a sibling finished after
 it asked, and only then asks the origin and leaves the page in
 ``cache.dir/node/pages/`` for the siblings waiting behind it.
 
-A HEAD of a key is coalesced by the same lock (``Reader._stored_or``), and a
-found object is then in the node's metadata store; a missing one is not, so
-the worker that learned it is missing leaves that here too (``leave_missing``)
-and a sibling that asked meanwhile answers the same 404 (``raise_missing``).
+A HEAD of a key is coalesced by the same lock (``MetadataSource._stored_or``),
+and a found object is then in the node's metadata store; a missing one is not,
+so the worker that learned it is missing leaves that here too
+(``leave_missing``), with the journal's ``seq`` read before its origin request.
+A sibling answers the same 404 (``raise_missing``) for as long as its own
+negative entry would have lived, unless the journal knows of a write of the
+key after that ``seq``: the node's 404 is one answer, as a found object is.
 
-An answer found is exactly what joining the sibling's flight would have given:
+A page found is exactly what joining the sibling's flight would have given:
 it was still being fetched when this worker asked. Older pages are never
 used (they are the metadata cache's business, with its TTLs), and files
-older than ``KEEP`` seconds are removed now and then.
+older than ``KEEP`` seconds are removed now and then (so a negative TTL
+longer than ``KEEP`` is shared for ``KEEP`` at most: then each worker asks).
 """
 
 from __future__ import annotations
@@ -61,26 +65,35 @@ class SharedPages:
             await asyncio.to_thread(self._write, path, name, codec.jsonable(page))
             return page
 
-    def leave_missing(self, scope: tuple[str, str], key: str, missing: errors.NotFound) -> None:
-        """``key`` was just found missing (under its fetch lock): tell the siblings."""
+    def leave_missing(
+        self, scope: tuple[str, str], key: str, missing: errors.NotFound, learned: int
+    ) -> None:
+        """``key`` was just found missing (under its fetch lock), asked at journal
+        ``seq`` ``learned``: tell the siblings."""
         name = "\0".join((*scope, key, "missing"))
         if isinstance(missing, errors.NoSuchBucket):
-            answer = {"bucket": missing.bucket}
+            answer = {"bucket": missing.bucket, "learned": learned}
         elif isinstance(missing, errors.NoSuchKey):
-            answer = {"key": missing.key, "headers": missing.headers}
+            answer = {"key": missing.key, "headers": missing.headers, "learned": learned}
         else:
             return
         self._write(self._path(name), name, answer)
 
-    def raise_missing(self, scope: tuple[str, str], key: str, asked: float) -> None:
-        """Raise the 404 a sibling learned of ``key`` after ``asked``, if it did."""
+    def raise_missing(
+        self, scope: tuple[str, str], key: str, since: float, believable: Callable[[int], bool]
+    ) -> None:
+        """Raise the 404 a sibling learned of ``key`` after ``since``, if it did and
+        ``believable(learned)`` (no write of the key since it asked)."""
         name = "\0".join((*scope, key, "missing"))
-        body = _body(self._path(name), name, asked)
-        if body is None:
+        record = _record(self._path(name), name, since)
+        if record is None:
             return
-        if "bucket" in body:
-            raise errors.NoSuchBucket(body["bucket"])
-        raise errors.NoSuchKey(body["key"], body["headers"])
+        answer, age = record["answer"], max(0.0, time.time() - record["done"])
+        if not isinstance(answer.get("learned"), int) or not believable(answer["learned"]):
+            return
+        if "bucket" in answer:
+            raise errors.NoSuchBucket(answer["bucket"])
+        raise errors.NoSuchKey(answer["key"], answer["headers"], age=age)
 
     def _path(self, name: str) -> Path:
         digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
@@ -98,20 +111,22 @@ class SharedPages:
 
 def _read(path: Path, name: str, asked: float) -> ListPage | None:
     """The page a sibling finished fetching after ``asked``, if there is one."""
-    body = _body(path, name, asked)
+    record = _record(path, name, asked)
     try:
-        return None if body is None else codec.page_from(body)
+        return None if record is None else codec.page_from(record["answer"])
     except (ValueError, KeyError, TypeError):
         return None
 
 
-def _body(path: Path, name: str, asked: float) -> Any:
-    """The answer to ``name`` a sibling left after ``asked``, if there is one."""
+def _record(path: Path, name: str, since: float) -> dict[str, Any] | None:
+    """The record (answer, when done) of ``name`` a sibling left after ``since``."""
     try:
-        body = json.loads(path.read_bytes())
-        if body["name"] != name or body["done"] < asked:
+        record = json.loads(path.read_bytes())
+        if record["name"] != name or not record["done"] >= since:
             return None
-        return body["answer"]
+        if not isinstance(record["answer"], dict):
+            return None
+        return record
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
