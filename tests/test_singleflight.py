@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -128,6 +129,29 @@ async def test_flight_group_fill_outlives_a_cancelled_leader():
     assert await follower_task == b"abcd"
     assert fills == 1 and group.started == 1 and group.joined == 1
     assert group.get("block") is None
+
+
+async def test_a_fill_that_ran_since_a_moment_is_told_from_one_before_it():
+    release = asyncio.Event()
+
+    async def fill(flight: Flight) -> None:
+        await release.wait()
+        flight.append(b"ab")
+
+    group: FlightGroup[str] = FlightGroup()
+    before = time.monotonic()
+    group.join_or_start("early", 2, fill)
+    release.set()
+    await group.settled("early")
+    looked = time.monotonic()
+    assert group.get("early") is None  # ended, and gone from the running flights
+    assert group.ran_since("early", before)  # it ran while the caller looked elsewhere
+    assert not group.ran_since("early", looked)  # it was there before the caller looked
+    release.clear()
+    group.join_or_start("running", 2, fill)
+    assert group.ran_since("running", looked) and not group.ran_since("never", before)
+    release.set()
+    await group.settled("running")
 
 
 async def test_flight_short_fill_is_an_error():

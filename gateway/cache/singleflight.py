@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from typing import Any, Generic, TypeVar
 
@@ -178,6 +180,9 @@ class Flight:
             self.waiters -= 1
 
 
+_ENDED_KEPT = 4096  # fills whose end FlightGroup.ran_since remembers
+
+
 class FlightGroup(Generic[K]):
     """Starts at most one fill per key; the fill runs as a task owned by the group."""
 
@@ -187,9 +192,20 @@ class FlightGroup(Generic[K]):
         self._running: dict[K, asyncio.Future[None]] = {}  # the fill task of each flight
         self.started = 0  # fills started (one origin fetch each)
         self.joined = 0  # readers that joined a fill already running (coalesced)
+        # When the last fills ended (monotonic), so that a caller can tell a fill that
+        # ran while it looked elsewhere from a block that was there before (ran_since).
+        self._ended: OrderedDict[K, float] = OrderedDict()
 
     def get(self, key: K) -> Flight | None:
         return self._flights.get(key)
+
+    def ran_since(self, key: K, since: float) -> bool:
+        """Whether a fill of ``key`` is running, or ended after ``since``
+        (``time.monotonic()``; the last ``_ENDED_KEPT`` fills are remembered)."""
+        if key in self._flights:
+            return True
+        ended = self._ended.get(key)
+        return ended is not None and ended > since
 
     def join_or_start(
         self, key: K, length: int, fill: Callable[[Flight], Awaitable[None]]
@@ -234,6 +250,10 @@ class FlightGroup(Generic[K]):
         finally:
             if self._flights.get(key) is flight:
                 del self._flights[key]
+            self._ended[key] = time.monotonic()
+            self._ended.move_to_end(key)
+            if len(self._ended) > _ENDED_KEPT:
+                self._ended.popitem(last=False)
 
     async def close(self) -> None:
         await self._tasks.cancel()

@@ -202,6 +202,7 @@ class Prefetcher:
             self._pump(running)  # before this task ends: the freed slot is used at once
 
     async def _look_up(self, stream: Stream, index: int) -> None:
+        looked = time.monotonic()
         try:
             refs = await self._block_refs(stream.order.bucket, stream.keys[index], True)
         except Exception as exc:  # a missing or failing key must not stop the stream
@@ -209,9 +210,9 @@ class Prefetcher:
             stream.errors += 1
             log.debug("prefetch of %s skipped: %r", stream.keys[index], exc)
             return
-        # Looked at before anything else runs: a fill of block 0 running now is the
-        # one this lookup's GET started (or a reader's), and counts as fetched.
-        filling = bool(refs) and self._blocks.fills.get(refs[0].block) is not None
+        # A fill of block 0 that ran since the lookup began is the one this lookup's
+        # GET started (or a reader's), landed or not, and counts as fetched.
+        filling = bool(refs) and self._blocks.fills.ran_since(refs[0].block, looked)
         if stream.found(index, refs[0].length if refs else 0, refs[1:]) and refs:
             stream.in_flight_bytes += refs[0].length
             await self._fetch(stream, refs[0], filling)  # under this lookup's slot

@@ -211,12 +211,14 @@ class ShareRun:
     async def _object(self, index: int, key: str, slots: asyncio.Semaphore) -> None:
         done, failed = 0, 0
         try:
+            looked = time.monotonic()
             async with slots:  # a cold lookup is an origin request: it takes a slot too
                 refs = await self._reader.block_refs(self.spec.bucket, key)
-            # Looked at before this task waits again: a fill of block 0 running now is
-            # the one the lookup's GET started (or a reader's); it may land before the
-            # block's turn comes, and must still count as fetched, not as cached.
-            filling = {r.block for r in refs[:1] if self._blocks.fills.get(r.block) is not None}
+            # A fill of block 0 that ran since the lookup began is the one the lookup's
+            # GET started (or a reader's); it may have landed already (with workers > 1,
+            # while the lookup flushed the metadata to the shared store), and must still
+            # count as fetched, not as cached.
+            filling = {r.block for r in refs[:1] if self._blocks.fills.ran_since(r.block, looked)}
             mine = [ref for ref in refs if self._blocks.owns(ref)]
             async with asyncio.TaskGroup() as group:
                 for ref in mine:
