@@ -5,8 +5,9 @@ proxy). The first GET of an object is a miss, answered by the general path;
 the same GET again is a hit, answered by the hit path
 (``hoard_hit_path_responses_total`` counts it, the origin sees nothing). The
 two answers must carry the same status, headers and body, but for the date
-and the request id. Requests the hit path does not take (ranges,
-conditionals, ``response-*`` overrides, HEAD, bad signatures, denied keys,
+and the request id. A single byte range is a hit too (training loaders ask
+``bytes=0-8388607`` of every small object). Requests the hit path does not
+take (a range past the end, conditionals, ``response-*`` overrides, HEAD, bad signatures, denied keys,
 objects of more than one block) must get the general path's answer while
 the object is hot, and must not be counted as hits.
 """
@@ -150,9 +151,8 @@ def test_requests_the_hit_path_leaves_to_the_general_path(node, seeded) -> None:
     etag = _get(node, target).headers["ETag"]
     hits = _hits(node)
 
-    ranged = _get(node, target, {"Range": "bytes=10-19"})
-    assert (ranged.status, ranged.body) == (206, SMALL[10:20])
-    assert ranged.headers["Content-Range"] == f"bytes 10-19/{len(SMALL)}"
+    past = _get(node, target, {"Range": f"bytes={len(SMALL)}-"})
+    assert past.status == 416 and b"<Code>InvalidRange</Code>" in past.body
     unchanged = _get(node, target, {"If-None-Match": etag})
     assert (unchanged.status, unchanged.body) == (304, b"")
     other = _get(node, target, {"If-Match": '"0123456789abcdef0123456789abcdef"'})
@@ -172,6 +172,42 @@ def test_requests_the_hit_path_leaves_to_the_general_path(node, seeded) -> None:
     assert _get(node, big).body == BIG
     assert _get(node, big).body == BIG  # held, but two blocks: the general path
     assert _hits(node) == hits
+
+
+def test_a_single_range_is_a_hit_answered_as_the_general_path_answers_it(
+    node, proxy, seeded
+) -> None:
+    """Each range from memory and from disk (sendfile at an offset), against the general
+    path's answer to the same range (``x-amz-checksum-mode: DISABLED`` sends it there
+    and changes nothing in the answer)."""
+    for name, body, tier in (("small.bin", SMALL, "memory"), ("medium.bin", MEDIUM, "disk")):
+        target, size = f"/{seeded}/{name}", len(body)
+        assert _miss(node, target, tier).status == 200
+        gets = proxy.counts["GET"]
+        wanted = {
+            "bytes=0-8388607": (206, body),  # what s3torchconnector and DLIO ask
+            "bytes=10-19": (206, body[10:20]),
+            "bytes=-7": (206, body[-7:]),
+            f"bytes={size - 3}-": (206, body[-3:]),
+            "bytes=0-1,3-4": (200, body),  # several ranges: S3 sends the whole object
+            "bytes=9-2": (200, body),  # not a range: ignored
+        }
+        for value, (status, part) in wanted.items():
+            hits = _hits(node, tier)
+            general = _get(node, target, {"Range": value, "x-amz-checksum-mode": "DISABLED"})
+            assert _hits(node, tier) == hits, value  # the general path's answer
+            hit = _get(node, target, {"Range": value})
+            assert (hit.status, hit.body) == (status, part), value
+            _same_answer(general, hit)
+            assert _hits(node, tier) == hits + 1, value
+        whole = _get(node, target, {"Range": "bytes=0-8388607"})
+        assert whole.headers["Content-Range"] == f"bytes 0-{size - 1}/{size}"
+        assert whole.headers["Content-Length"] == str(size)
+        line = logged(
+            node, _get(node, target, {"Range": "bytes=10-19"}).headers["x-amz-request-id"]
+        )
+        assert (line["status"], line["bytes"], line["source"]) == (206, 10, tier)
+        assert proxy.counts["GET"] == gets  # every one of them from the cache
 
 
 def test_signatures_and_key_limits_still_hold_for_held_objects(node, seeded) -> None:

@@ -12,12 +12,21 @@ first, so a write acknowledged by any worker is seen), a header block rendered
 once per object version, and the body (memory bytes in one ``writelines``, or
 a disk segment with sendfile through the ``BodySender``).
 
+A single byte range is a hit too: training loaders read small objects with a
+ranged GET (s3torchconnector and DLIO ask ``bytes=0-8388607`` of every object),
+so a range the hit path left to the general path made every warm epoch of
+theirs pay the general path. The range is read as the general path reads it
+(``ranges.parse_range``; a header S3 ignores is the whole object, 200), and
+answered with the same 206, ``Content-Range`` and length; the header block
+kept per object holds the object's own headers once, for both answers.
+
 What the hit path takes is decided before anything is answered, and whatever
 it does not take goes to the general path untouched, which then answers as if
 the hit path did not exist: anything but a GET over HTTP/1.1 with
 keep-alive (HEAD too: it reads no block, and the general path answers it
-from metadata alone); ``Range``, conditionals (``If-*``),
-``x-amz-checksum-mode``, ``Expect``, ``response-*`` overrides; anything the
+from metadata alone); a range past the end (the general path's 416),
+conditionals (``If-*``), ``x-amz-checksum-mode``, ``Expect``, ``response-*``
+overrides; anything the
 front refuses (a bad signature, a denied key: the general path answers the
 S3 error); objects larger than one
 block, empty ones, ones not held in memory or on disk (a miss fills through
@@ -43,13 +52,14 @@ request until ``resume_writing``): a client that stops reading holds one answer.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from email.utils import formatdate
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 from aiohttp.http import HttpVersion11
@@ -67,12 +77,13 @@ from gateway.s3.call import Call
 from gateway.s3.errors import S3Error
 from gateway.s3.front import S3Front
 from gateway.s3.objects import OVERRIDES, cut_reason, object_headers
+from gateway.s3.ranges import parse_range
 
 log = logging.getLogger(__name__)
 
 # A request carrying any of these is answered by the general path.
 _GENERAL_HEADERS = (
-    "Range", "If-Match", "If-None-Match", "If-Modified-Since", "If-Unmodified-Since",
+    "If-Match", "If-None-Match", "If-Modified-Since", "If-Unmodified-Since",
     "x-amz-checksum-mode", "x-amz-copy-source", "Expect",
 )  # fmt: skip
 _GENERAL_LOWER = frozenset(name.lower() for name in (*_GENERAL_HEADERS, "Content-Length"))
@@ -82,6 +93,8 @@ _HANDED = 1024  # wire requests handed on whose verified caller is kept (a close
 # Set per request, never from the object (the general path's prepare hook sets them too).
 _PER_REQUEST = ("Server", "x-amz-request-id", "x-amz-id-2")
 _OWN_LOWER = frozenset(name.lower() for name in (*_PER_REQUEST, "Content-Length"))
+_OK, _PARTIAL = b"HTTP/1.1 200 OK\r\n", b"HTTP/1.1 206 Partial Content\r\n"
+Span = tuple[int, int] | None  # the inclusive bytes a range selects; None: the whole object
 
 Account = Callable[[web.BaseRequest, int, int, float], None]
 
@@ -120,8 +133,11 @@ class HitPath:
         self._body = body
         self._new_id = new_id
         self._account = account
-        # (bucket, key) -> (the metadata it was rendered from, status line and headers)
-        self._blocks: OrderedDict[tuple[str, str], tuple[ObjectInfo, bytes, bool]] = OrderedDict()
+        # (bucket, key) -> the metadata it was rendered from, its whole answer's status
+        # line and headers, its own headers alone (for a range), whether they hold a Date
+        self._blocks: OrderedDict[tuple[str, str], tuple[ObjectInfo, bytes, bytes, bool]] = (
+            OrderedDict()
+        )
         self._date = (0, "")
         # id(message) -> (message, principal, credentials generation) of wire requests
         # admitted but not answered there.
@@ -151,8 +167,13 @@ class HitPath:
             held = None
         head = None
         if held is not None:
-            info, piece, tier = held
-            head = self._head(request, call.bucket, call.key, info, piece, tier, transport)
+            info, whole, tier = held
+            span = _span(message.headers.get("Range"), info.size, whole)
+            if span is not False:
+                piece = _part(whole, span)
+                head = self._head(request, call.bucket, call.key, info, span, tier, transport)
+                if head is None and isinstance(piece, FileSegment):
+                    piece.release()
         if head is None:
             self._hand_on(message, call)
             return False
@@ -167,7 +188,8 @@ class HitPath:
             if isinstance(piece, FileSegment):
                 piece.release()
         self._metrics.hit(tier)
-        self._account(request, 200, info.size, time.perf_counter() - started)  # type: ignore[arg-type]
+        status, length = _status(span, info.size)
+        self._account(request, status, length, time.perf_counter() - started)  # type: ignore[arg-type]
         return True
 
     async def answer(self, request: web.Request) -> web.StreamResponse | None:
@@ -192,11 +214,17 @@ class HitPath:
             return None
         if held is None:
             return None
-        info, piece, tier = held
+        info, whole, tier = held
         transport = request.transport
+        span = _span(request.headers.get("Range"), info.size, whole)
+        if span is False:
+            return None
+        piece = _part(whole, span)
         head = None if transport is None else self._head(request, call.bucket, call.key, info,
-                                                         piece, tier, transport)  # fmt: skip
+                                                         span, tier, transport)  # fmt: skip
         if head is None:
+            if isinstance(piece, FileSegment):
+                piece.release()
             return None
         try:
             if isinstance(piece, FileSegment):
@@ -208,7 +236,8 @@ class HitPath:
         except Exception as exc:  # the headers are gone: cut, as objects._stream does
             _cut(request, transport, exc, 0)
         self._metrics.hit(tier)
-        self._account(request, 200, info.size, time.perf_counter() - started)
+        status, length = _status(span, info.size)
+        self._account(request, status, length, time.perf_counter() - started)
         return _Sent()
 
     def _hand_on(self, message: RawRequestMessage, call: Call) -> None:
@@ -239,38 +268,49 @@ class HitPath:
 
     def _head(
         self, request: web.BaseRequest | WireRequest, bucket: str, key: str, info: ObjectInfo,
-        piece: Piece, tier: str, transport: asyncio.Transport,
+        span: Span, tier: str, transport: asyncio.Transport,
     ) -> bytes | None:  # fmt: skip
-        """The status line and headers of the answer; None if they cannot be sent as they
-        are (the general path refuses them as it always did) or the client is gone."""
+        """The status line and headers of the answer (of ``span`` of the object; None: all
+        of it); None if they cannot be sent as they are (the general path refuses them as
+        it always did) or the client is gone. The caller still holds the body."""
         rendered = self._rendered(bucket, key, info)
         if rendered is None or transport.is_closing():
-            if isinstance(piece, FileSegment):
-                piece.release()
             return None
-        block, dated = rendered
+        whole, own, dated = rendered
+        if span is None:
+            block, length = whole, info.size
+        else:
+            start, end = span
+            length = end - start + 1
+            block = b"".join((_PARTIAL, own, (f"Content-Range: bytes {start}-{end}/{info.size}"
+                                              f"\r\nContent-Length: {length}\r\n").encode()))  # fmt: skip
         now = self._now() if not dated else ""
         request_id = request[keys.REQUEST_ID]
         tail = (f"{now}Server: Hoard\r\nx-amz-request-id: {request_id}\r\n"
                 f"x-amz-id-2: {request_id}\r\n\r\n").encode()  # fmt: skip
-        request[keys.SOURCE], request[keys.SERVED] = tier, {tier: info.size}
+        request[keys.SOURCE], request[keys.SERVED] = tier, {tier: length}
         return block + tail
 
-    def _rendered(self, bucket: str, key: str, info: ObjectInfo) -> tuple[bytes, bool] | None:
-        """``info``'s status line and headers up to the per-request ones, and whether they
-        hold a ``Date`` of the origin's (then kept, as aiohttp keeps a handler's)."""
+    def _rendered(
+        self, bucket: str, key: str, info: ObjectInfo
+    ) -> tuple[bytes, bytes, bool] | None:
+        """``info``'s whole answer's status line and headers up to the per-request ones,
+        its own headers alone, and whether they hold a ``Date`` of the origin's (then
+        kept, as aiohttp keeps a handler's)."""
         kept = self._blocks.get((bucket, key))
         # Metadata held packed is unpacked anew when read again: equal is as good as same.
         if kept is not None and (kept[0] is info or kept[0] == info):
             self._blocks.move_to_end((bucket, key))
-            return kept[1], kept[2]
+            return kept[1], kept[2], kept[3]
         rendered = _render(info)
         if rendered is None:
             return None
-        self._blocks[(bucket, key)] = (info, *rendered)
+        own, dated = rendered
+        whole = b"".join((_OK, own, f"Content-Length: {info.size}\r\n".encode()))
+        self._blocks[(bucket, key)] = (info, whole, own, dated)
         if len(self._blocks) > _HEADER_BLOCKS:
             self._blocks.popitem(last=False)
-        return rendered
+        return whole, own, dated
 
     def _now(self) -> str:
         """The ``Date`` line, formatted once per second."""
@@ -281,10 +321,10 @@ class HitPath:
 
 
 def _render(info: ObjectInfo) -> tuple[bytes, bool] | None:
-    """The status line and the object's headers (``object_headers``, then its length),
-    without the per-request ones; and whether the origin's ``Date`` is among them. None:
-    a value aiohttp would refuse to send (a line break), for the general path to refuse."""
-    lines = ["HTTP/1.1 200 OK\r\n"]
+    """The object's headers (``object_headers``), without the status line, the length
+    and the per-request ones; and whether the origin's ``Date`` is among them. None: a
+    value aiohttp would refuse to send (a line break), for the general path to refuse."""
+    lines = []
     dated = False
     for name, value in object_headers(info).items():
         lower = name.lower()
@@ -294,8 +334,37 @@ def _render(info: ObjectInfo) -> tuple[bytes, bool] | None:
             return None
         dated = dated or lower == "date"
         lines.append(f"{name}: {value}\r\n")
-    lines.append(f"Content-Length: {info.size}\r\n")
     return "".join(lines).encode(), dated
+
+
+def _span(header: str | None, size: int, piece: Piece) -> Span | Literal[False]:
+    """The bytes a ``Range`` header selects, as the general path reads it (None: the whole
+    object, also for a header S3 ignores); False for a range past the end, which the
+    general path answers (416), with ``piece`` released if it is a file's."""
+    spec = parse_range(header) if header is not None else None
+    if spec is None or not spec.applies(size):
+        return None
+    try:
+        return spec.resolve(size)
+    except errors.RangeNotSatisfiable:
+        if isinstance(piece, FileSegment):
+            piece.release()
+        return False
+
+
+def _part(piece: Piece, span: Span) -> Piece:
+    """The bytes of ``span`` of a whole object's ``piece``."""
+    if span is None:
+        return piece
+    start, end = span
+    if isinstance(piece, FileSegment):
+        return dataclasses.replace(piece, offset=piece.offset + start, count=end - start + 1)
+    return piece[start : end + 1]
+
+
+def _status(span: Span, size: int) -> tuple[int, int]:
+    """The answer's status and body length."""
+    return (200, size) if span is None else (206, span[1] - span[0] + 1)
 
 
 def _plain(request: web.Request) -> bool:
