@@ -15,6 +15,12 @@ own interpreter (``--python``: a virtualenv with its requirements, kept out
 of Hoard's environment), once per target, each with its own config file
 (``S3TEST_CONF``) and junit XML; both servers are stopped at the end.
 
+A test whose teardown cannot empty its bucket fails the setup of the tests
+after it (the suite nukes every bucket of its prefix around each test): through
+Hoard, ``test_multi_object*_delete_key_limit`` leave 1001 keys behind (Hoard
+refuses a 1001-key DeleteObjects, as S3 does; moto deletes them) and moto's
+version listing then stops early, so those are best run on their own.
+
 This is a tool for the lead and for triage, not part of the test suite: the
 regressions it finds are pinned in ``tests/test_conformance.py`` and friends.
 
@@ -164,13 +170,15 @@ def run_both(args: argparse.Namespace, workdir: Path) -> dict[str, dict[str, Out
     moto.start()
     hoard = None
     try:
-        hoard = HoardProcess(
-            workdir / "hoard", hoard_config(f"http://127.0.0.1:{moto_port}", args.anonymous)
-        )
+        config = hoard_config(f"http://127.0.0.1:{moto_port}", args.anonymous)
+        hoard = HoardProcess(workdir / "hoard", {**config, "workers": args.workers})
         hoard.start()
         results = {}
         for target, port in (("moto", moto_port), ("hoard", urlsplit(hoard.endpoint).port)):
             assert port is not None
+            if target == "moto" and args.moto_results is not None:
+                results[target] = outcomes(args.moto_results)  # an earlier run's, same -k
+                continue
             junit = workdir / f"{target}.xml"
             conf = write_conf(workdir, target, port)
             print(f"running the suite against {target} (port {port}) ...", file=sys.stderr)
@@ -226,6 +234,12 @@ def main() -> int:
     )
     parser.add_argument("--python", default="/work/s3t-venv/bin/python",
                         help="an interpreter with the suite's requirements")  # fmt: skip
+    parser.add_argument("--workers", type=int, default=1, help="Hoard's worker processes")
+    parser.add_argument(
+        "--moto-results",
+        type=Path,
+        help="moto's junit XML of an earlier run with the same -k (not rerun)",
+    )
     parser.add_argument("--out", type=Path, help="keep configs, junit XML and logs here")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per target")
     parser.add_argument("--all", action="store_true", help="list every test, not only differences")
