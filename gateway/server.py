@@ -12,8 +12,9 @@ request for it still lists the bucket.
 Every request is answered by Hoard and accounted (a metric and an access-log
 line), whatever it is: the catch-all route matches any path S3 accepts (a key
 may hold a newline), a request the router or a handler still refuses becomes
-an S3 XML error here, an ``Expect`` value other than ``100-continue`` is
-ignored instead of answered with aiohttp's plain-text 417, and what aiohttp's
+an S3 XML error here, ``100 Continue`` is sent only once a request is
+admitted, an ``Expect`` value other than ``100-continue`` is ignored instead
+of answered with aiohttp's plain-text 417, and what aiohttp's
 HTTP parser refuses before any handler runs is answered by ``rejected``
 (installed by ``listener.py``), as S3 XML with a request id too.
 """
@@ -28,7 +29,6 @@ import time
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
-from aiohttp.http import HttpVersion11
 
 from gateway import request_keys as keys
 from gateway.accesslog import AccessLog
@@ -38,7 +38,7 @@ from gateway.cluster.peers import PREFIX as PEER_PREFIX
 from gateway.hotwire import wire_answer
 from gateway.metrics import Metrics
 from gateway.s3 import xml
-from gateway.s3.front import S3Front
+from gateway.s3.front import S3Front, send_continue
 from gateway.s3.hits import HitPath
 from gateway.s3.routing import split_host
 
@@ -145,16 +145,12 @@ def rejected(app: web.Application, status: int, reason: str) -> web.Response:
 
 
 async def _expect(request: web.Request) -> None:
-    """``Expect: 100-continue`` is answered as aiohttp does; other values are ignored.
+    """Nothing yet: ``100 Continue`` goes out once a request is admitted (``send_continue``).
 
-    aiohttp's default answers them with a plain-text 417 before any middleware
-    runs; S3 clients do not send them, and ignoring one is what S3 does.
+    aiohttp's default would send it before any check (so a refused upload's
+    body came anyway), and answer other values with a plain-text 417 before
+    any middleware runs; S3 clients do not send them, and ignoring one is what S3 does.
     """
-    if request.version != HttpVersion11:
-        return
-    if request.headers.get("Expect", "").lower() == "100-continue":
-        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        request.writer.output_size = 0  # the answer's own bytes are still to come
 
 
 def _body_bytes(request: web.Request, response: web.StreamResponse) -> int:
@@ -208,8 +204,10 @@ def build_app(
         path = request.raw_path.split("?", 1)[0]
         if peers is not None and path.startswith(PEER_PREFIX):
             request[keys.OPERATION] = "Peer"
+            await send_continue(request)
             return await peers.handle(request, path)  # signed by the cluster secret
         if path.startswith("/_hoard/"):
+            await send_continue(request)
             return await _open_endpoints(request, path) or await admin.handle(request, path)
         if _is_scrape(request, path, domains):
             return web.Response(

@@ -340,6 +340,33 @@ def test_anonymous_callers_read_objects_and_listings(node, buckets):
     assert (put.status_code, s3_error(put)) == (403, "AccessDenied")
 
 
+def test_a_refused_upload_gets_its_403_before_any_100_continue(node, buckets):
+    """s3-tests' test_100_continue: S3 refuses an unsigned PUT that expects 100-continue at
+    once. Hoard said "100 Continue" first (aiohttp's default), inviting a body it threw away.
+    The refusal closes the connection: the client's next bytes may or may not be that body.
+    An admitted upload still gets its 100 before it sends the body."""
+    target = f"/{buckets['mine']}/expecting.txt"
+    head = (
+        f"PUT {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 5\r\nExpect: 100-continue\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", node.port), timeout=10) as sock:
+        sock.sendall(f"{head}\r\n".encode())
+        answer = sock.recv(65536)  # the body is not sent: what comes is the final answer
+        assert answer.startswith(b"HTTP/1.1 403 "), answer
+        assert b"<Code>AccessDenied</Code>" in answer and b"Connection: close" in answer
+    host = f"127.0.0.1:{node.port}"
+    signed = sign_headers("PUT", host, target, {"Expect": "100-continue"}, body=b"hello")
+    signed.update({"Host": host, "Content-Length": "5"})
+    with socket.create_connection(("127.0.0.1", node.port), timeout=10) as sock:
+        sock.sendall(f"PUT {target} HTTP/1.1\r\n".encode())
+        sock.sendall("".join(f"{n}: {v}\r\n" for n, v in signed.items()).encode() + b"\r\n")
+        assert sock.recv(65536) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        sock.sendall(b"hello")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
+    stored = node.client().get_object(Bucket=buckets["mine"], Key="expecting.txt")
+    assert stored["Body"].read() == b"hello"
+
+
 # --------------------------------------------------------------------------- 5. cache files
 
 

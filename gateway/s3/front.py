@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from urllib.parse import parse_qsl
 
 from aiohttp import web
+from aiohttp.http import HttpVersion11
 
 from gateway import errors
 from gateway import request_keys as keys
@@ -105,6 +106,7 @@ class S3Front:
 
     async def _dispatch(self, request: web.Request, request_id: str) -> web.StreamResponse:
         call, served = self.admit(request, request_id)
+        await send_continue(request)  # admitted: now the client may send its body
         handler = HANDLERS[call.route.operation] if served else passthrough
         return await handler(call)
 
@@ -172,6 +174,32 @@ class S3Front:
                 status=exc.status, headers=exc.headers, content_type="application/xml"
             )
         body = xml.error(exc.code.name, exc.message, request[keys.REQUEST_ID], fields)
-        return web.Response(
+        response = web.Response(
             status=exc.status, body=body, headers=exc.headers, content_type="application/xml"
         )
+        if _expects_continue(request) and not request.get(keys.CONTINUED):
+            # The client holds its body back for a 100 it will not get: without a close,
+            # whether it sends the body anyway is unknown, and so is where its next request
+            # starts (RFC 9110 §15.2.1: the server says whether it reads on or closes).
+            response.force_close()
+        return response
+
+
+def _expects_continue(request: web.BaseRequest) -> bool:
+    return (
+        request.version == HttpVersion11
+        and request.headers.get("Expect", "").lower() == "100-continue"
+    )
+
+
+async def send_continue(request: web.BaseRequest) -> None:
+    """Answer ``Expect: 100-continue`` with ``100 Continue``, once, when the request may go on.
+
+    Not before: RFC 9110 §10.1.1 lets a server answer a request it refuses (a bad
+    signature, an anonymous write) with its final status at once, and S3 does, so
+    a refused client never sends a body only for it to be thrown away.
+    """
+    if _expects_continue(request) and not request.get(keys.CONTINUED):
+        request[keys.CONTINUED] = True
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the answer's own bytes are still to come

@@ -163,17 +163,8 @@ async def _stream(call: Call, response: web.StreamResponse, read: ObjectRead) ->
             await call.body.send(call.request, writer, piece)
             sent += count
         await response.write_eof()
-    except CLIENT_GONE:
-        log.debug("client went away mid-body, request %s", call.request_id)
-        _cut(call, "client_gone", sent)
     except Exception as exc:
-        # Headers are gone already; dropping the connection is the only honest
-        # signal left, so the client sees a short body rather than a wrong one.
-        reason = cut_reason(exc)
-        log.warning("response cut after %d of %d bytes, request %s: %s (%s)",
-                    sent, read.length, call.request_id, reason, exc,
-                    exc_info=reason == "error")  # fmt: skip
-        _cut(call, reason, sent)
+        cut_short(call, exc, sent, read.length)
 
 
 class _HeldHeaders(web.StreamResponse):
@@ -207,7 +198,20 @@ def cut_reason(exc: BaseException) -> str:
     return "error"
 
 
-def _cut(call: Call, reason: str, sent: int) -> None:
+def cut_short(call: Call, exc: Exception, sent: int, length: int | None) -> None:
+    """End an answer whose headers are gone after ``sent`` of ``length`` body bytes.
+
+    Dropping the connection is the only honest signal left, so the client sees
+    a short body rather than a wrong one; a client that left is its own doing
+    (a debug line), anything else a warning.
+    """
+    reason = cut_reason(exc)
+    if reason == "client_gone":
+        log.debug("client went away mid-body, request %s", call.request_id)
+    else:
+        log.warning("response cut after %d of %s bytes, request %s: %s (%s)",
+                    sent, length, call.request_id, reason, exc,
+                    exc_info=reason == "error")  # fmt: skip
     call.request[keys.CUT] = reason
     call.request[keys.SENT] = sent
     _drop_connection(call)

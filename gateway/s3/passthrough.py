@@ -25,6 +25,7 @@ from gateway.s3.checksums import of_the_body
 from gateway.s3.chunked import RequestBody, read_whole
 from gateway.s3.errors import Code, S3Error
 from gateway.s3.numbers import natural
+from gateway.s3.objects import cut_short
 
 # Client headers that describe the client's own request to Hoard, not the object.
 _NOT_FORWARDED = frozenset({
@@ -93,12 +94,25 @@ async def passthrough(call: Call) -> web.StreamResponse:
         if declared is not None and natural(declared) is not None:
             response.content_length = int(declared)
         await response.prepare(request)
-        async for chunk in answer.body:
-            await response.write(chunk)
-        await response.write_eof()
+        await _relay(call, response, answer.body, response.content_length)
     finally:
         await answer.aclose()
     return response
+
+
+async def _relay(
+    call: Call, response: web.StreamResponse, body: AsyncIterator[bytes], length: int | None
+) -> None:
+    """The origin's body to the client; cut short, as a GetObject's, when either end fails
+    midway (a client that stops reading and hangs up is its own doing, not a 500)."""
+    sent = 0
+    try:
+        async for chunk in body:
+            await response.write(chunk)
+            sent += len(chunk)
+        await response.write_eof()
+    except Exception as exc:
+        cut_short(call, exc, sent, length)
 
 
 def _stores_whole_object(call: Call) -> bool:
