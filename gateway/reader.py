@@ -138,10 +138,12 @@ class Reader:
         None is decided from what is held (no entry, a negative one, an empty
         object, more than one block, the block not held, or the entry replaced
         during the disk lookup) before the counted metadata lookup, so the
-        general read that follows counts its lookup once.
+        general read that follows counts its lookup once. A key this worker's
+        memory holds nothing of is looked up in the node's store first (a
+        sibling worker learned it; never the origin), and is then held here.
         """
         self.catch_up()
-        known = self._held_entry(bucket, key)
+        known = self._held_entry(bucket, key) or await self._stored_entry(bucket, key)
         if known is None:
             return None
         mount, okey, info = known
@@ -167,6 +169,15 @@ class Reader:
             return None
         read = self.source.held_for_read(mount, okey)
         return self._held_answer(bucket, key, info, read, found)
+
+    async def _stored_entry(self, bucket: str, key: str) -> tuple[Mount, str, ObjectInfo] | None:
+        """``_held_entry`` for a key this worker's memory holds nothing of but the node's
+        store does (a sibling worker learned it): it is held in memory from now on."""
+        mount = self.namespace.resolve(bucket)
+        okey = mount.origin_key(key)
+        if await self.source.held_in_store(mount, okey) is None:
+            return None
+        return self._held_entry(bucket, key)
 
     def _held_entry(self, bucket: str, key: str) -> tuple[Mount, str, ObjectInfo] | None:
         """The mount, origin key and held metadata of an object of one block (not empty)."""

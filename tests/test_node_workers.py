@@ -17,6 +17,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+import requests
 
 from gateway.cli import _parser, load
 from gateway.config import ConfigError
@@ -106,6 +107,40 @@ def test_stats_and_metrics_are_the_nodes_from_either_worker(node, origin_client,
         assert metric(node.endpoint, 'hoard_cache_limit_bytes{tier="memory"}') == 64 * MiB
         assert metric(node.endpoint, 'hoard_cache_bytes{tier="disk"}') == stored
         assert metric(node.endpoint, 'hoard_cache_limit_bytes{tier="disk"}') == 1024 * MiB
+
+
+def _fresh_get(url: str) -> bytes:
+    """One keep-alive GET on a connection of its own (SO_REUSEPORT picks the worker)."""
+    with requests.Session() as session:
+        answer = session.get(url, timeout=30)
+        assert answer.status_code == 200, answer.text
+        return answer.content
+
+
+# After the stats test: it counts the disk tier's bytes from empty.
+def test_a_worker_answers_on_the_hit_path_what_a_sibling_learned(
+    node, proxy, origin_client, bucket
+):
+    """A key read once, on either worker, is a hit-path answer on both from then on: the
+    worker that did not read it learns its metadata from the node's store, not from a
+    general-path read of its own. 16 keys read twice more on connections of their own
+    (spread over both workers): every read is a hit (the old code took the general path
+    on a worker's first sight of a key: three in four keys, expected 12 of the 32 reads)."""
+    keys = [f"sight/{os.urandom(4).hex()}" for _ in range(16)]
+    bodies = {key: os.urandom(4096) for key in keys}
+    for key, body in bodies.items():  # at the origin: a write through Hoard would cache it
+        origin_client.put_object(Bucket=bucket, Key=key, Body=body)
+    stored = metric(node.endpoint, 'hoard_cache_bytes{tier="disk"}')
+    for key in keys:  # the cold read: a miss on whichever worker the connection reaches
+        assert _fresh_get(f"{node.endpoint}/{bucket}/{key}") == bodies[key]
+    wanted = stored + 16 * 4096  # (each block file holds its header too)
+    wait_for(lambda: metric(node.endpoint, 'hoard_cache_bytes{tier="disk"}') >= wanted)
+    proxy.reset()
+    hits = metric(node.endpoint, "hoard_hit_path_responses_total")
+    for key in keys * 2:
+        assert _fresh_get(f"{node.endpoint}/{bucket}/{key}") == bodies[key]
+    assert metric(node.endpoint, "hoard_hit_path_responses_total") - hits == 32
+    assert sum(proxy.counts.values()) == 0, proxy.counts
 
 
 @pytest.mark.timeout(120)

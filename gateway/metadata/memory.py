@@ -184,10 +184,17 @@ class MetadataCache(Freshness):
             return None
         return entry.value, entry.learned
 
-    def put_head(self, scope: Hashable, key: str, info: ObjectInfo, policy: Policy) -> None:
-        """Remember ``info`` (a GET response carried it) as fresh for ``policy.ttl``."""
+    def put_head(
+        self, scope: Hashable, key: str, info: ObjectInfo, policy: Policy, age: float = 0.0
+    ) -> None:
+        """Remember ``info`` (a GET response carried it, or the node's store held it
+        ``age`` seconds old) as fresh for what is left of ``policy.ttl``."""
         self._flights.detach(("head", (scope, key)))  # a HEAD under way may be older
-        self._store("head", (scope, key), info, policy.ttl)
+        self._store("head", (scope, key), info, policy.ttl, learned=self._clock() - age)
+
+    def holds(self, scope: Hashable, key: str) -> bool:
+        """Whether anything is held of ``key``: an answer, fresh or stale, or a 404."""
+        return self._heads.peek(scope, key) is not None
 
     async def listing(
         self,

@@ -151,6 +151,21 @@ class MetadataSource:
 
         return self.memory.head_held(scope_of(mount), okey, policy_of(mount), refresh)
 
+    async def held_in_store(self, mount: Mount, okey: str) -> ObjectInfo | None:
+        """What the node's store holds of ``okey``, fresh and believable, now held in
+        memory too; None if memory already holds anything of it or the store has no such
+        answer (nothing is asked of the origin). For the hit path of a worker that has not
+        seen a key its siblings have: without it, every worker's first read of every key
+        took the general path, however long ago a sibling learned it."""
+        scope = scope_of(mount)
+        if self.store is None or mount.metadata_ttl <= 0 or self.memory.holds(scope, okey):
+            return None
+        stored = await self._believable(scope, okey)
+        if stored is None or stored.age >= mount.metadata_ttl or self.memory.holds(scope, okey):
+            return None  # (memory learned it meanwhile: that answer stands)
+        self.memory.put_head(scope, okey, stored.info, policy_of(mount), stored.age)
+        return stored.info
+
     async def listing(self, mount: Mount, prefix: str, delimiter: str, after: str,
                       max_keys: int) -> ListPage:  # fmt: skip
         """A page of ``mount``'s origin bucket, in origin keys."""
