@@ -59,7 +59,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from email.utils import formatdate
-from typing import Any, Literal
+from typing import Any
 
 from aiohttp import web
 from aiohttp.http import HttpVersion11
@@ -165,18 +165,11 @@ class HitPath:
         except Exception:  # nothing is sent yet: the general path answers, as S3 XML
             log.exception("hit path failed before answering, request %s", request[keys.REQUEST_ID])
             held = None
-        head = None
-        if held is not None:
-            info, whole, tier = held
-            span = _span(message.headers.get("Range"), info.size, whole)
-            if span is not False:
-                piece = _part(whole, span)
-                head = self._head(request, call.bucket, call.key, info, span, tier, transport)
-                if head is None and isinstance(piece, FileSegment):
-                    piece.release()
-        if head is None:
+        prepared = None if held is None else self._prepared(request, call, held, transport)
+        if prepared is None:
             self._hand_on(message, call)
             return False
+        head, piece, status, length, tier = prepared
         try:
             if isinstance(piece, FileSegment):
                 _write_segment(transport, sockfd, head, piece)
@@ -188,7 +181,6 @@ class HitPath:
             if isinstance(piece, FileSegment):
                 piece.release()
         self._metrics.hit(tier)
-        status, length = _status(span, info.size)
         self._account(request, status, length, time.perf_counter() - started)  # type: ignore[arg-type]
         return True
 
@@ -212,20 +204,11 @@ class HitPath:
         except Exception:  # nothing is sent yet: the general path answers, as S3 XML
             log.exception("hit path failed before answering, request %s", request[keys.REQUEST_ID])
             return None
-        if held is None:
-            return None
-        info, whole, tier = held
         transport = request.transport
-        span = _span(request.headers.get("Range"), info.size, whole)
-        if span is False:
+        prepared = None if held is None else self._prepared(request, call, held, transport)
+        if prepared is None or transport is None:
             return None
-        piece = _part(whole, span)
-        head = None if transport is None else self._head(request, call.bucket, call.key, info,
-                                                         span, tier, transport)  # fmt: skip
-        if head is None:
-            if isinstance(piece, FileSegment):
-                piece.release()
-            return None
+        head, piece, status, length, tier = prepared
         try:
             if isinstance(piece, FileSegment):
                 transport.write(head)  # the body follows with sendfile
@@ -236,7 +219,6 @@ class HitPath:
         except Exception as exc:  # the headers are gone: cut, as objects._stream does
             _cut(request, transport, exc, 0)
         self._metrics.hit(tier)
-        status, length = _status(span, info.size)
         self._account(request, status, length, time.perf_counter() - started)
         return _Sent()
 
@@ -265,6 +247,29 @@ class HitPath:
         if call.query and not OVERRIDES.keys().isdisjoint(call.query):
             return None  # response-* overrides: the general path checks and applies them
         return call
+
+    def _prepared(
+        self, request: web.BaseRequest | WireRequest, call: Call,
+        held: tuple[ObjectInfo, Piece, str], transport: asyncio.Transport | None,
+    ) -> tuple[bytes, Piece, int, int, str] | None:  # fmt: skip
+        """The answer to ``request`` from ``held`` (its ``Range`` read as the general path
+        reads it): the headers, the body, the status and length to account, the tier.
+        None, with a file's piece released, where the general path answers instead: a
+        range past the end (its 416), headers it would refuse, a client gone."""
+        info, whole, tier = held
+        try:
+            span = _span(request.headers.get("Range"), info.size)
+        except errors.RangeNotSatisfiable:
+            head, piece = None, whole
+        else:
+            piece = _part(whole, span)
+            head = None if transport is None else self._head(request, call.bucket, call.key,
+                                                             info, span, tier, transport)  # fmt: skip
+        if head is None:
+            if isinstance(piece, FileSegment):
+                piece.release()
+            return None
+        return head, piece, *_status(span, info.size), tier
 
     def _head(
         self, request: web.BaseRequest | WireRequest, bucket: str, key: str, info: ObjectInfo,
@@ -337,19 +342,13 @@ def _render(info: ObjectInfo) -> tuple[bytes, bool] | None:
     return "".join(lines).encode(), dated
 
 
-def _span(header: str | None, size: int, piece: Piece) -> Span | Literal[False]:
+def _span(header: str | None, size: int) -> Span:
     """The bytes a ``Range`` header selects, as the general path reads it (None: the whole
-    object, also for a header S3 ignores); False for a range past the end, which the
-    general path answers (416), with ``piece`` released if it is a file's."""
+    object, also for a header S3 ignores); ``RangeNotSatisfiable`` past the end."""
     spec = parse_range(header) if header is not None else None
     if spec is None or not spec.applies(size):
         return None
-    try:
-        return spec.resolve(size)
-    except errors.RangeNotSatisfiable:
-        if isinstance(piece, FileSegment):
-            piece.release()
-        return False
+    return spec.resolve(size)
 
 
 def _part(piece: Piece, span: Span) -> Piece:
