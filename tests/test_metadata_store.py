@@ -207,3 +207,32 @@ async def test_a_point_read_on_the_loop_sees_a_siblings_flush_and_falls_back_whe
     finally:
         await sibling.close()
         await mine.close()
+
+
+async def test_one_worker_answers_a_second_read_of_an_absent_key_without_sqlite(
+    tmp_path: Path,
+) -> None:
+    """Without sibling workers only this store's ``save`` adds rows: a key a read found
+    absent is answered absent once more without asking SQLite (a cold GET reads it on the
+    hit path, then under the fetch lock), and a save of it is seen by the next read, from
+    the database too once flushed."""
+    store = MetadataStore(tmp_path / "metadata.sqlite3", flush_interval=3600)
+    await store.start()
+    selects: list[str] = []
+    assert store._reader is not None
+    store._reader.set_trace_callback(
+        lambda sql: selects.append(sql) if sql.startswith("SELECT") else None
+    )
+    try:
+        assert await store.load(SCOPE, "plain") is None
+        assert await store.load(SCOPE, "plain") is None
+        assert len(selects) == 1
+        assert await store.load(SCOPE, "plain") is None  # each remembered miss answers one read
+        assert len(selects) == 2
+        store.save(SCOPE, "plain", ANSWERS[0], learned=5)
+        await store.flush()
+        stored = await store.load(SCOPE, "plain")
+        assert stored is not None and (stored.info, stored.learned) == (ANSWERS[0], 5)
+        assert len(selects) == 3  # read from the database: the save forgot the miss
+    finally:
+        await store.close()

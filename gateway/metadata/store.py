@@ -57,6 +57,7 @@ Scope = tuple[str, str]
 _Row = tuple[str, float, int, str | bytes, int, int | None]
 log = logging.getLogger(__name__)
 _WAL_PAGES = 256  # write-ahead log pages before a checkpoint (1 MiB)
+_ABSENT_KEPT = 4096  # keys found absent, remembered for their next read (one worker)
 _RECOUNT_EVERY = 60.0  # seconds: the longest sibling workers' rows go uncounted
 
 # Rows are keyed by a 64-bit hash of (origin, bucket, key), the table's rowid:
@@ -152,6 +153,11 @@ class MetadataStore:
         self._db: sqlite3.Connection | None = None
         self._reader: sqlite3.Connection | None = None  # point reads, on the loop
         self._pending: dict[tuple[str, str, str], _Row] = {}
+        # Keys a point read found absent, kept only when no sibling process writes the
+        # store: then only this process's ``save`` adds a row (and forgets the key here),
+        # so a cold GET's second read (the general path's, after the hit path's) is
+        # answered without SQLite. Each answers one read; the oldest go first.
+        self._absent: dict[tuple[str, str, str], None] = {}
         self._confirmations: list[tuple[float, Scope, Sequence[ListEntry]]] = []
         self._flusher: asyncio.Task[None] | None = None
         self._writing: asyncio.Future[None] | None = None  # the write on the store's thread
@@ -214,8 +220,17 @@ class MetadataStore:
 
     async def load(self, scope: Scope, key: str) -> Stored | None:
         """The stored metadata of ``key``, if any."""
-        row = self._pending.get((*scope, key)) or await self._read(scope, key)
+        name = (*scope, key)
+        row = self._pending.get(name)
         if row is None:
+            if self._absent.pop(name, False) is None:
+                return None
+            row = await self._read(scope, key)
+        if row is None:
+            if not self._shared:
+                self._absent[name] = None
+                if len(self._absent) > _ABSENT_KEPT:
+                    del self._absent[next(iter(self._absent))]
             return None
         return Stored(_decode(key, row), time.time() - row[1], row[2])
 
@@ -262,6 +277,7 @@ class MetadataStore:
         """Remember ``info``, asked of the origin at journal sequence ``learned``;
         written with the next flush."""
         self._pending[(*scope, key)] = _encode(info, time.time(), learned)
+        self._absent.pop((*scope, key), None)
 
     def confirm(self, scope: Scope, entries: Sequence[ListEntry], listed_at: float) -> None:
         """A listing asked at wall time ``listed_at`` showed ``entries``: every stored
