@@ -137,71 +137,102 @@ def start_hoard(
     return proc, endpoint
 
 
+def measure(name: str, origin: Origin, keys: list[str], args: argparse.Namespace,
+            workdir: Path, cache_bytes: int) -> dict[str, Any]:  # fmt: skip
+    """One cold and one warm epoch of ``name`` (a fresh, empty Hoard or nginx)."""
+    row: dict[str, Any] = {}
+    proc = None
+    nginx = None
+    if name == "direct":
+        endpoint = origin.endpoint
+    elif name == "hoard":
+        proc, endpoint = start_hoard(workdir / "hoard", origin.endpoint, cache_bytes,
+                                     args.workers, args.disk_hits)  # fmt: skip
+    else:
+        ctx = Context(origin.endpoint, SimpleNamespace(local_root=workdir),  # type: ignore[arg-type]
+                      workdir, Pinning(enabled=False), cache_bytes)  # fmt: skip
+        nginx = Nginx("nginx", ctx)
+        nginx.start()
+        endpoint = nginx.endpoints[0]
+    creds = (HOARD_KEY, HOARD_SECRET) if name == "hoard" else (ORIGIN_KEY, ORIGIN_SECRET)
+    urls = presign(endpoint, keys, *creds)
+    try:
+        roots = {"moto": [origin.moto.pid],  # type: ignore[union-attr]
+                 "proxy": [origin.proxy.pid]}  # type: ignore[union-attr]  # fmt: skip
+        if proc is not None or nginx is not None:
+            roots[name] = [proc.pid] if proc is not None else [p.pid for p in nginx.procs]  # type: ignore[union-attr]
+        for phase in ("cold", "warm"):
+            before = origin.counts()
+            # The client is this process alone; its children are the other parts.
+            pids = {"client": [os.getpid()], **{part: tree(r) for part, r in roots.items()}}
+            cpu_before = {part: cpu_seconds(p) for part, p in pids.items()}
+            row[phase] = asyncio.run(epoch(urls, args.concurrency, args.seed))
+            counts = diff_counts(origin.counts(), before)
+            row[phase]["origin"] = {k: v for k, v in counts.items() if v}
+            row[phase]["cpu_us_per_object"] = {
+                part: round((cpu_seconds(p) - cpu_before[part]) * 1e6 / args.objects)
+                for part, p in pids.items()
+            }
+        if name == "hoard":
+            files, used = disk_usage(workdir / "hoard" / "cache")
+            row["cache_files"] = files
+            row["disk_bytes_over_payload"] = round(used / (args.objects * args.size), 3)
+    finally:
+        if proc is not None:
+            stop_process(proc, 15)
+        if nginx is not None:
+            nginx.stop()
+    return row
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Each round runs every target in turn, each from empty; a target's ratio to
+    ``direct`` is taken within a round (the machine's load drifts between rounds) and
+    the row reported is the round with the median cold ratio."""
     workdir = Path(args.workdir).resolve()
     wan = args.origin == "wan"
     origin = Origin(workdir / "origin", mode="auto" if wan else "loopback",
                     **({} if wan else {"rtt_ms": 0.0, "rate_mbit": 0.0, "stream_mbit": 0.0}))  # fmt: skip
     results: dict[str, Any] = {"objects": args.objects, "size": args.size, "origin": args.origin,
-                               "concurrency": args.concurrency, "targets": {}}  # fmt: skip
+                               "concurrency": args.concurrency, "workers": args.workers,
+                               "rounds": [], "targets": {}}  # fmt: skip
     with origin:
         results["network"] = str(origin.network)
         keys = seed(origin.moto_url, args.objects, args.size)
-        payload = args.objects * args.size
-        cache_bytes = max(4 * payload, 1 << 30)
-        for name in args.targets:
-            row: dict[str, Any] = {}
-            proc = None
-            nginx = None
-            if name == "direct":
-                endpoint = origin.endpoint
-            elif name == "hoard":
-                proc, endpoint = start_hoard(workdir / "hoard", origin.endpoint, cache_bytes,
-                                             args.workers, args.disk_hits)  # fmt: skip
-            else:
-                ctx = Context(origin.endpoint, SimpleNamespace(local_root=workdir),  # type: ignore[arg-type]
-                              workdir, Pinning(enabled=False), cache_bytes)  # fmt: skip
-                nginx = Nginx("nginx", ctx)
-                nginx.start()
-                endpoint = nginx.endpoints[0]
-            creds = (HOARD_KEY, HOARD_SECRET) if name == "hoard" else (ORIGIN_KEY, ORIGIN_SECRET)
-            urls = presign(endpoint, keys, *creds)
-            try:
-                roots = {"moto": [origin.moto.pid],  # type: ignore[union-attr]
-                         "proxy": [origin.proxy.pid]}  # type: ignore[union-attr]  # fmt: skip
-                if proc is not None or nginx is not None:
-                    roots[name] = [proc.pid] if proc is not None else [p.pid for p in nginx.procs]  # type: ignore[union-attr]
-                for phase in ("cold", "warm"):
-                    before = origin.counts()
-                    # The client is this process alone; its children are the other parts.
-                    pids = {"client": [os.getpid()], **{part: tree(r) for part, r in roots.items()}}
-                    cpu_before = {part: cpu_seconds(p) for part, p in pids.items()}
-                    row[phase] = asyncio.run(epoch(urls, args.concurrency, args.seed))
-                    counts = diff_counts(origin.counts(), before)
-                    row[phase]["origin"] = {k: v for k, v in counts.items() if v}
-                    row[phase]["cpu_us_per_object"] = {
-                        part: round((cpu_seconds(p) - cpu_before[part]) * 1e6 / args.objects)
-                        for part, p in pids.items()
-                    }
-                if name == "hoard":
-                    files, used = disk_usage(workdir / "hoard" / "cache")
-                    row["cache_files"] = files
-                    row["disk_bytes_over_payload"] = round(used / payload, 3)
-            finally:
-                if proc is not None:
-                    stop_process(proc, 15)
-                if nginx is not None:
-                    nginx.stop()
-            results["targets"][name] = row
-            print(name, json.dumps(row), flush=True)
-    direct = results["targets"].get("direct")
-    if direct:
-        for row in results["targets"].values():
-            for phase in ("cold", "warm"):
-                row[phase]["vs_direct"] = round(
-                    row[phase]["objects_per_s"] / direct[phase]["objects_per_s"], 2
-                )
+        cache_bytes = max(4 * args.objects * args.size, 1 << 30)
+        for number in range(args.rounds):
+            rows: dict[str, Any] = {}
+            for name in args.targets:
+                rows[name] = measure(name, origin, keys, args, workdir, cache_bytes)
+                print(f"round {number + 1}", name, json.dumps(rows[name]), flush=True)
+            _ratios(rows)
+            results["rounds"].append(rows)
+    for name in args.targets:
+        results["targets"][name] = _median_round(results["rounds"], name)
     return results
+
+
+def _ratios(rows: dict[str, Any]) -> None:
+    """Each target's objects/s over ``direct``'s of the same round, per epoch."""
+    direct = rows.get("direct")
+    if not direct:
+        return
+    for row in rows.values():
+        for phase in ("cold", "warm"):
+            row[phase]["vs_direct"] = round(
+                row[phase]["objects_per_s"] / direct[phase]["objects_per_s"], 2
+            )
+
+
+def _median_round(rounds: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    """``name``'s row of the round with its median cold ratio (objects/s without
+    ``direct``), with every round's cold ratio beside it."""
+    rows = [r[name] for r in rounds]
+    measure_of = "vs_direct" if "vs_direct" in rows[0]["cold"] else "objects_per_s"
+    ordered = sorted(rows, key=lambda row: row["cold"][measure_of])
+    median = dict(ordered[(len(ordered) - 1) // 2])
+    median["cold_" + measure_of + "_by_round"] = [row["cold"][measure_of] for row in rows]
+    return median
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -212,6 +243,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="every target this many times, in turn; the median round is reported")  # fmt: skip
     parser.add_argument("--disk-hits", action="store_true",
                         help="Hoard's memory tier keeps no small block: warm hits from disk")  # fmt: skip
     parser.add_argument("--targets", nargs="+", default=["direct", "hoard", "nginx"])
