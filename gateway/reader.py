@@ -19,6 +19,7 @@ mixing versions. Blocks are named by ETag, so new metadata means new blocks.
 from __future__ import annotations
 
 import dataclasses
+import sqlite3
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Hashable, Iterable
 
@@ -155,27 +156,41 @@ class Reader:
         read = await self._metadata_for_read(mount, okey, None) if again == known else None
         return self._held_answer(bucket, key, info, read, found)
 
-    def held_now(self, bucket: str, key: str) -> tuple[ObjectInfo, Piece, str] | None:
+    def held_now(self, bucket: str, key: str) -> tuple[ObjectInfo, Piece, str] | bool:
         """``held`` without an await (the hit path answering inside the connection's
-        protocol): None also when only an await could tell (a disk block not yet
-        looked up, metadata to fetch), and then ``held`` tells."""
+        protocol). Not held: False when ``held`` would find nothing either (neither
+        this worker's memory nor the node's store knows the key as a held answer),
+        True when only an await could tell (a disk block not yet looked up, the store
+        busy, metadata to fetch), and then ``held`` tells."""
         self.catch_up()
         known = self._held_entry(bucket, key)
         if known is None:
-            return None
+            try:
+                known = self._stored_entry_now(bucket, key)
+            except sqlite3.OperationalError:
+                return True
+            if known is None:
+                return False
         mount, okey, info = known
         found = self.blocks.cached_held(self._ref(mount, okey, info, 0), 0, info.size)
         if found is None:
-            return None
+            return True
         read = self.source.held_for_read(mount, okey)
-        return self._held_answer(bucket, key, info, read, found)
+        return self._held_answer(bucket, key, info, read, found) or True
 
     async def _stored_entry(self, bucket: str, key: str) -> tuple[Mount, str, ObjectInfo] | None:
         """``_held_entry`` for a key this worker's memory holds nothing of but the node's
         store does (a sibling worker learned it): it is held in memory from now on."""
         mount = self.namespace.resolve(bucket)
-        okey = mount.origin_key(key)
-        if await self.source.held_in_store(mount, okey) is None:
+        if await self.source.held_in_store(mount, mount.origin_key(key)) is None:
+            return None
+        return self._held_entry(bucket, key)
+
+    def _stored_entry_now(self, bucket: str, key: str) -> tuple[Mount, str, ObjectInfo] | None:
+        """``_stored_entry`` on the loop alone; raises ``sqlite3.OperationalError`` if
+        the store is busy."""
+        mount = self.namespace.resolve(bucket)
+        if self.source.held_in_store_now(mount, mount.origin_key(key)) is None:
             return None
         return self._held_entry(bucket, key)
 

@@ -109,12 +109,12 @@ def test_a_hit_answers_as_the_general_path_did(node, proxy, seeded) -> None:
     target = f"/{seeded}/small.bin"
     general = _miss(node, target)
     assert general.status == 200 and general.body == SMALL
-    gets, hits = proxy.counts["GET"], _hits(node, "memory")
+    gets, hits = proxy.counts["GetObject"], _hits(node, "memory")
 
     hit = _get(node, target)
     _same_answer(general, hit)
     assert _hits(node, "memory") == hits + 1
-    assert proxy.counts["GET"] == gets  # a hit: nothing reached the origin
+    assert proxy.counts["GetObject"] == gets  # a hit: nothing reached the origin
     assert hit.headers["Content-Type"] == "image/jpeg"
     assert hit.headers["x-amz-meta-label"] == "n01440764"
     assert hit.headers["Cache-Control"] == "max-age=60"
@@ -183,7 +183,7 @@ def test_a_single_range_is_a_hit_answered_as_the_general_path_answers_it(
     for name, body, tier in (("small.bin", SMALL, "memory"), ("medium.bin", MEDIUM, "disk")):
         target, size = f"/{seeded}/{name}", len(body)
         assert _miss(node, target, tier).status == 200
-        gets = proxy.counts["GET"]
+        gets = proxy.counts["GetObject"]
         wanted = {
             "bytes=0-8388607": (206, body),  # what s3torchconnector and DLIO ask
             "bytes=10-19": (206, body[10:20]),
@@ -207,7 +207,7 @@ def test_a_single_range_is_a_hit_answered_as_the_general_path_answers_it(
             node, _get(node, target, {"Range": "bytes=10-19"}).headers["x-amz-request-id"]
         )
         assert (line["status"], line["bytes"], line["source"]) == (206, 10, tier)
-        assert proxy.counts["GET"] == gets  # every one of them from the cache
+        assert proxy.counts["GetObject"] == gets  # every one of them from the cache
 
 
 def test_signatures_and_key_limits_still_hold_for_held_objects(node, seeded) -> None:
@@ -262,12 +262,12 @@ def test_a_block_above_the_memory_limit_for_disk_blocks_is_hit_from_disk(
 ) -> None:
     target = f"/{seeded}/medium.bin"
     general = _miss(node, target, "disk")
-    gets, hits = proxy.counts["GET"], _hits(node, "disk")
+    gets, hits = proxy.counts["GetObject"], _hits(node, "disk")
     for _ in range(2):
         _same_answer(general, _get(node, target))
     assert _hits(node, "disk") == hits + 2 and _hits(node, "memory") == 0
     assert metric(node.endpoint, 'hoard_cache_bytes{tier="memory"}') == 0  # held once: on disk
-    assert proxy.counts["GET"] == gets
+    assert proxy.counts["GetObject"] == gets
 
     small = f"/{seeded}/small.bin"
     _miss(node, small)
@@ -281,11 +281,11 @@ def test_disk_tier_hits_take_the_hit_path_with_sendfile(tmp_path, proxy, seeded)
     try:
         target = f"/{seeded}/small.bin"
         general = _miss(disk_only, target, "disk")
-        gets = proxy.counts["GET"]
+        gets = proxy.counts["GetObject"]
         hits = _hits(disk_only, "disk")
         hit = _get(disk_only, target)
         _same_answer(general, hit)
         assert _hits(disk_only, "disk") == hits + 1
-        assert proxy.counts["GET"] == gets
+        assert proxy.counts["GetObject"] == gets
     finally:
         assert disk_only.stop() == 0

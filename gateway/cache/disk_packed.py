@@ -77,7 +77,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.cache import disk_files as files
-from gateway.cache import segment_files
+from gateway.cache import segment_files, segment_sql
 from gateway.cache.block import HEADER_SIZE, BlockId, encode_header
 from gateway.cache.disk_index import DiskIndex
 from gateway.cache.segment_files import SUFFIX, Bad, PackedFile, Segment
@@ -241,12 +241,25 @@ class PackedBlocks:
         return segment_files.lend(segment, place)
 
     def open_held(self, block: BlockId) -> PackedFile | None:
-        """``locate`` and ``open`` when neither must wait: the place known, the segment
-        open and unchanged since the record last passed its check. None otherwise, and
-        then ``locate`` and ``get`` tell (the hit path's answer without a task)."""
+        """``locate`` and ``open`` without leaving the loop (the hit path's answer without
+        a task): the place from memory or a point read of the index, the segment's kept
+        descriptor or an ``open`` of it, a small record checked here the first time (as
+        ``open`` checks it on the loop too). None when only an await could tell (the index
+        busy, not indexed, a large record to check, anything amiss), and then ``locate``
+        and ``get`` tell, and drop what is damaged."""
         place = self._places.get(block.digest)
-        segment = self._segments.get(place.segment) if isinstance(place, Place) else None
-        if segment is None or not isinstance(place, Place):
+        if place is None:
+            try:
+                place = self._index.read_now(segment_sql.locate, block.digest)
+            except sqlite3.OperationalError:
+                return None
+            if place is None:
+                return None
+            self._remember(block.digest, place)
+        if not isinstance(place, Place):
+            return None
+        segment = self._segments.get(place.segment) or self._open_segment_now(place.segment)
+        if segment is None:
             return None
         try:
             stat = os.fstat(segment.fd)
@@ -254,8 +267,15 @@ class PackedBlocks:
             return None
         if stat.st_nlink == 0 or stat.st_size < place.offset + HEADER_SIZE + place.length:
             return None
-        if segment.verified.get(block.digest) != segment_files.fingerprint(stat):
-            return None
+        fingerprint = segment_files.fingerprint(stat)
+        if segment.verified.get(block.digest) != fingerprint:
+            if place.length > _VERIFY_ON_LOOP:
+                return None
+            try:
+                segment_files.verify(segment.fd, block, place)
+            except (Bad, OSError):
+                return None
+            segment.verified[block.digest] = fingerprint
         return segment_files.lend(segment, place)
 
     def forget(self, removed: Removed) -> None:
@@ -370,6 +390,16 @@ class PackedBlocks:
         if self._active is not None:
             os.close(self._active.fd)
             self._active = None
+
+    def _open_segment_now(self, name: str) -> Segment | None:
+        """The segment opened on the loop (a local file: as cheap as the claims made
+        there); None if it is gone, or cannot be opened here (``_open_segment`` tells)."""
+        try:
+            fd = os.open(self.directory / name, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        segment = self._segments[name] = Segment(fd)
+        return segment
 
     async def _open_segment(self, name: str) -> Segment | None:
         try:

@@ -157,12 +157,32 @@ class MetadataSource:
         answer (nothing is asked of the origin). For the hit path of a worker that has not
         seen a key its siblings have: without it, every worker's first read of every key
         took the general path, however long ago a sibling learned it."""
-        scope = scope_of(mount)
-        if self.store is None or mount.metadata_ttl <= 0 or self.memory.holds(scope, okey):
+        if not self._may_hold_in_store(mount, okey):
             return None
-        stored = await self._believable(scope, okey)
+        return self._hold(mount, okey, await self._believable(scope_of(mount), okey))
+
+    def held_in_store_now(self, mount: Mount, okey: str) -> ObjectInfo | None:
+        """``held_in_store`` without leaving the loop (a point read of the store there);
+        raises ``sqlite3.OperationalError`` if the store is busy (``held_in_store`` waits)."""
+        if not self._may_hold_in_store(mount, okey):
+            return None
+        assert self.store is not None
+        scope = scope_of(mount)
+        return self._hold(mount, okey, self._current(scope, okey, self.store.load_now(scope, okey)))
+
+    def _may_hold_in_store(self, mount: Mount, okey: str) -> bool:
+        return (
+            self.store is not None
+            and mount.metadata_ttl > 0
+            and not self.memory.holds(scope_of(mount), okey)
+        )
+
+    def _hold(self, mount: Mount, okey: str, stored: Stored | None) -> ObjectInfo | None:
+        """``stored`` held in memory if it is fresh and memory has learned nothing of
+        ``okey`` meanwhile (that answer stands)."""
+        scope = scope_of(mount)
         if stored is None or stored.age >= mount.metadata_ttl or self.memory.holds(scope, okey):
-            return None  # (memory learned it meanwhile: that answer stands)
+            return None
         self.memory.put_head(scope, okey, stored.info, policy_of(mount), stored.age)
         return stored.info
 
@@ -319,7 +339,10 @@ class MetadataSource:
     async def _believable(self, scope: Scope, okey: str) -> Stored | None:
         """The store's answer for ``okey``, unless a write since it was learned made it stale."""
         assert self.store is not None
-        stored = await self.store.load(scope, okey)
+        return self._current(scope, okey, await self.store.load(scope, okey))
+
+    def _current(self, scope: Scope, okey: str, stored: Stored | None) -> Stored | None:
+        """``stored`` unless the journal knows of a write of ``okey`` since it was learned."""
         if stored is None or not self.journal.current(*scope, okey, stored.learned):
             return None
         return stored

@@ -220,12 +220,28 @@ class MetadataStore:
 
     async def load(self, scope: Scope, key: str) -> Stored | None:
         """The stored metadata of ``key``, if any."""
+        try:
+            return self.load_now(scope, key)
+        except sqlite3.OperationalError:  # busy or locked: wait for it off the loop
+            pass
+        name = (*scope, key)
+        row = self._pending.get(name) or await self._call(self._select, scope, key)
+        return self._stored(name, key, row)
+
+    def load_now(self, scope: Scope, key: str) -> Stored | None:
+        """``load`` without leaving the loop (see the module's docstring); raises
+        ``sqlite3.OperationalError`` if the database is busy (``load`` then waits)."""
         name = (*scope, key)
         row = self._pending.get(name)
         if row is None:
             if self._absent.pop(name, False) is None:
                 return None
-            row = await self._read(scope, key)
+            if self._reader is None:
+                raise sqlite3.OperationalError("the store's point reader is not open")
+            row = _select(self._reader, scope, key)
+        return self._stored(name, key, row)
+
+    def _stored(self, name: tuple[str, str, str], key: str, row: _Row | None) -> Stored | None:
         if row is None:
             if not self._shared:
                 self._absent[name] = None
@@ -233,16 +249,6 @@ class MetadataStore:
                     del self._absent[next(iter(self._absent))]
             return None
         return Stored(_decode(key, row), time.time() - row[1], row[2])
-
-    async def _read(self, scope: Scope, key: str) -> _Row | None:
-        """The stored row of ``key``: on the loop, or in the store's thread if the
-        database is busy (see the module's docstring)."""
-        if self._reader is not None:
-            try:
-                return _select(self._reader, scope, key)
-            except sqlite3.OperationalError:  # busy or locked: wait for it off the loop
-                pass
-        return await self._call(self._select, scope, key)
 
     def _select(self, scope: Scope, key: str) -> _Row | None:
         assert self._db is not None

@@ -37,11 +37,15 @@ access log get the same record through ``server.account``.
 
 Two ways in. ``answer_now`` runs inside the connection's protocol as the
 request's bytes arrive (``gateway/hotwire.py``): everything it needs is held
-(``Reader.held_now``: memory, or a disk record whose place is known), so it
-answers without a task, a coroutine or an aiohttp request, and writes a disk
-record with a non-blocking ``sendfile`` (the rest, if the socket is full, as
-bytes read with ``pread``). ``answer`` is the same decision for a request that
-reached aiohttp (the connection was busy, or a disk lookup must wait).
+(``Reader.held_now``: memory, or a disk record, looked up in the node's
+metadata store and disk index with point reads on the loop and checked there
+if it is small, the first time this worker reads it), so it answers without a
+task, a coroutine or an aiohttp request, and writes a disk record with a
+non-blocking ``sendfile`` (the rest, if the socket is full, as bytes read with
+``pread``). ``answer`` is the same decision for a request that reached aiohttp
+(the connection was busy, or a lookup must wait: a busy database, a large
+record to check); a request the wire found nothing held for goes from there
+straight to the general path (a cold key is looked up once, not twice).
 
 NOTE: the answer is written to the transport directly; the connection's next
 request runs only once the transport is below its high-water mark (``answer``
@@ -141,7 +145,7 @@ class HitPath:
         self._date = (0, "")
         # id(message) -> (message, principal, credentials generation) of wire requests
         # admitted but not answered there.
-        self._handed: dict[int, tuple[RawRequestMessage, Principal, int]] = {}
+        self._handed: dict[int, tuple[RawRequestMessage, Principal, int, bool]] = {}
 
     def answer_now(
         self, message: RawRequestMessage, transport: asyncio.Transport, sockfd: int | None
@@ -161,13 +165,15 @@ class HitPath:
         try:
             held = self._reader.held_now(call.bucket, call.key)
         except (S3Error, errors.HoardError):
-            held = None
+            held = True
         except Exception:  # nothing is sent yet: the general path answers, as S3 XML
             log.exception("hit path failed before answering, request %s", request[keys.REQUEST_ID])
-            held = None
-        prepared = None if held is None else self._prepared(request, call, held, transport)
+            held = True
+        prepared = (
+            None if isinstance(held, bool) else self._prepared(request, call, held, transport)
+        )
         if prepared is None:
-            self._hand_on(message, call)
+            self._hand_on(message, call, settled=held is False)
             return False
         head, piece, status, length, tier = prepared
         try:
@@ -195,9 +201,11 @@ class HitPath:
         message = getattr(request, "_message", None)
         handed = self._handed.pop(id(message), None)
         if handed is not None and handed[0] is message:
-            _, principal, generation = handed
+            _, principal, generation, settled = handed
             if generation == self._front.credentials_generation:  # no SIGHUP since
                 request[keys.PRINCIPAL] = principal  # verified on the wire a moment ago
+                if settled:  # nothing held there a moment ago: a cold key's way
+                    return None
         call = self._admitted(request)
         if call is None:
             return None
@@ -226,11 +234,14 @@ class HitPath:
         self._account(request, status, length, time.perf_counter() - started)
         return _Sent()
 
-    def _hand_on(self, message: RawRequestMessage, call: Call) -> None:
+    def _hand_on(self, message: RawRequestMessage, call: Call, settled: bool) -> None:
         """Keep who ``message`` was verified as, for aiohttp's request of the same message
-        (``answer``, then the general path): a miss is not verified two more times."""
+        (``answer``, then the general path): a miss is not verified two more times.
+        ``settled``: nothing is held of the key (``Reader.held_now`` False), so ``answer``
+        leaves it to the general path at once rather than look again."""
         # The message is kept, so its id stays its own.
-        self._handed[id(message)] = (message, call.principal, self._front.credentials_generation)
+        generation = self._front.credentials_generation
+        self._handed[id(message)] = (message, call.principal, generation, settled)
         if len(self._handed) > _HANDED:
             del self._handed[next(iter(self._handed))]
 
