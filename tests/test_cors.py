@@ -20,6 +20,7 @@ import pytest
 
 from tests.conftest import module_proxy
 from tests.harness import HoardProcess, metric
+from tests.inprocess import threaded_app
 from tests.origin_proxy import OriginProxy
 from tests.rawhttp import RawResponse, signed_send
 from tests.test_block_cache import hoard_config
@@ -167,3 +168,15 @@ def test_a_configuration_written_through_hoard_applies_at_once_on_every_worker(
         assert all(_cors(_send(pair, "GET", target, "https://b.test")) == {} for _ in range(8))
     finally:
         assert pair.stop() == 0, pair.log()
+
+
+def test_a_directory_bucket_has_no_rules_and_its_answers_none(tmp_path: Path) -> None:
+    (tmp_path / "data" / "pics").mkdir(parents=True)
+    (tmp_path / "data" / "pics" / "a.jpg").write_bytes(BODY)
+    config = {"origins": {"d": {"type": "posix", "path": str(tmp_path / "data")}},
+              "default_origin": "d"}  # fmt: skip
+    with threaded_app(tmp_path, config) as directory:
+        for method, target, status in (("GET", "/pics/a.jpg", 200), ("HEAD", "/pics/b.jpg", 404)):
+            answer = signed_send(directory.port, method, target,
+                                 headers={"Origin": "https://a.example"})  # fmt: skip
+            assert (answer.status, _cors(answer)) == (status, {})
