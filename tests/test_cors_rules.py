@@ -111,6 +111,8 @@ def test_any_origin_is_answered_with_a_star_and_no_credentials() -> None:
         "Vary": VARY,
     }
     assert answer_headers(parse_configuration(CONFIGURATION), "https://x.org", "HEAD") == {}
+    both = (CorsRule(("https://a.example", "*"), ("GET",)),)
+    assert answer_headers(both, "https://a.example", "GET")["Access-Control-Allow-Origin"] == "*"
 
 
 # -- held per bucket: bucket_config.BucketConfigs ---------------------------------------

@@ -6,9 +6,9 @@ rule whose ``AllowedOrigin`` matches the origin and whose ``AllowedMethod``
 holds the request's method wins (``matching_rule``), and the answer carries
 what that rule allows (``answer_headers``); no rule matching, nothing is
 added. An ``AllowedOrigin`` may hold one ``*``, which matches any run of
-characters (``https://*.example.com``); a rule of ``*`` alone makes the answer
-``Access-Control-Allow-Origin: *`` with no credentials, any other match echoes
-the origin and allows credentials (as S3 does). ``AllowedHeader`` is checked
+characters (``https://*.example.com``); a rule allowing ``*`` (any origin) makes
+the answer ``Access-Control-Allow-Origin: *`` with no credentials, any other
+rule echoes the origin and allows credentials (as S3 does). ``AllowedHeader`` is checked
 only for a preflight's ``Access-Control-Request-Headers``, which the origin
 answers (``cors.py``), so it is not read here.
 
@@ -91,8 +91,7 @@ def answer_headers(rules: CorsRules, origin: str, method: str) -> dict[str, str]
     rule = matching_rule(rules, origin, method)
     if rule is None:
         return {}
-    # Echoed when a rule naming origins matched it; "*" only for "any origin" alone.
-    wildcard = not any(a != "*" and origin_matches(a, origin) for a in rule.allowed_origins)
+    wildcard = "*" in rule.allowed_origins  # S3's "*" even if a named origin matched too
     headers = {
         "Access-Control-Allow-Origin": "*" if wildcard else origin,
         "Access-Control-Allow-Methods": ", ".join(rule.allowed_methods),
