@@ -136,6 +136,25 @@ def test_a_bucket_without_rules_adds_nothing_and_is_asked_once(node, proxy, buck
     assert proxy.counts["GetBucketCors"] == 1  # NoSuchCORSConfiguration is held too
 
 
+def test_an_origin_down_costs_one_ask_and_cached_reads_still_answer(node, proxy, origin_client,
+                                                                    bucket):  # fmt: skip
+    origin_client.put_object(Bucket=bucket, Key="a.bin", Body=BODY)
+    origin_client.put_bucket_cors(Bucket=bucket, CORSConfiguration={"CORSRules": [READERS]})
+    target = f"/{bucket}/a.bin"
+    memory = metric(node.endpoint, 'hoard_cache_bytes{tier="memory"}')
+    assert _send(node, "GET", target).body == BODY  # cached, rules not asked (no Origin)
+    _held_in_memory(node, memory, len(BODY))
+    proxy.reset()
+    proxy.mode = "down"  # every origin request answered 503 SlowDown
+    try:
+        for _ in range(3):
+            answer = _send(node, "GET", target, "https://a.example")
+            assert (answer.status, answer.body, _cors(answer)) == (200, BODY, {})
+        assert proxy.counts == {"GetBucketCors": 1}  # the failure is held (negative TTL)
+    finally:
+        proxy.mode = "ok"
+
+
 def test_a_configuration_written_through_hoard_applies_at_once_on_every_worker(
     tmp_path: Path, proxy, origin_client, bucket
 ):

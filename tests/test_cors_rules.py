@@ -182,15 +182,18 @@ async def test_a_write_forgets_the_bucket_and_a_fetch_under_way_does_not_store()
     assert origin.calls == 4
 
 
-async def test_a_failed_refresh_serves_what_was_held_for_retry_after() -> None:
+async def test_a_failure_is_held_for_retry_after_and_so_is_what_was_held_before_it() -> None:
     clock, origin = Clock(), Origin()
     held = BucketConfigs(clock=clock)
     origin.failure = errors.OriginUnavailable("down")
     origin.release.set()
-    with pytest.raises(errors.OriginUnavailable):  # nothing held: the caller decides
-        await held.get("s", "cors", 60, 10, origin.fetch)
+    for _ in range(3):  # nothing held: the caller decides; not asked again within 10 s
+        with pytest.raises(errors.OriginUnavailable):
+            await held.get("s", "cors", 60, 10, origin.fetch)
+    assert origin.calls == 1
     origin.failure = None
-    await held.get("s", "cors", 60, 10, origin.fetch)
+    clock.now += 10
+    assert await held.get("s", "cors", 60, 10, origin.fetch) == ("rules", 1)
     clock.now += 61
     origin.failure = errors.OriginUnavailable("down")
     assert await held.get("s", "cors", 60, 10, origin.fetch) == ("rules", 1)

@@ -16,10 +16,14 @@ before their next request (``source.forget_locally``); a flight that began
 before it is detached and does not store what it read. ``clear`` is the
 journal's "forget everything".
 
-Not guaranteed: a failed fetch is not held (the next request asks again),
-but a value held from before is served for ``retry_after`` more seconds
-(stale-if-error: an origin outage does not turn into a GetBucketCors per
-request); a change made at the origin behind Hoard's back shows after the TTL
+A fetch that fails (``HoardError``: the origin unreachable, say) is held for
+``retry_after`` seconds (the mount's negative TTL) as what answers: a value
+held from before is served again (stale-if-error), else the failure is raised
+again without asking, so an origin outage costs one GetBucketCors per
+``retry_after``, not one per request, and the reads it does not stop are not
+slowed by it.
+
+Not guaranteed: a change made at the origin behind Hoard's back shows after the TTL
 (never with ``forever``). Held per worker, not in the node's store: a bucket's
 configuration is one small answer, asked once per TTL by each worker. At most
 ``limit`` buckets are held, least recently asked dropped first.
@@ -37,6 +41,15 @@ from gateway.cache.singleflight import Group
 from gateway.errors import HoardError
 
 ConfigKey = tuple[Hashable, str]  # (scope, kind)
+
+
+class _Failed:
+    """A fetch's failure, held in place of a value for ``retry_after``."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: HoardError) -> None:
+        self.error = error
 
 
 class BucketConfigs:
@@ -59,6 +72,8 @@ class BucketConfigs:
         held = self._held.get(key)
         if held is not None and self._clock() < held[1]:
             self._held.move_to_end(key)
+            if isinstance(held[0], _Failed):
+                raise held[0].error
             return held[0]
         return await self._flights.do(key, partial(self._load, key, ttl, retry_after, fetch))
 
@@ -83,14 +98,20 @@ class BucketConfigs:
         asked = self._clock()  # fresh from the ask, as metadata is (``memory.py``)
         try:
             value = await fetch()
-        except HoardError:
+        except HoardError as exc:
             held = self._held.get(key)
-            if held is None or not self._flights.owns(key):
+            if held is None or isinstance(held[0], _Failed):
+                self._hold(key, _Failed(exc), asked + retry_after)
                 raise
-            value, ttl = held[0], retry_after  # stale-if-error
-        if self._flights.owns(key):  # else a write came meanwhile: what was read is stale
-            self._held[key] = (value, asked + ttl)
-            self._held.move_to_end(key)
-            while len(self._held) > self._limit:
-                self._held.popitem(last=False)
+            self._hold(key, held[0], asked + retry_after)  # stale-if-error
+            return held[0]
+        self._hold(key, value, asked + ttl)
         return value
+
+    def _hold(self, key: ConfigKey, value: Any, fresh_until: float) -> None:
+        if not self._flights.owns(key):  # a write came meanwhile: what was read is stale
+            return
+        self._held[key] = (value, fresh_until)
+        self._held.move_to_end(key)
+        while len(self._held) > self._limit:
+            self._held.popitem(last=False)

@@ -63,36 +63,48 @@ def preflight_headers(headers: Mapping[str, str]) -> dict[str, str]:
 async def answer_headers(call: Call) -> dict[str, str]:
     """The CORS headers of Hoard's own answer to ``call`` (of any status), as S3 adds
     them; none without an ``Origin``, for a method or bucket no rule names, or while
-    the bucket's rules cannot be learned (logged: the read itself is still answered)."""
+    the bucket's rules cannot be learned (the read itself is still answered)."""
     request = call.request
     origin = request.headers.get("Origin")
     if not origin or request.method not in _ANSWERED or not call.route.bucket:
         return {}
     try:
         rules = await call.reader.bucket_config(call.bucket, "cors", partial(_origin_rules, call))
-    except (S3Error, errors.HoardError) as exc:
-        log.warning("CORS rules of %r unknown, answered without: %s", call.bucket, exc)
+    except errors.HoardError:  # logged once per failed ask, in _origin_rules
         return {}
     return cors_rules.answer_headers(rules, origin, request.method)
 
 
 async def _origin_rules(call: Call) -> CorsRules:
-    """The bucket's rules, from the origin's GetBucketCors (under Hoard's credentials)."""
+    """The bucket's rules, from the origin's GetBucketCors (under Hoard's credentials);
+    ``HoardError`` when no answer came, or a 5xx or a 429 (asked again later)."""
     if not call.writer.forwards(call.bucket):
         return NO_RULES  # a directory keeps none
+    try:
+        status, body = await _get_bucket_cors(call)
+        if status >= 500 or status == 429:
+            raise errors.OriginUnavailable(f"GetBucketCors answered {status}")
+    except errors.HoardError as exc:
+        log.warning("CORS rules of %r unknown, answers go without: %s", call.bucket, exc)
+        raise
+    if status == 200:
+        try:
+            return cors_rules.parse_configuration(body)
+        except S3Error:  # not XML, or past read_whole's limit (S3 keeps 64 KB at most)
+            log.warning("the origin's CORS configuration of %r is no XML of S3's", call.bucket)
+            return NO_RULES
+    if status not in _NOT_CONFIGURED:  # Hoard's credentials may not read them, say
+        log.warning("GetBucketCors of %r answered %d: no CORS rules", call.bucket, status)
+    return NO_RULES
+
+
+async def _get_bucket_cors(call: Call) -> tuple[int, bytes]:
+    """The origin's answer to GetBucketCors: its status and body (b"" if too long)."""
     answer = await call.writer.forward(method="GET", bucket=call.bucket, key=None,
                                        query=[("cors", "")], headers={}, body=None,
                                        content_length=None, mutating=False)  # fmt: skip
     async with answer:
-        body = await read_whole(answer.body)
-    if answer.status == 200:
         try:
-            return cors_rules.parse_configuration(body)
+            return answer.status, await read_whole(answer.body)
         except S3Error:
-            log.warning("the origin's CORS configuration of %r is not XML S3 writes", call.bucket)
-            return NO_RULES
-    if answer.status >= 500 or answer.status == 429:
-        raise errors.OriginUnavailable(f"GetBucketCors of {call.bucket!r}: {answer.status}")
-    if answer.status not in _NOT_CONFIGURED:  # Hoard's credentials may not read them, say
-        log.warning("GetBucketCors of %r answered %d: no CORS rules", call.bucket, answer.status)
-    return NO_RULES
+            return answer.status, b""
