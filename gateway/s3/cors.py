@@ -23,8 +23,9 @@ A directory (posix origin) keeps no CORS rules: its preflight is refused (403
 CORSResponse, ``writes.py``) and its answers carry no CORS headers.
 
 NOTE: a request refused before it is admitted (a bad signature, a denied bucket)
-gets no CORS headers: finding them would let an unauthenticated client make
-Hoard ask the origin about any bucket name. S3 adds them there too.
+gets no CORS headers, where S3 may add them: finding them would let an
+unauthenticated client make Hoard ask the origin about any bucket name. A
+browser then sees a network error instead of the 403.
 """
 
 from __future__ import annotations
