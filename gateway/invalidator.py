@@ -89,7 +89,7 @@ class Invalidator:
         news = self._journal.news()
         if news is None:  # more than the journal remembers: forget everything
             self._writes.all_changed()
-            self._source.memory.clear()
+            self._source.forget_memory()
             return
         for item in news:
             self._forget_locally(item)

@@ -21,7 +21,8 @@ from __future__ import annotations
 import dataclasses
 import sqlite3
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Hashable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable
+from typing import TypeVar
 
 from gateway import errors
 from gateway.blocks import BlockSource
@@ -42,6 +43,8 @@ from gateway.pieces import BlockRef, FileSegment, Piece
 from gateway.readahead import ReadAheadPolicy, Streams, Window
 from gateway.s3.ranges import RangeSpec
 from gateway.write_through import Watch, WriteThrough
+
+T = TypeVar("T")
 
 
 class Reader:
@@ -87,6 +90,13 @@ class Reader:
     async def bucket_region(self, bucket: str) -> str:
         mount = await self.head_bucket(bucket)
         return await mount.origin.bucket_region(mount.origin_bucket)
+
+    async def bucket_config(self, bucket: str, kind: str, fetch: Callable[[], Awaitable[T]]) -> T:
+        """``bucket``'s ``kind`` configuration at its origin (its CORS rules): held for the
+        mount's metadata TTL, forgotten by a write of the bucket through Hoard (any
+        worker's: caught up first); a miss costs one ``fetch`` for every caller."""
+        self.catch_up()
+        return await self.source.bucket_config(self.namespace.resolve(bucket), kind, fetch)
 
     async def head_object(self, bucket: str, key: str) -> ObjectInfo:
         self.catch_up()

@@ -171,12 +171,17 @@ def _body_bytes(request: web.Request, response: web.StreamResponse) -> int:
     return response.content_length or 0
 
 
-async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:
+async def _per_request_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """Headers every answer carries, of whatever status: set here, once, rather than by
+    each handler and each error (the request id; the CORS headers ``s3/cors.py`` found)."""
     request_id = request.get(keys.REQUEST_ID)
     if request_id:
         response.headers["x-amz-request-id"] = request_id
         response.headers["x-amz-id-2"] = request_id
     response.headers["Server"] = "Hoard"
+    cors = request.get(keys.CORS)
+    if cors:
+        response.headers.update(cors)
 
 
 def build_app(
@@ -227,7 +232,7 @@ def build_app(
 
     # [\s\S], not ".": a key may hold a newline, and "." stops at one.
     app.router.add_route("*", r"/{tail:[\s\S]*}", dispatch, expect_handler=_expect)
-    app.on_response_prepare.append(_add_request_id)
+    app.on_response_prepare.append(_per_request_headers)
     app.on_startup.append(mark_ready)
     app.on_shutdown.append(mark_not_ready)
     app.on_cleanup.append(close_log)

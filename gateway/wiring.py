@@ -236,6 +236,7 @@ def build(
         await store.close()
         journal.close()
         await metadata.aclose()
+        await reader.source.buckets.aclose()
         body.close()
         await leadership.close()
 

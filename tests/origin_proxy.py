@@ -89,6 +89,8 @@ def fail_every(k: int, fault: Fault, first: int = 1) -> FaultPlan:
 def operation(method: str, path: str, query: dict[str, str]) -> str:
     parts = path.strip("/").split("/", 1)
     if method == "GET" and len(parts) == 1:
+        if "cors" in query:
+            return "GetBucketCors"
         return "ListObjects" if "location" not in query else "GetBucketLocation"
     if method == "GET":
         return "GetObject"

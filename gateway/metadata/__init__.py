@@ -17,6 +17,9 @@ The tiers, fastest first:
   * the origin.
 ``journal.py`` carries every invalidation to every worker of the node: a
 shared memory-mapped ring each worker reads before trusting a stored row.
+``bucket_config.py`` holds what the origin says of a bucket as a whole (its
+CORS rules) for the mount's TTL, one flight per bucket, forgotten by any
+bucket-level invalidation.
 
 ``source.py`` walks these tiers for the reader (``MetadataSource``): the
 reader says what a miss may cost at the call site (a HEAD, or the read's own

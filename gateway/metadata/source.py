@@ -30,12 +30,13 @@ import functools
 import math
 import time
 from collections.abc import Awaitable, Callable, Hashable
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from gateway import errors
 from gateway.cluster.peers import MetadataQuery
 from gateway.invalidation import Invalidation
 from gateway.metadata import codec
+from gateway.metadata.bucket_config import BucketConfigs
 from gateway.metadata.journal import EVERYTHING, Journal, SoloJournal
 from gateway.metadata.lookups import Aged, FetchHead, FetchPage, Policy
 from gateway.metadata.memory import MetadataCache
@@ -45,6 +46,7 @@ from gateway.namespace import Mount
 from gateway.origins.base import ListPage, ObjectInfo, Origin
 
 Scope = tuple[str, str]  # (origin name, origin bucket)
+T = TypeVar("T")
 
 
 def scope_of(mount: Mount) -> Scope:
@@ -122,6 +124,7 @@ class MetadataSource:
         self.owner = owner
         self._shared = shared
         self.journal = journal
+        self.buckets = BucketConfigs()  # bucket-level answers (CORS rules), per worker
         self._revalidator = Revalidator(memory, store, self._believable, on_revalidated)
 
     # -- asking --------------------------------------------------------------------------
@@ -185,6 +188,12 @@ class MetadataSource:
             return None
         self.memory.put_head(scope, okey, stored.info, policy_of(mount), stored.age)
         return stored.info
+
+    async def bucket_config(self, mount: Mount, kind: str, fetch: Callable[[], Awaitable[T]]) -> T:
+        """``mount``'s origin bucket's ``kind`` configuration (``bucket_config.py``): held
+        for the mount's TTL, a miss costs one ``fetch`` however many ask at once."""
+        return await self.buckets.get(scope_of(mount), kind, mount.metadata_ttl,
+                                      mount.negative_ttl, fetch)  # fmt: skip
 
     async def listing(self, mount: Mount, prefix: str, delimiter: str, after: str,
                       max_keys: int) -> ListPage:  # fmt: skip
@@ -253,9 +262,15 @@ class MetadataSource:
         """Drop from this worker's memory the metadata ``item`` makes stale."""
         if item.key is not None:
             self.memory.invalidate_key(item.scope, item.key)
-        else:
+        else:  # a bucket-level write (its CORS rules, say) is published as a prefix
             self.memory.invalidate_prefix(item.scope, item.prefix or "")
+            self.buckets.forget(item.scope)
         self.owner.invalidated(item.scope)
+
+    def forget_memory(self) -> None:
+        """Drop everything this worker's memory holds (too much news to know what changed)."""
+        self.memory.clear()
+        self.buckets.clear()
 
     async def drop_stored(self, item: Invalidation) -> None:
         """Drop from the node's store the rows ``item`` makes stale."""
@@ -268,7 +283,7 @@ class MetadataSource:
 
     async def forget_all(self) -> None:
         """Every metadata entry of the node, in every worker's memory and in the store."""
-        self.memory.clear()
+        self.forget_memory()
         self.journal.publish([EVERYTHING])
         if self.store is not None:
             await self.store.clear()

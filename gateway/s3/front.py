@@ -3,7 +3,9 @@
 One handler per operation lives in ``buckets.py``, ``listing.py`` and
 ``objects.py``; this module only decides which one runs and how a failure
 looks on the wire. Every response carries ``x-amz-request-id`` (added by the
-server's prepare hook from ``request[keys.REQUEST_ID]``).
+server's prepare hook from ``request[keys.REQUEST_ID]``), and an answer Hoard
+gives itself to a request with ``Origin`` the bucket's CORS headers (``cors.py``,
+added by the same hook from ``request[keys.CORS]``).
 """
 
 from __future__ import annotations
@@ -107,6 +109,8 @@ class S3Front:
     async def _dispatch(self, request: web.Request, request_id: str) -> web.StreamResponse:
         call, served = self.admit(request, request_id)
         await send_continue(request)  # admitted: now the client may send its body
+        if served and "Origin" in request.headers:  # a browser's: added to any answer
+            request[keys.CORS] = await cors.answer_headers(call)
         handler = HANDLERS[call.route.operation] if served else passthrough
         return await handler(call)
 

@@ -26,7 +26,10 @@ the hit path did not exist: anything but a GET over HTTP/1.1 with
 keep-alive (HEAD too: it reads no block, and the general path answers it
 from metadata alone); a range past the end (the general path's 416),
 conditionals (``If-*``), ``x-amz-checksum-mode``, ``Expect``, ``response-*``
-overrides; anything the
+overrides; a browser's request (``Origin``: its answer carries the bucket's CORS
+headers, which the general path finds, ``cors.py``; a request without it pays
+nothing for this, the header is one more name in the set each is looked up in);
+anything the
 front refuses (a bad signature, a denied key: the general path answers the
 S3 error); objects larger than one
 block, empty ones, ones not held in memory or on disk (a miss fills through
@@ -88,7 +91,7 @@ log = logging.getLogger(__name__)
 # A request carrying any of these is answered by the general path.
 _GENERAL_HEADERS = (
     "If-Match", "If-None-Match", "If-Modified-Since", "If-Unmodified-Since",
-    "x-amz-checksum-mode", "x-amz-copy-source", "Expect",
+    "x-amz-checksum-mode", "x-amz-copy-source", "Expect", "Origin",
 )  # fmt: skip
 _GENERAL_LOWER = frozenset(name.lower() for name in (*_GENERAL_HEADERS, "Content-Length"))
 _HEADER_BLOCKS = 16_384  # objects whose rendered header block is kept
