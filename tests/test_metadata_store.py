@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
+from gateway.metadata.loop_writes import CHECKPOINT_EVERY
 from gateway.metadata.store import MetadataStore
 from gateway.origins.base import ListEntry, ObjectInfo
 
@@ -234,5 +236,68 @@ async def test_one_worker_answers_a_second_read_of_an_absent_key_without_sqlite(
         stored = await store.load(SCOPE, "plain")
         assert stored is not None and (stored.info, stored.learned) == (ANSWERS[0], 5)
         assert len(selects) == 3  # read from the database: the save forgot the miss
+    finally:
+        await store.close()
+
+
+async def test_share_writes_a_row_for_siblings_on_the_loop_and_through_the_thread_when_busy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With sibling workers a cold object's row is committed before its fetch lock opens.
+    ``share`` commits it on the loop (no trip to the store's thread); while a sibling holds
+    the write lock it waits for it on the store's thread instead, as ``flush`` does. Either
+    way a sibling's connection reads the row once ``share`` returns."""
+    path = tmp_path / "metadata.sqlite3"
+    store = MetadataStore(path, shared=True, flush_interval=3600)
+    await store.start()
+    sibling = sqlite3.connect(path, isolation_level=None)
+    thread_writes: list[int] = []
+    asked = threading.Event()
+    write = store._write
+
+    def counted(*batch: object) -> None:
+        thread_writes.append(1)
+        asked.set()
+        write(*batch)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store, "_write", counted)
+
+    def rows(key: str) -> tuple[int]:
+        return sibling.execute("SELECT count(*) FROM objects WHERE key=?", (key,)).fetchone()
+
+    try:
+        store.save(SCOPE, "free", info("free"), learned=1)
+        await store.share()
+        assert rows("free") == (1,) and thread_writes == []
+        sibling.execute("BEGIN IMMEDIATE")  # a sibling worker is writing
+        store.save(SCOPE, "busy", info("busy"), learned=1)
+        sharing = asyncio.ensure_future(store.share())
+        assert await asyncio.to_thread(asked.wait, 30)  # the thread waits for the lock
+        assert not sharing.done()
+        sibling.execute("COMMIT")
+        await sharing
+        assert rows("busy") == (1,) and thread_writes == [1]
+    finally:
+        sibling.close()
+        await store.close()
+
+
+async def test_rows_shared_on_the_loop_keep_the_log_bounded(tmp_path: Path) -> None:
+    """The loop's connection never checkpoints (that syncs files); the store's thread
+    does, every ``CHECKPOINT_EVERY`` commits, so the write-ahead log is cut back to its
+    limit instead of holding every row written (~12 KiB a commit here)."""
+    path = tmp_path / "metadata.sqlite3"
+    store = MetadataStore(path, shared=True, flush_interval=3600)
+    await store.start()
+    wal = path.with_name(path.name + "-wal")
+    try:
+        for i in range(8 * CHECKPOINT_EVERY):
+            store.save(SCOPE, f"k{i}", info(f"k{i}"), learned=1)
+            await store.share()
+            if store._maintaining is not None:  # each checkpoint done before the next commit
+                await store._maintaining
+        assert wal.stat().st_size <= 1 << 20
+        stored = await store.load(SCOPE, f"k{8 * CHECKPOINT_EVERY - 1}")
+        assert stored is not None
     finally:
         await store.close()
