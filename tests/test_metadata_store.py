@@ -183,7 +183,7 @@ async def test_a_point_read_on_the_loop_sees_a_siblings_flush_and_falls_back_whe
     tmp_path: Path,
 ) -> None:
     """``load`` reads on the loop, through its own connection: a row a sibling worker's
-    store flushed is seen by the next read (each read is a fresh snapshot), and a
+    store shared is seen by the next read (each read is a fresh snapshot), and a
     read that fails there (here: a connection to a database without the table) is
     asked again of the store's thread."""
     path = tmp_path / "metadata.sqlite3"
@@ -193,7 +193,7 @@ async def test_a_point_read_on_the_loop_sees_a_siblings_flush_and_falls_back_whe
     try:
         assert await mine.load(SCOPE, "plain") is None
         sibling.save(SCOPE, "plain", ANSWERS[0], learned=3)
-        await sibling.flush()
+        await sibling.share(SCOPE, "plain")  # as its fetch under the key's lock does
         stored = await mine.load(SCOPE, "plain")
         assert stored is not None and (stored.info, stored.learned) == (ANSWERS[0], 3)
         reader = mine._reader
@@ -267,11 +267,11 @@ async def test_share_writes_a_row_for_siblings_on_the_loop_and_through_the_threa
 
     try:
         store.save(SCOPE, "free", info("free"), learned=1)
-        await store.share()
+        await store.share(SCOPE, "k")
         assert rows("free") == (1,) and thread_writes == []
         sibling.execute("BEGIN IMMEDIATE")  # a sibling worker is writing
         store.save(SCOPE, "busy", info("busy"), learned=1)
-        sharing = asyncio.ensure_future(store.share())
+        sharing = asyncio.ensure_future(store.share(SCOPE, "k"))
         assert await asyncio.to_thread(asked.wait, 30)  # the thread waits for the lock
         assert not sharing.done()
         sibling.execute("COMMIT")
@@ -293,7 +293,7 @@ async def test_rows_shared_on_the_loop_keep_the_log_bounded(tmp_path: Path) -> N
     try:
         for i in range(8 * CHECKPOINT_EVERY):
             store.save(SCOPE, f"k{i}", info(f"k{i}"), learned=1)
-            await store.share()
+            await store.share(SCOPE, "k")
             if store._maintaining is not None:  # each checkpoint done before the next commit
                 await store._maintaining
         assert wal.stat().st_size <= 1 << 20
@@ -301,3 +301,37 @@ async def test_rows_shared_on_the_loop_keep_the_log_bounded(tmp_path: Path) -> N
         assert stored is not None
     finally:
         await store.close()
+
+
+async def test_a_second_read_of_an_absent_key_asks_sqlite_only_if_a_sibling_wrote_it_since(
+    tmp_path: Path,
+) -> None:
+    """With sibling workers, a cold GET reads the store on the hit path and again under the
+    key's fetch lock. A sibling that fetched the key meanwhile shared its row and bumped the
+    lock's version: then the second read asks SQLite and finds the row; else it is answered
+    absent without SQLite."""
+    path = tmp_path / "metadata.sqlite3"
+    mine, sibling = MetadataStore(path, shared=True), MetadataStore(path, shared=True)
+    await mine.start()
+    await sibling.start()
+    selects: list[str] = []
+    assert mine._reader is not None
+    mine._reader.set_trace_callback(
+        lambda sql: selects.append(sql) if sql.startswith("SELECT") else None
+    )
+    try:
+        assert await mine.load(SCOPE, "plain") is None
+        async with mine.fetch_lock(SCOPE, "plain"):
+            assert await mine.load(SCOPE, "plain") is None
+        assert len(selects) == 1
+        assert await mine.load(SCOPE, "plain") is None  # the hit path's read, next GET
+        async with sibling.fetch_lock(SCOPE, "plain"):  # the sibling fetches it first
+            sibling.save(SCOPE, "plain", ANSWERS[0], learned=7)
+            await sibling.share(SCOPE, "plain")
+        async with mine.fetch_lock(SCOPE, "plain"):
+            stored = await mine.load(SCOPE, "plain")
+        assert stored is not None and (stored.info, stored.learned) == (ANSWERS[0], 7)
+        assert len(selects) == 3
+    finally:
+        await sibling.close()
+        await mine.close()

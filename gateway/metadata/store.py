@@ -165,11 +165,13 @@ class MetadataStore:
         self._maintaining: asyncio.Future[None] | None = None  # a checkpoint on the thread
         self._checkpointed = 0  # the loop writer's commits at the last checkpoint asked
         self._pending: dict[tuple[str, str, str], _Row] = {}
-        # Keys a point read found absent, kept only when no sibling process writes the
-        # store: then only this process's ``save`` adds a row (and forgets the key here),
-        # so a cold GET's second read (the general path's, after the hit path's) is
-        # answered without SQLite. Each answers one read; the oldest go first.
-        self._absent: dict[tuple[str, str, str], None] = {}
+        # Keys a point read found absent, with their fetch lock's version before the read:
+        # only this process's ``save`` (which forgets the key here) or a sibling holding
+        # the lock (which bumps the version) adds a row another read should see, so a cold
+        # GET's second read (the general path's, after the hit path's) is answered without
+        # SQLite. Each answers one read; the oldest go first. A row a sibling's write saved
+        # is missed for that read: it costs a HEAD, as a row not flushed yet does.
+        self._absent: dict[tuple[str, str, str], int] = {}
         self._confirmations: list[tuple[float, Scope, Sequence[ListEntry]]] = []
         self._flusher: asyncio.Task[None] | None = None
         self._writing: asyncio.Future[None] | None = None  # the write on the store's thread
@@ -245,28 +247,32 @@ class MetadataStore:
         except sqlite3.OperationalError:  # busy or locked: wait for it off the loop
             pass
         name = (*scope, key)
+        version = self._locks.version(scope, key)
         row = self._pending.get(name) or await self._call(self._select, scope, key)
-        return self._stored(name, key, row)
+        return self._stored(name, key, row, version)
 
     def load_now(self, scope: Scope, key: str) -> Stored | None:
         """``load`` without leaving the loop (see the module's docstring); raises
         ``sqlite3.OperationalError`` if the database is busy (``load`` then waits)."""
         name = (*scope, key)
         row = self._pending.get(name)
+        version = 0
         if row is None:
-            if self._absent.pop(name, False) is None:
+            version = self._locks.version(scope, key)
+            if self._absent.pop(name, -1) == version:
                 return None
             if self._reader is None:
                 raise sqlite3.OperationalError("the store's point reader is not open")
             row = _select(self._reader, scope, key)
-        return self._stored(name, key, row)
+        return self._stored(name, key, row, version)
 
-    def _stored(self, name: tuple[str, str, str], key: str, row: _Row | None) -> Stored | None:
+    def _stored(
+        self, name: tuple[str, str, str], key: str, row: _Row | None, version: int
+    ) -> Stored | None:
         if row is None:
-            if not self._shared:
-                self._absent[name] = None
-                if len(self._absent) > _ABSENT_KEPT:
-                    del self._absent[next(iter(self._absent))]
+            self._absent[name] = version
+            if len(self._absent) > _ABSENT_KEPT:
+                del self._absent[next(iter(self._absent))]
             return None
         return Stored(_decode(key, row), time.time() - row[1], row[2])
 
@@ -348,25 +354,30 @@ class MetadataStore:
             self._next_write = asyncio.ensure_future(self._write_after(self._writing))
         await asyncio.shield(self._next_write)
 
-    async def share(self) -> None:
-        """Make every row saved before the call visible to sibling workers now.
+    async def share(self, scope: Scope, key: str) -> None:
+        """Make every row saved before the call visible to sibling workers now, and
+        tell those that found ``key`` absent to read it again (its lock's version):
+        while holding ``key``'s fetch lock.
 
         On the loop (``loop_writes.py``) when no write is under way here and
         the database is free; else a ``flush``. A batch the store's thread has
         taken may hold an older answer for the same key, so it must land first.
         """
         writer = self._loop_writer
-        if writer is None or self._writing is not None or not self._pending:
+        if (
+            writer
+            and self._writing is None
+            and self._pending
+            and writer.write(_rows(self._pending))
+        ):
+            self._pending = {}
+            if writer.commits - self._checkpointed >= CHECKPOINT_EVERY and not self._maintaining:
+                self._checkpointed = writer.commits
+                self._maintaining = asyncio.ensure_future(self._call(self._maintain))
+                self._maintaining.add_done_callback(self._maintained)
+        else:
             await self.flush()
-            return
-        if not writer.write(_rows(self._pending)):
-            await self.flush()
-            return
-        self._pending = {}
-        if writer.commits - self._checkpointed >= CHECKPOINT_EVERY and self._maintaining is None:
-            self._checkpointed = writer.commits
-            self._maintaining = asyncio.ensure_future(self._call(self._maintain))
-            self._maintaining.add_done_callback(self._maintained)
+        self._locks.bump(scope, key)
 
     def _maintained(self, done: asyncio.Future[None]) -> None:
         self._maintaining = None
