@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.metadata.loop_writes import CHECKPOINT_EVERY
+from gateway.metadata.loop_writes import CHECKPOINT_EVERY, LoopWriter
 from gateway.metadata.store import MetadataStore
 from gateway.origins.base import ListEntry, ObjectInfo
 
@@ -335,3 +335,25 @@ async def test_a_second_read_of_an_absent_key_asks_sqlite_only_if_a_sibling_wrot
     finally:
         await sibling.close()
         await mine.close()
+
+
+def test_a_loop_write_that_fails_leaves_no_transaction_holding_the_write_lock(
+    tmp_path: Path,
+) -> None:
+    """A failed write on the loop (here a constraint the row breaks) says so, and ends its
+    transaction: left open, it would hold the database's write lock for good."""
+    path = tmp_path / "t.sqlite3"
+    other = sqlite3.connect(path, timeout=0, isolation_level=None)
+    other.execute("PRAGMA journal_mode = WAL")
+    other.execute("CREATE TABLE t (n INTEGER NOT NULL)")
+    writer = LoopWriter(path, "INSERT INTO t VALUES (?)", 1 << 20)
+    try:
+        assert writer.write([(1,)])
+        assert not writer.write([(2,), (None,)])
+        other.execute("BEGIN IMMEDIATE")  # the write lock is free
+        other.execute("COMMIT")
+        assert other.execute("SELECT n FROM t").fetchall() == [(1,)]
+        assert (writer.written, writer.commits) == (1, 1)
+    finally:
+        writer.close()
+        other.close()

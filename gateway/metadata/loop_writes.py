@@ -25,6 +25,7 @@ too: it counts the rows written here (``written``), only ever read elsewhere.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
@@ -51,21 +52,27 @@ class LoopWriter:
         self.commits = 0
 
     def write(self, rows: Sequence[tuple[Any, ...]]) -> bool:
-        """Commit ``rows``; False (nothing written) if the database is busy."""
+        """Commit ``rows``; False (nothing written) if the database is busy, or if
+        anything else failed: the store's thread then tries, and reports what fails."""
         try:
             self._db.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError:
+        except sqlite3.Error:
             return False
         try:
             self._db.executemany(self._insert, rows)
             self._db.execute("COMMIT")
-        except sqlite3.OperationalError:
-            if self._db.in_transaction:
-                self._db.execute("ROLLBACK")
+        except sqlite3.Error:
+            self._roll_back()
             return False
         self.written += len(rows)
         self.commits += 1
         return True
+
+    def _roll_back(self) -> None:
+        """End a failed transaction: one left open would hold the write lock for good."""
+        with contextlib.suppress(sqlite3.Error):
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
 
     def close(self) -> None:
         self._db.close()
