@@ -60,7 +60,7 @@ Scope = tuple[str, str]
 _Row = tuple[str, float, int, str | bytes, int, int | None]
 log = logging.getLogger(__name__)
 _WAL_PAGES = 256  # write-ahead log pages before a checkpoint (1 MiB)
-_ABSENT_KEPT = 4096  # keys found absent, remembered for their next read (one worker)
+_ABSENT_KEPT = 4096  # keys found absent, remembered for their next read
 _RECOUNT_EVERY = 60.0  # seconds: the longest sibling workers' rows go uncounted
 
 # Rows are keyed by a 64-bit hash of (origin, bucket, key), the table's rowid:
