@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
+from gateway.metadata.loop_writes import CHECKPOINT_EVERY, LoopWriter
 from gateway.metadata.store import MetadataStore
 from gateway.origins.base import ListEntry, ObjectInfo
 
@@ -181,7 +183,7 @@ async def test_a_point_read_on_the_loop_sees_a_siblings_flush_and_falls_back_whe
     tmp_path: Path,
 ) -> None:
     """``load`` reads on the loop, through its own connection: a row a sibling worker's
-    store flushed is seen by the next read (each read is a fresh snapshot), and a
+    store shared is seen by the next read (each read is a fresh snapshot), and a
     read that fails there (here: a connection to a database without the table) is
     asked again of the store's thread."""
     path = tmp_path / "metadata.sqlite3"
@@ -191,7 +193,7 @@ async def test_a_point_read_on_the_loop_sees_a_siblings_flush_and_falls_back_whe
     try:
         assert await mine.load(SCOPE, "plain") is None
         sibling.save(SCOPE, "plain", ANSWERS[0], learned=3)
-        await sibling.flush()
+        await sibling.share(SCOPE, "plain")  # as its fetch under the key's lock does
         stored = await mine.load(SCOPE, "plain")
         assert stored is not None and (stored.info, stored.learned) == (ANSWERS[0], 3)
         reader = mine._reader
@@ -236,3 +238,122 @@ async def test_one_worker_answers_a_second_read_of_an_absent_key_without_sqlite(
         assert len(selects) == 3  # read from the database: the save forgot the miss
     finally:
         await store.close()
+
+
+async def test_share_writes_a_row_for_siblings_on_the_loop_and_through_the_thread_when_busy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With sibling workers a cold object's row is committed before its fetch lock opens.
+    ``share`` commits it on the loop (no trip to the store's thread); while a sibling holds
+    the write lock it waits for it on the store's thread instead, as ``flush`` does. Either
+    way a sibling's connection reads the row once ``share`` returns."""
+    path = tmp_path / "metadata.sqlite3"
+    store = MetadataStore(path, shared=True, flush_interval=3600)
+    await store.start()
+    sibling = sqlite3.connect(path, isolation_level=None)
+    thread_writes: list[int] = []
+    asked = threading.Event()
+    write = store._write
+
+    def counted(*batch: object) -> None:
+        thread_writes.append(1)
+        asked.set()
+        write(*batch)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store, "_write", counted)
+
+    def rows(key: str) -> tuple[int]:
+        return sibling.execute("SELECT count(*) FROM objects WHERE key=?", (key,)).fetchone()
+
+    try:
+        store.save(SCOPE, "free", info("free"), learned=1)
+        await store.share(SCOPE, "k")
+        assert rows("free") == (1,) and thread_writes == []
+        sibling.execute("BEGIN IMMEDIATE")  # a sibling worker is writing
+        store.save(SCOPE, "busy", info("busy"), learned=1)
+        sharing = asyncio.ensure_future(store.share(SCOPE, "k"))
+        assert await asyncio.to_thread(asked.wait, 30)  # the thread waits for the lock
+        assert not sharing.done()
+        sibling.execute("COMMIT")
+        await sharing
+        assert rows("busy") == (1,) and thread_writes == [1]
+    finally:
+        sibling.close()
+        await store.close()
+
+
+async def test_rows_shared_on_the_loop_keep_the_log_bounded(tmp_path: Path) -> None:
+    """The loop's connection never checkpoints (that syncs files); the store's thread
+    does, every ``CHECKPOINT_EVERY`` commits, so the write-ahead log is cut back to its
+    limit instead of holding every row written (~12 KiB a commit here)."""
+    path = tmp_path / "metadata.sqlite3"
+    store = MetadataStore(path, shared=True, flush_interval=3600)
+    await store.start()
+    wal = path.with_name(path.name + "-wal")
+    try:
+        for i in range(8 * CHECKPOINT_EVERY):
+            store.save(SCOPE, f"k{i}", info(f"k{i}"), learned=1)
+            await store.share(SCOPE, "k")
+            if store._maintaining is not None:  # each checkpoint done before the next commit
+                await store._maintaining
+        assert wal.stat().st_size <= 1 << 20
+        stored = await store.load(SCOPE, f"k{8 * CHECKPOINT_EVERY - 1}")
+        assert stored is not None
+    finally:
+        await store.close()
+
+
+async def test_a_second_read_of_an_absent_key_asks_sqlite_only_if_a_sibling_wrote_it_since(
+    tmp_path: Path,
+) -> None:
+    """With sibling workers, a cold GET reads the store on the hit path and again under the
+    key's fetch lock. A sibling that fetched the key meanwhile shared its row and bumped the
+    lock's version: then the second read asks SQLite and finds the row; else it is answered
+    absent without SQLite."""
+    path = tmp_path / "metadata.sqlite3"
+    mine, sibling = MetadataStore(path, shared=True), MetadataStore(path, shared=True)
+    await mine.start()
+    await sibling.start()
+    selects: list[str] = []
+    assert mine._reader is not None
+    mine._reader.set_trace_callback(
+        lambda sql: selects.append(sql) if sql.startswith("SELECT") else None
+    )
+    try:
+        assert await mine.load(SCOPE, "plain") is None
+        async with mine.fetch_lock(SCOPE, "plain"):
+            assert await mine.load(SCOPE, "plain") is None
+        assert len(selects) == 1
+        assert await mine.load(SCOPE, "plain") is None  # the hit path's read, next GET
+        async with sibling.fetch_lock(SCOPE, "plain"):  # the sibling fetches it first
+            sibling.save(SCOPE, "plain", ANSWERS[0], learned=7)
+            await sibling.share(SCOPE, "plain")
+        async with mine.fetch_lock(SCOPE, "plain"):
+            stored = await mine.load(SCOPE, "plain")
+        assert stored is not None and (stored.info, stored.learned) == (ANSWERS[0], 7)
+        assert len(selects) == 3
+    finally:
+        await sibling.close()
+        await mine.close()
+
+
+def test_a_loop_write_that_fails_leaves_no_transaction_holding_the_write_lock(
+    tmp_path: Path,
+) -> None:
+    """A failed write on the loop (here a constraint the row breaks) says so, and ends its
+    transaction: left open, it would hold the database's write lock for good."""
+    path = tmp_path / "t.sqlite3"
+    other = sqlite3.connect(path, timeout=0, isolation_level=None)
+    other.execute("PRAGMA journal_mode = WAL")
+    other.execute("CREATE TABLE t (n INTEGER NOT NULL)")
+    writer = LoopWriter(path, "INSERT INTO t VALUES (?)", 1 << 20)
+    try:
+        assert writer.write([(1,)])
+        assert not writer.write([(2,), (None,)])
+        other.execute("BEGIN IMMEDIATE")  # the write lock is free
+        other.execute("COMMIT")
+        assert other.execute("SELECT n FROM t").fetchall() == [(1,)]
+        assert (writer.written, writer.commits) == (1, 1)
+    finally:
+        writer.close()
+        other.close()

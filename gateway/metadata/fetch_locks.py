@@ -14,7 +14,13 @@ and one unlock ends both), so tasks of this process first queue on an
 ``asyncio.Lock`` per stripe, and only the one holding it holds the byte.
 
 The holder writes what it learned to the store before it lets go (a
-sibling waiting for the lock reads it next); that is the caller's part.
+sibling waiting for the lock reads it next); that is the caller's part. Then
+it adds one to the stripe's *version* (``bump``), a byte of the same file past
+the locks: a worker that found a key absent and reads it again (a cold GET
+reads the store on the hit path, then under the lock) asks SQLite only if the
+version moved in between, since only a holder's write could have added the
+row (``MetadataStore.load_now``). The byte wraps at 256, far more fetches of
+one stripe than fit between two reads of one request.
 
 Not guaranteed: fairness between processes (a waiting process polls the
 byte every 2 ms, a task of the holding process may take it first).
@@ -33,6 +39,7 @@ from pathlib import Path
 Scope = tuple[str, str]
 _STRIPES = 1 << 16  # stripes per kind: byte offsets of one lock file, so no file each
 _KINDS = {"meta": 0, "list": 1, "page": 2}  # a HEAD, a directory walk, a shared origin page
+_VERSIONS = len(_KINDS) * _STRIPES  # where the "meta" stripes' version bytes start
 _POLL = 0.002  # seconds between tries of a byte a sibling process holds
 
 
@@ -59,6 +66,20 @@ class FetchLocks:
         """The byte of the lock file that ``hold(scope, key, kind)`` locks."""
         digest = zlib.crc32("\0".join((*scope, key)).encode("utf-8", "surrogatepass"))
         return _KINDS[kind] * _STRIPES + digest % _STRIPES
+
+    def version(self, scope: Scope, key: str) -> int:
+        """How many times (mod 256) holders of ``key``'s "meta" stripe wrote a row for
+        siblings (``bump``); always 0 for one worker (no lock file)."""
+        if self._fd is None:
+            return 0
+        found = os.pread(self._fd, 1, _VERSIONS + self.offset(scope, key))
+        return found[0] if found else 0
+
+    def bump(self, scope: Scope, key: str) -> None:
+        """Tell siblings a row of ``key``'s stripe was written: while holding its lock."""
+        if self._fd is not None:
+            version = (self.version(scope, key) + 1) % 256
+            os.pwrite(self._fd, bytes((version,)), _VERSIONS + self.offset(scope, key))
 
     @contextlib.asynccontextmanager
     async def hold(self, scope: Scope, key: str, kind: str = "meta") -> AsyncIterator[bool]:

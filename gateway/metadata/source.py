@@ -333,7 +333,7 @@ class MetadataSource:
             if not isinstance(answer, Aged):  # a confirmed row was refreshed in the store
                 self.store.save(scope, okey, answer, learned)
                 if self.store.shared:
-                    await self.store.flush()  # visible to siblings before the lock opens
+                    await self.store.share(scope, okey)  # seen by siblings before the lock opens
         return answer
 
     async def _known_or(

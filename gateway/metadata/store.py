@@ -15,7 +15,9 @@ only while the journal says nothing touched its key since: a sibling's fetch
 that raced a write may store its old answer, and it is never believed.
 
 Saves are batched in memory and written every ``flush_interval`` seconds by
-one dedicated thread (SQLite's threading rules; no write blocks the loop). A
+one dedicated thread (SQLite's threading rules; no write blocks the loop); a
+row sibling workers must see at once is committed on the loop if that costs no
+wait (``share``, ``loop_writes.py``). A
 point read (``load``, one per cold object) runs on the loop, on a read-only
 connection of its own: it is an index lookup of a few cached pages, a WAL
 reader never waits for a writer, and a thread hop cost more than the read
@@ -47,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.metadata.fetch_locks import FetchLocks
+from gateway.metadata.loop_writes import CHECKPOINT_EVERY, LoopWriter
 from gateway.metadata.snapshot import microseconds, moment
 from gateway.origins.base import ListEntry, ObjectInfo
 from gateway.sqlite_wal import point_reader, share_pages, use_wal
@@ -57,7 +60,7 @@ Scope = tuple[str, str]
 _Row = tuple[str, float, int, str | bytes, int, int | None]
 log = logging.getLogger(__name__)
 _WAL_PAGES = 256  # write-ahead log pages before a checkpoint (1 MiB)
-_ABSENT_KEPT = 4096  # keys found absent, remembered for their next read (one worker)
+_ABSENT_KEPT = 4096  # keys found absent, remembered for their next read
 _RECOUNT_EVERY = 60.0  # seconds: the longest sibling workers' rows go uncounted
 
 # Rows are keyed by a 64-bit hash of (origin, bucket, key), the table's rowid:
@@ -77,6 +80,7 @@ CREATE INDEX IF NOT EXISTS objects_age ON objects (stored_at);
 """
 _COLUMNS = "info, stored_at, learned, etag, size, modified"
 _THIS_ROW = "id=? AND origin=? AND bucket=? AND key=?"
+_INSERT = "INSERT OR REPLACE INTO objects VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 # ObjectInfo's fields kept in ``info`` when not their defaults, by short name.
 _FIELDS = {"content_type": "c", "metadata": "m", "headers": "h", "storage_class": "s",
            "version_id": "v"}  # fmt: skip
@@ -126,6 +130,11 @@ def _encode(info: ObjectInfo, stored_at: float, learned: int) -> _Row:
     return info_text, stored_at, learned, _etag_column(info.etag), info.size, modified
 
 
+def _rows(batch: dict[tuple[str, str, str], _Row]) -> list[tuple[object, ...]]:
+    """``batch``'s rows as ``_INSERT`` takes them."""
+    return [(_row_id(k[:2], k[2]), *k, *row) for k, row in batch.items()]
+
+
 def _select(db: sqlite3.Connection, scope: Scope, key: str) -> _Row | None:
     cursor = db.execute(
         f"SELECT {_COLUMNS} FROM objects WHERE {_THIS_ROW}", (_row_id(scope, key), *scope, key)
@@ -152,12 +161,17 @@ class MetadataStore:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="metadata-store")
         self._db: sqlite3.Connection | None = None
         self._reader: sqlite3.Connection | None = None  # point reads, on the loop
+        self._loop_writer: LoopWriter | None = None  # shared: rows for siblings, on the loop
+        self._maintaining: asyncio.Future[None] | None = None  # a checkpoint on the thread
+        self._checkpointed = 0  # the loop writer's commits at the last checkpoint asked
         self._pending: dict[tuple[str, str, str], _Row] = {}
-        # Keys a point read found absent, kept only when no sibling process writes the
-        # store: then only this process's ``save`` adds a row (and forgets the key here),
-        # so a cold GET's second read (the general path's, after the hit path's) is
-        # answered without SQLite. Each answers one read; the oldest go first.
-        self._absent: dict[tuple[str, str, str], None] = {}
+        # Keys a point read found absent, with their fetch lock's version before the read:
+        # only this process's ``save`` (which forgets the key here) or a sibling holding
+        # the lock (which bumps the version) adds a row another read should see, so a cold
+        # GET's second read (the general path's, after the hit path's) is answered without
+        # SQLite. Each answers one read; the oldest go first. A row a sibling's write saved
+        # is missed for that read: it costs a HEAD, as a row not flushed yet does.
+        self._absent: dict[tuple[str, str, str], int] = {}
         self._confirmations: list[tuple[float, Scope, Sequence[ListEntry]]] = []
         self._flusher: asyncio.Task[None] | None = None
         self._writing: asyncio.Future[None] | None = None  # the write on the store's thread
@@ -167,6 +181,7 @@ class MetadataStore:
         # and once a minute for what sibling workers wrote. Touched in the store's thread.
         self._counted = 0  # rows at the last count
         self._written = 0  # rows written since: an upper bound (a replaced row adds none)
+        self._loop_counted = 0  # the loop writer's ``written`` at the last count
         self._counted_at = -math.inf
         lock_path = path.with_name(path.name + ".locks")
         self._locks = FetchLocks(lock_path)
@@ -183,6 +198,8 @@ class MetadataStore:
         await self._call(self._open)
         # Made on the loop, which is the only thread that uses it (sqlite3's thread check).
         self._reader = point_reader(self._path, "objects")
+        if self._shared:
+            self._loop_writer = LoopWriter(self._path, _INSERT, _WAL_PAGES * 4096)
         self._flusher = asyncio.create_task(self._flush_forever())
 
     def _open(self) -> None:
@@ -210,6 +227,11 @@ class MetadataStore:
             self._flusher.cancel()
             await asyncio.gather(self._flusher, return_exceptions=True)
         await self.flush()
+        if self._maintaining is not None:
+            await asyncio.gather(self._maintaining, return_exceptions=True)
+        if self._loop_writer is not None:
+            self._loop_writer.close()
+            self._loop_writer = None
         if self._reader is not None:
             self._reader.close()
             self._reader = None
@@ -225,28 +247,32 @@ class MetadataStore:
         except sqlite3.OperationalError:  # busy or locked: wait for it off the loop
             pass
         name = (*scope, key)
+        version = self._locks.version(scope, key)
         row = self._pending.get(name) or await self._call(self._select, scope, key)
-        return self._stored(name, key, row)
+        return self._stored(name, key, row, version)
 
     def load_now(self, scope: Scope, key: str) -> Stored | None:
         """``load`` without leaving the loop (see the module's docstring); raises
         ``sqlite3.OperationalError`` if the database is busy (``load`` then waits)."""
         name = (*scope, key)
         row = self._pending.get(name)
+        version = 0
         if row is None:
-            if self._absent.pop(name, False) is None:
+            version = self._locks.version(scope, key)
+            if self._absent.pop(name, -1) == version:
                 return None
             if self._reader is None:
                 raise sqlite3.OperationalError("the store's point reader is not open")
             row = _select(self._reader, scope, key)
-        return self._stored(name, key, row)
+        return self._stored(name, key, row, version)
 
-    def _stored(self, name: tuple[str, str, str], key: str, row: _Row | None) -> Stored | None:
+    def _stored(
+        self, name: tuple[str, str, str], key: str, row: _Row | None, version: int
+    ) -> Stored | None:
         if row is None:
-            if not self._shared:
-                self._absent[name] = None
-                if len(self._absent) > _ABSENT_KEPT:
-                    del self._absent[next(iter(self._absent))]
+            self._absent[name] = version
+            if len(self._absent) > _ABSENT_KEPT:
+                del self._absent[next(iter(self._absent))]
             return None
         return Stored(_decode(key, row), time.time() - row[1], row[2])
 
@@ -328,6 +354,55 @@ class MetadataStore:
             self._next_write = asyncio.ensure_future(self._write_after(self._writing))
         await asyncio.shield(self._next_write)
 
+    async def share(self, scope: Scope, key: str) -> None:
+        """Make every row saved before the call visible to sibling workers now, and
+        tell those that found ``key`` absent to read it again (its lock's version):
+        while holding ``key``'s fetch lock.
+
+        On the loop (``loop_writes.py``) when no write is under way here and
+        the database is free; else a ``flush``. A batch the store's thread has
+        taken may hold an older answer for the same key, so it must land first.
+        """
+        writer = self._loop_writer
+        if (
+            writer
+            and self._writing is None
+            and self._pending
+            and writer.write(_rows(self._pending))
+        ):
+            self._pending = {}
+            if writer.commits - self._checkpointed >= CHECKPOINT_EVERY and not self._maintaining:
+                self._checkpointed = writer.commits
+                self._maintaining = asyncio.ensure_future(self._call(self._maintain))
+                self._maintaining.add_done_callback(self._maintained)
+        else:
+            await self.flush()
+        self._locks.bump(scope, key)
+
+    def _maintained(self, done: asyncio.Future[None]) -> None:
+        self._maintaining = None
+        if not done.cancelled() and done.exception() is not None:  # next time, then
+            log.warning("metadata store checkpoint failed: %s", done.exception())
+
+    def _maintain(self) -> None:
+        """What the loop writer leaves to the store's thread: a checkpoint (the log
+        stays bounded) and the row bound."""
+        assert self._db is not None
+        self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        if self._past_the_bound():
+            with self._db:
+                self._db.execute("BEGIN IMMEDIATE")
+                self._keep_the_bound()
+
+    def _past_the_bound(self) -> bool:
+        """Whether the rows written since the last count could pass the bound, or that
+        count is too old (siblings' rows). In the store's thread."""
+        on_loop = 0 if self._loop_writer is None else self._loop_writer.written
+        since = self._written + on_loop - self._loop_counted
+        return self._counted + since > self._max_rows or (
+            time.monotonic() - self._counted_at > _RECOUNT_EVERY
+        )
+
     async def _write_after(self, previous: asyncio.Future[None] | None) -> None:
         """Write what is pending once ``previous`` (the write running when this one
         was asked for) is done; its failure is its own callers' to see."""
@@ -349,12 +424,10 @@ class MetadataStore:
         confirmations: list[tuple[float, Scope, Sequence[ListEntry]]],
     ) -> None:
         assert self._db is not None
-        rows = [(_row_id(k[:2], k[2]), *k, *row) for k, row in batch.items()]
+        rows = _rows(batch)
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
-            self._db.executemany(
-                "INSERT OR REPLACE INTO objects VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows
-            )
+            self._db.executemany(_INSERT, rows)
             for listed_at, scope, entries in confirmations:
                 self._db.executemany(
                     f"UPDATE objects SET stored_at=? WHERE {_THIS_ROW}"
@@ -373,14 +446,13 @@ class MetadataStore:
                     ),
                 )
             self._written += len(rows)
-            if self._counted + self._written > self._max_rows or (
-                time.monotonic() - self._counted_at > _RECOUNT_EVERY
-            ):
+            if self._past_the_bound():
                 self._keep_the_bound()
 
     def _keep_the_bound(self) -> None:
         """Drop the oldest rows past ``max_rows`` (inside ``_write``'s transaction)."""
         assert self._db is not None
+        on_loop = 0 if self._loop_writer is None else self._loop_writer.written
         (count,) = self._db.execute("SELECT count(*) FROM objects").fetchone()
         if count > self._max_rows:
             self._db.execute(
@@ -389,6 +461,7 @@ class MetadataStore:
                 (count - self._max_rows,),
             )
         self._counted, self._written = min(count, self._max_rows), 0
+        self._loop_counted = on_loop
         self._counted_at = time.monotonic()
 
     async def _flush_forever(self) -> None:

@@ -46,6 +46,7 @@ SWEEP_EVERY = 64  # pages written between sweeps of old files
 class SharedPages:
     def __init__(self, directory: Path, store: MetadataStore) -> None:
         self._directory = directory
+        self._prefix = f"{directory}{os.sep}"  # file names are joined as text: a cold GET's cost
         self._store = store
         self._written = 0
 
@@ -95,21 +96,22 @@ class SharedPages:
             raise errors.NoSuchBucket(answer["bucket"])
         raise errors.NoSuchKey(answer["key"], answer["headers"], age=age)
 
-    def _path(self, name: str) -> Path:
+    def _path(self, name: str) -> str:
         digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
-        return self._directory / f"{digest[:32]}.json"
+        return f"{self._prefix}{digest[:32]}.json"
 
-    def _write(self, path: Path, name: str, answer: object) -> None:
+    def _write(self, path: str, name: str, answer: object) -> None:
         self._directory.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"name": name, "done": time.time(), "answer": answer}))
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as out:
+            out.write(json.dumps({"name": name, "done": time.time(), "answer": answer}))
         os.replace(tmp, path)
         self._written += 1
         if self._written % SWEEP_EVERY == 0:
             _sweep(self._directory, time.time() - KEEP)
 
 
-def _read(path: Path, name: str, asked: float) -> ListPage | None:
+def _read(path: str, name: str, asked: float) -> ListPage | None:
     """The page a sibling finished fetching after ``asked``, if there is one."""
     record = _record(path, name, asked)
     try:
@@ -118,10 +120,11 @@ def _read(path: Path, name: str, asked: float) -> ListPage | None:
         return None
 
 
-def _record(path: Path, name: str, since: float) -> dict[str, Any] | None:
+def _record(path: str, name: str, since: float) -> dict[str, Any] | None:
     """The record (answer, when done) of ``name`` a sibling left after ``since``."""
     try:
-        record = json.loads(path.read_bytes())
+        with open(path, "rb") as found:  # usually there is none: one failing open
+            record = json.loads(found.read())
         if record["name"] != name or not record["done"] >= since:
             return None
         if not isinstance(record["answer"], dict):
