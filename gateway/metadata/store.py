@@ -26,129 +26,47 @@ the database be busy anyway (a recovery, a lock held by a crashed process),
 the read goes to the store's thread, which waits as writes do. A
 crash loses at most that interval of metadata, which costs a HEAD later, never
 a wrong answer: ETags name the blocks, and the origin has the last word after
-the TTL. Bounded by ``max_rows`` (oldest first out).
+the TTL. Bounded by ``max_rows`` (oldest first out). What a row holds, and how
+an answer is packed into it: ``store_rows.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import hashlib
-import json
 import logging
 import math
-import re
 import shutil
 import sqlite3
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from gateway.metadata.fetch_locks import FetchLocks
 from gateway.metadata.loop_writes import CHECKPOINT_EVERY, LoopWriter
-from gateway.metadata.snapshot import microseconds, moment
+from gateway.metadata.store_rows import (
+    INSERT,
+    SCHEMA,
+    THIS_ROW,
+    Row,
+    Scope,
+    Stored,
+    decode,
+    encode,
+    etag_column,
+    row_id,
+    rows_of,
+    select,
+)
 from gateway.origins.base import ListEntry, ObjectInfo
 from gateway.sqlite_wal import point_reader, share_pages, use_wal
 
-Scope = tuple[str, str]
-# info (the rest, compact JSON), stored_at, learned, etag (_etag_column), size,
-# modified (µs or None)
-_Row = tuple[str, float, int, str | bytes, int, int | None]
 log = logging.getLogger(__name__)
 _WAL_PAGES = 256  # write-ahead log pages before a checkpoint (1 MiB)
 _ABSENT_KEPT = 4096  # keys found absent, remembered for their next read
 _RECOUNT_EVERY = 60.0  # seconds: the longest sibling workers' rows go uncounted
-
-# Rows are keyed by a 64-bit hash of (origin, bucket, key), the table's rowid:
-# a text primary key would be a second copy of every key in its index (~100
-# bytes a row). A hash collision replaces the other key's row, and every read
-# checks the key it finds: a lost row costs a HEAD, never a wrong answer.
-# What a row's columns hold (the key, size, ETag, time) is not repeated in
-# ``info``, which keeps only what differs from the defaults.
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS objects (
-    id INTEGER PRIMARY KEY,
-    origin TEXT NOT NULL, bucket TEXT NOT NULL, key TEXT NOT NULL,
-    info TEXT NOT NULL, stored_at REAL NOT NULL, learned INTEGER NOT NULL,
-    etag TEXT NOT NULL, size INTEGER NOT NULL, modified INTEGER
-);
-CREATE INDEX IF NOT EXISTS objects_age ON objects (stored_at);
-"""
-_COLUMNS = "info, stored_at, learned, etag, size, modified"
-_THIS_ROW = "id=? AND origin=? AND bucket=? AND key=?"
-_INSERT = "INSERT OR REPLACE INTO objects VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-# ObjectInfo's fields kept in ``info`` when not their defaults, by short name.
-_FIELDS = {"content_type": "c", "metadata": "m", "headers": "h", "storage_class": "s",
-           "version_id": "v"}  # fmt: skip
-_DEFAULTS = ObjectInfo("", 0, "", datetime(1970, 1, 1, tzinfo=UTC))
-# An ETag that is a quoted MD5 (a single-part upload's, the usual case) is stored as its
-# 16 bytes, not 34 characters; any other is stored as it is. A BLOB never reads back as
-# text, so rows written before either way decode unchanged.
-_MD5_ETAG = re.compile(r'"[0-9a-f]{32}"')
-
-
-def _etag_column(etag: str) -> str | bytes:
-    return bytes.fromhex(etag[1:-1]) if _MD5_ETAG.fullmatch(etag) else etag
-
-
-def _etag(stored: str | bytes) -> str:
-    return f'"{stored.hex()}"' if isinstance(stored, bytes) else stored
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Stored:
-    """A stored answer: the object, seconds since it was learned, and the journal
-    sequence number read before it was asked (``learned``)."""
-
-    info: ObjectInfo
-    age: float
-    learned: int
-
-
-def _row_id(scope: Scope, key: str) -> int:
-    """The row's id: a signed 64-bit hash of where the key lives and the key."""
-    text = "\0".join((*scope, key)).encode("utf-8", "surrogatepass")
-    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big", signed=True)
-
-
-def _encode(info: ObjectInfo, stored_at: float, learned: int) -> _Row:
-    rest = {
-        short: getattr(info, name)
-        for name, short in _FIELDS.items()
-        if getattr(info, name) != getattr(_DEFAULTS, name)
-    }
-    modified = None
-    if info.last_modified.tzinfo is None:
-        rest["n"] = info.last_modified.isoformat()  # naive: kept as it came
-    else:
-        modified = microseconds(info.last_modified)
-    info_text = json.dumps(rest, separators=(",", ":"))
-    return info_text, stored_at, learned, _etag_column(info.etag), info.size, modified
-
-
-def _rows(batch: dict[tuple[str, str, str], _Row]) -> list[tuple[object, ...]]:
-    """``batch``'s rows as ``_INSERT`` takes them."""
-    return [(_row_id(k[:2], k[2]), *k, *row) for k, row in batch.items()]
-
-
-def _select(db: sqlite3.Connection, scope: Scope, key: str) -> _Row | None:
-    cursor = db.execute(
-        f"SELECT {_COLUMNS} FROM objects WHERE {_THIS_ROW}", (_row_id(scope, key), *scope, key)
-    )
-    row: _Row | None = cursor.fetchone()
-    return row
-
-
-def _decode(key: str, row: _Row) -> ObjectInfo:
-    rest: dict[str, Any] = json.loads(row[0])
-    fields = {name: rest[short] for name, short in _FIELDS.items() if short in rest}
-    modified = row[5]
-    when = datetime.fromisoformat(rest["n"]) if modified is None else moment(modified)
-    return ObjectInfo(key, row[4], _etag(row[3]), when, **fields)
 
 
 class MetadataStore:
@@ -164,7 +82,7 @@ class MetadataStore:
         self._loop_writer: LoopWriter | None = None  # shared: rows for siblings, on the loop
         self._maintaining: asyncio.Future[None] | None = None  # a checkpoint on the thread
         self._checkpointed = 0  # the loop writer's commits at the last checkpoint asked
-        self._pending: dict[tuple[str, str, str], _Row] = {}
+        self._pending: dict[tuple[str, str, str], Row] = {}
         # Keys a point read found absent, with their fetch lock's version before the read:
         # only this process's ``save`` (which forgets the key here) or a sibling holding
         # the lock (which bumps the version) adds a row another read should see, so a cold
@@ -199,7 +117,7 @@ class MetadataStore:
         # Made on the loop, which is the only thread that uses it (sqlite3's thread check).
         self._reader = point_reader(self._path, "objects")
         if self._shared:
-            self._loop_writer = LoopWriter(self._path, _INSERT, _WAL_PAGES * 4096)
+            self._loop_writer = LoopWriter(self._path, INSERT, _WAL_PAGES * 4096)
         self._flusher = asyncio.create_task(self._flush_forever())
 
     def _open(self) -> None:
@@ -220,7 +138,7 @@ class MetadataStore:
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(objects)")}
         if columns and "modified" not in columns:  # an older layout: a cache, so start over
             self._db.execute("DROP TABLE objects")
-        self._db.executescript(_SCHEMA)
+        self._db.executescript(SCHEMA)
 
     async def close(self) -> None:
         if self._flusher is not None:
@@ -263,22 +181,22 @@ class MetadataStore:
                 return None
             if self._reader is None:
                 raise sqlite3.OperationalError("the store's point reader is not open")
-            row = _select(self._reader, scope, key)
+            row = select(self._reader, scope, key)
         return self._stored(name, key, row, version)
 
     def _stored(
-        self, name: tuple[str, str, str], key: str, row: _Row | None, version: int
+        self, name: tuple[str, str, str], key: str, row: Row | None, version: int
     ) -> Stored | None:
         if row is None:
             self._absent[name] = version
             if len(self._absent) > _ABSENT_KEPT:
                 del self._absent[next(iter(self._absent))]
             return None
-        return Stored(_decode(key, row), time.time() - row[1], row[2])
+        return Stored(decode(key, row), time.time() - row[1], row[2])
 
-    def _select(self, scope: Scope, key: str) -> _Row | None:
+    def _select(self, scope: Scope, key: str) -> Row | None:
         assert self._db is not None
-        return _select(self._db, scope, key)
+        return select(self._db, scope, key)
 
     def fetch_lock(
         self, scope: Scope, key: str, kind: str = "meta"
@@ -308,7 +226,7 @@ class MetadataStore:
     def save(self, scope: Scope, key: str, info: ObjectInfo, learned: int) -> None:
         """Remember ``info``, asked of the origin at journal sequence ``learned``;
         written with the next flush."""
-        self._pending[(*scope, key)] = _encode(info, time.time(), learned)
+        self._pending[(*scope, key)] = encode(info, time.time(), learned)
         self._absent.pop((*scope, key), None)
 
     def confirm(self, scope: Scope, entries: Sequence[ListEntry], listed_at: float) -> None:
@@ -330,8 +248,8 @@ class MetadataStore:
         assert self._db is not None
         if exact:
             self._db.execute(
-                f"DELETE FROM objects WHERE {_THIS_ROW}",
-                (_row_id(scope, key_prefix), *scope, key_prefix),
+                f"DELETE FROM objects WHERE {THIS_ROW}",
+                (row_id(scope, key_prefix), *scope, key_prefix),
             )
             return
         # substr, not LIKE: LIKE ignores ASCII case and treats % and _ specially.
@@ -368,7 +286,7 @@ class MetadataStore:
             writer
             and self._writing is None
             and self._pending
-            and writer.write(_rows(self._pending))
+            and writer.write(rows_of(self._pending))
         ):
             self._pending = {}
             if writer.commits - self._checkpointed >= CHECKPOINT_EVERY and not self._maintaining:
@@ -420,25 +338,25 @@ class MetadataStore:
 
     def _write(
         self,
-        batch: dict[tuple[str, str, str], _Row],
+        batch: dict[tuple[str, str, str], Row],
         confirmations: list[tuple[float, Scope, Sequence[ListEntry]]],
     ) -> None:
         assert self._db is not None
-        rows = _rows(batch)
+        rows = rows_of(batch)
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
-            self._db.executemany(_INSERT, rows)
+            self._db.executemany(INSERT, rows)
             for listed_at, scope, entries in confirmations:
                 self._db.executemany(
-                    f"UPDATE objects SET stored_at=? WHERE {_THIS_ROW}"
+                    f"UPDATE objects SET stored_at=? WHERE {THIS_ROW}"
                     " AND etag=? AND size=? AND stored_at<?",
                     (
                         (
                             listed_at,
-                            _row_id(scope, e.key),
+                            row_id(scope, e.key),
                             *scope,
                             e.key,
-                            _etag_column(e.etag),
+                            etag_column(e.etag),
                             e.size,
                             listed_at,
                         )
