@@ -8,9 +8,10 @@ has netem, otherwise ``tbf`` for the rate cap and the counting proxy for the
 delay (see ``proxy.py``). Without namespaces, moto runs on loopback and the
 proxy emulates both delay and rate; a warning says so.
 
-Every origin request of every target passes the counting proxy on
-127.0.0.1, so ``counts()`` is the origin's view of a run. Seeding goes to moto
-directly and is not counted.
+Every origin request of every target passes the counting proxy (on
+127.0.0.1, or beside moto in the namespace, where the shaped link is the
+targets' hop to it), so ``counts()`` is the origin's view of a run. Seeding
+goes to moto directly and is not counted.
 
 Cleanup is unconditional: ``close()`` (also from ``with``, Ctrl-C and SIGTERM,
 which ``__main__`` turns into SystemExit) stops moto and the proxy and deletes
@@ -168,14 +169,25 @@ class Origin:
             self.moto = self._spawn([], self.moto_url)
             wait_http(self.moto_url + "/moto-api/", 60, self.moto)
         proxy_port = free_port()
+        # In a namespace the proxy runs beside moto, so the shaped link is the targets'
+        # hop (a WAN between a cache and its origin), and the proxy's own connections to
+        # moto stay inside: werkzeug closes every connection, so the proxy opens one per
+        # request, and across the veth their TIME_WAIT ports are never reused (the
+        # kernel's default reuses them on loopback only). Tens of thousands of them made
+        # each connect() scan for a free port: the proxy's system time tripled in the
+        # later epochs of a run, and whichever target ran then looked slow.
+        prefix, host = [], "127.0.0.1"
+        if self.namespace is not None:
+            prefix, host = ["ip", "netns", "exec", self.namespace], f"10.254.{self._subnet}.2"
         with open(self.workdir / "proxy.log", "ab") as log:
             self.proxy = subprocess.Popen(
-                [sys.executable, "-m", "loadtest.proxy", "--port", str(proxy_port),
-                 "--upstream", self.moto_url, "--rtt-ms", str(proxy_rtt),
-                 "--rate-mbit", str(proxy_rate), "--stream-mbit", str(self.stream_mbit)],
+                [*prefix, sys.executable, "-m", "loadtest.proxy", "--host", host,
+                 "--port", str(proxy_port), "--upstream", self.moto_url,
+                 "--rtt-ms", str(proxy_rtt), "--rate-mbit", str(proxy_rate),
+                 "--stream-mbit", str(self.stream_mbit)],
                 stdout=log, stderr=subprocess.STDOUT, env=_env(),
             )  # fmt: skip
-        self.endpoint = f"http://127.0.0.1:{proxy_port}"
+        self.endpoint = f"http://{host}:{proxy_port}"
         if self.stream_mbit > 0:
             self.network = dataclasses.replace(
                 self.network,
@@ -231,6 +243,9 @@ class Origin:
         _run(*inside, "ip", "addr", "add", f"{net}.2/30", "dev", ns_if)
         _run(*inside, "ip", "link", "set", ns_if, "up")
         _run(*inside, "ip", "link", "set", "lo", "up")
+        # The proxy's connections to moto (one per request: werkzeug closes each) reuse
+        # TIME_WAIT ports in this namespace, as they do on loopback.
+        _try(*inside, "sysctl", "-q", "-w", "net.ipv4.tcp_tw_reuse=1")
         if shutil.which("tc") is None:
             return False, False
         rate = f"{self.rate_mbit:g}mbit"

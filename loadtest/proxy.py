@@ -161,6 +161,7 @@ def build_app(
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--upstream", required=True)
     parser.add_argument("--rtt-ms", type=float, default=0.0)
@@ -170,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps({"proxy": args.port, "upstream": args.upstream}), flush=True)
     web.run_app(
         build_app(args.upstream, args.rtt_ms, args.rate_mbit, args.stream_mbit),
-        host="127.0.0.1", port=args.port, access_log=None, print=None,
+        host=args.host, port=args.port, access_log=None, print=None,
         shutdown_timeout=2, backlog=1024,
     )  # fmt: skip
 
