@@ -1,7 +1,8 @@
 """The counting proxy in front of the origin: what reaches the origin, and how slowly.
 
 Every target that talks to the origin (``direct`` clients, nginx, Hoard) uses
-this proxy's loopback address as the origin endpoint, so one place counts
+this proxy's address as the origin endpoint (loopback, or moto's namespace:
+``origin.py``), so one place counts
 origin requests by kind (GET of an object, HEAD, LIST, other) and the body
 bytes the origin sent. ``GET /_counts`` returns the counters as JSON (with ``connections``, the
 client connections opened); bucket

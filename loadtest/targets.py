@@ -38,7 +38,7 @@ ALL = ("direct", "nginx", "nginx-3", "hoard", "hoard-cluster", "hoard-disk", "st
 class Context:
     """What every target needs to know about the run."""
 
-    origin_endpoint: str  # the counting proxy, http://127.0.0.1:P
+    origin_endpoint: str  # the counting proxy, http://127.0.0.1:P or in moto's namespace
     dataset: Dataset
     workdir: Path
     pinning: Pinning
