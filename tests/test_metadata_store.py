@@ -220,11 +220,7 @@ async def test_one_worker_answers_a_second_read_of_an_absent_key_without_sqlite(
     the database too once flushed."""
     store = MetadataStore(tmp_path / "metadata.sqlite3", flush_interval=3600)
     await store.start()
-    selects: list[str] = []
-    assert store._reader is not None
-    store._reader.set_trace_callback(
-        lambda sql: selects.append(sql) if sql.startswith("SELECT") else None
-    )
+    selects = _selects_of(store)
     try:
         assert await store.load(SCOPE, "plain") is None
         assert await store.load(SCOPE, "plain") is None
@@ -314,11 +310,7 @@ async def test_a_second_read_of_an_absent_key_asks_sqlite_only_if_a_sibling_wrot
     mine, sibling = MetadataStore(path, shared=True), MetadataStore(path, shared=True)
     await mine.start()
     await sibling.start()
-    selects: list[str] = []
-    assert mine._reader is not None
-    mine._reader.set_trace_callback(
-        lambda sql: selects.append(sql) if sql.startswith("SELECT") else None
-    )
+    selects = _selects_of(mine)
     try:
         assert await mine.load(SCOPE, "plain") is None
         async with mine.fetch_lock(SCOPE, "plain"):
@@ -357,3 +349,13 @@ def test_a_loop_write_that_fails_leaves_no_transaction_holding_the_write_lock(
     finally:
         writer.close()
         other.close()
+
+
+def _selects_of(store: MetadataStore) -> list[str]:
+    """The SELECTs the store's point reader runs from now on, as SQLite traces them."""
+    selects: list[str] = []
+    assert store._reader is not None
+    store._reader.set_trace_callback(
+        lambda sql: selects.append(sql) if sql.startswith("SELECT") else None
+    )
+    return selects

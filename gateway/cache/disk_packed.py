@@ -222,22 +222,13 @@ class PackedBlocks:
             segment = await self._open_segment(place.segment)
             if segment is None:
                 return None
-        try:
-            stat = os.fstat(segment.fd)
-        except OSError:
-            stat = None
-        if stat is None or stat.st_nlink == 0:
+        stat = self._linked(segment, place)
+        if stat is None:
             self._drop_segment(place.segment)
             return None
-        if stat.st_size < place.offset + HEADER_SIZE + place.length:
-            raise Bad(f"segment {place.segment} ends before the record (truncated)")
-        fingerprint = segment_files.fingerprint(stat)
-        if segment.verified.get(block.digest) != fingerprint:
-            if place.length <= _VERIFY_ON_LOOP:
-                segment_files.verify(segment.fd, block, place)
-            else:
-                await asyncio.to_thread(segment_files.verify, segment.fd, block, place)
-            segment.verified[block.digest] = fingerprint
+        if not self._checked_here(segment, block, place, stat):
+            await asyncio.to_thread(segment_files.verify, segment.fd, block, place)
+            segment.verified[block.digest] = segment_files.fingerprint(stat)
         return segment_files.lend(segment, place)
 
     def open_held(self, block: BlockId) -> PackedFile | None:
@@ -262,21 +253,40 @@ class PackedBlocks:
         if segment is None:
             return None
         try:
+            stat = self._linked(segment, place)
+            if stat is None or not self._checked_here(segment, block, place, stat):
+                return None
+        except (Bad, OSError):
+            return None
+        return segment_files.lend(segment, place)
+
+    def _linked(self, segment: Segment, place: Place) -> os.stat_result | None:
+        """The segment's ``fstat`` (no disk I/O) while it is linked; None once it is gone
+        (evicted, or deleted by someone else). Raises Bad if it ends before the record."""
+        try:
             stat = os.fstat(segment.fd)
         except OSError:
             return None
-        if stat.st_nlink == 0 or stat.st_size < place.offset + HEADER_SIZE + place.length:
+        if stat.st_nlink == 0:
             return None
+        if stat.st_size < place.offset + HEADER_SIZE + place.length:
+            raise Bad(f"segment {place.segment} ends before the record (truncated)")
+        return stat
+
+    def _checked_here(
+        self, segment: Segment, block: BlockId, place: Place, stat: os.stat_result
+    ) -> bool:
+        """Whether the record may be lent now: it passed its check since the segment last
+        changed, or it is small and passes it here (raises Bad or OSError if not). False:
+        a large record, to check off the loop."""
         fingerprint = segment_files.fingerprint(stat)
-        if segment.verified.get(block.digest) != fingerprint:
-            if place.length > _VERIFY_ON_LOOP:
-                return None
-            try:
-                segment_files.verify(segment.fd, block, place)
-            except (Bad, OSError):
-                return None
-            segment.verified[block.digest] = fingerprint
-        return segment_files.lend(segment, place)
+        if segment.verified.get(block.digest) == fingerprint:
+            return True
+        if place.length > _VERIFY_ON_LOOP:
+            return False
+        segment_files.verify(segment.fd, block, place)
+        segment.verified[block.digest] = fingerprint
+        return True
 
     def forget(self, removed: Removed) -> None:
         """Blocks and segments taken out of the index: stop serving them."""

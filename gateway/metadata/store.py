@@ -315,11 +315,14 @@ class MetadataStore:
     def _past_the_bound(self) -> bool:
         """Whether the rows written since the last count could pass the bound, or that
         count is too old (siblings' rows). In the store's thread."""
-        on_loop = 0 if self._loop_writer is None else self._loop_writer.written
-        since = self._written + on_loop - self._loop_counted
+        since = self._written + self._loop_written() - self._loop_counted
         return self._counted + since > self._max_rows or (
             time.monotonic() - self._counted_at > _RECOUNT_EVERY
         )
+
+    def _loop_written(self) -> int:
+        """Rows the loop writer has committed since it opened (none without siblings)."""
+        return 0 if self._loop_writer is None else self._loop_writer.written
 
     async def _write_after(self, previous: asyncio.Future[None] | None) -> None:
         """Write what is pending once ``previous`` (the write running when this one
@@ -370,7 +373,7 @@ class MetadataStore:
     def _keep_the_bound(self) -> None:
         """Drop the oldest rows past ``max_rows`` (inside ``_write``'s transaction)."""
         assert self._db is not None
-        on_loop = 0 if self._loop_writer is None else self._loop_writer.written
+        on_loop = self._loop_written()
         (count,) = self._db.execute("SELECT count(*) FROM objects").fetchone()
         if count > self._max_rows:
             self._db.execute(
