@@ -5,6 +5,7 @@ Layout under ``directory``::
     blocks/<2 hex>/<digest>   header (block.HEADER_SIZE bytes) + data, served with sendfile
     segments/<pid>-<t>.seg    small blocks packed: records of header + data (``disk_packed.py``)
     tmp/<digest>.part         a fill in progress, flock'ed by the process filling it
+    disk.lock                 flock'ed by every process using the directory (``solo_claims.py``)
     index.sqlite3             the index (``disk_index.py``), WAL mode
     reserve                   room kept back for the eviction a full disk needs (``disk_space.py``)
 
@@ -89,6 +90,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import logging
 import sqlite3
 import time
@@ -97,7 +99,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from gateway.cache import disk_claims, disk_recovery, disk_space
+from gateway.cache import disk_claims, disk_recovery, disk_space, segment_sql
 from gateway.cache import disk_files as files
 from gateway.cache.block import HEADER_SIZE, BlockId, encode_header
 from gateway.cache.disk_files import BlockFile, Corrupt, FillAbandoned, PartFollower
@@ -107,6 +109,7 @@ from gateway.cache.disk_packed import PackedBlocks
 from gateway.cache.disk_removal import Removal
 from gateway.cache.disk_writer import BlockWriter
 from gateway.cache.segment_sql import Place
+from gateway.cache.solo_claims import NodeLock, SoloClaims
 from gateway.tasks import TaskSet
 
 __all__ = ["BlockFile", "BlockWriter", "DiskStats", "DiskTier", "FillAbandoned", "PartFollower"]
@@ -115,6 +118,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _KEEP_OPEN_MAX = 1 << 20  # blocks up to this size keep their descriptors open when hot
+_SOLO_WAIT = 30.0  # seconds a reader waits for this process's claim (a part's follower: 30)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +147,7 @@ class DiskTier:
         on_full: Callable[[], None] | None = None,
         packed_max: int = 0,
         segment_size: int = 64 << 20,
+        shared: bool = True,
     ) -> None:
         """``capacity`` counts file bytes (headers included) across all processes.
 
@@ -150,6 +155,9 @@ class DiskTier:
         of up to ``segment_size`` bytes (``disk_packed.py``; 0: every block has its own file).
 
         ``open_files``: descriptors of hot small blocks kept open (``disk_open.py``; 0: none).
+
+        ``shared``: sibling processes write ``directory`` too; without them, packed
+        blocks are claimed in memory, with no part file (``solo_claims.py``).
 
         ``on_evict(n)`` is called with the number of blocks each eviction pass
         removed, ``on_corrupt()`` once per bad block file found, ``on_full()``
@@ -185,6 +193,9 @@ class DiskTier:
                                         self._removal.count_corrupt,
                                         self.space.batch_failed)  # fmt: skip
         self._removal.packed = self._packed
+        self._node_lock = NodeLock(self.directory / "disk.lock")
+        # Claims of packed blocks without part files, while this process writes alone.
+        self._solo: SoloClaims | None = None if shared or self._packed is None else SoloClaims()
 
     @property
     def limit(self) -> int:
@@ -206,6 +217,7 @@ class DiskTier:
         """Create the directories and the index; clean up after crashed processes."""
         for path in (self._blocks, self._tmp, self.directory / "segments"):
             await asyncio.to_thread(path.mkdir, parents=True, exist_ok=True)
+        await self._hold_node_lock()
         await self._index.open()
         await asyncio.to_thread(self.space.reserve.hold)
         await disk_recovery.recover(self._index, self._blocks, self._tmp, self._final, self._packed)
@@ -225,6 +237,19 @@ class DiskTier:
         self._open.clear()
         await self.flush()
         await self._index.close()
+        self._node_lock.close()
+
+    async def _hold_node_lock(self) -> None:
+        alone = self._solo is not None
+        if await asyncio.to_thread(self._node_lock.hold, alone):
+            return
+        if alone:
+            log.warning("disk tier: another process uses %s; fills are claimed with part files",
+                        self.directory)  # fmt: skip
+            self._solo = None
+        else:
+            log.warning("disk tier: a single-worker process holds %s; its fills and this "
+                        "node's may fetch the same block twice", self.directory)  # fmt: skip
 
     # -- reading ---------------------------------------------------------------
 
@@ -272,7 +297,11 @@ class DiskTier:
 
         After None, or FillAbandoned from the follower, retry ``get`` and then
         ``begin``. Raises FillAbandoned if the filler died before its header.
+        A packed block claimed in this process's memory is waited for (its bytes
+        land whole at its group commit), then None.
         """
+        if self._solo is not None and await self._solo.wait(block.digest, _SOLO_WAIT):
+            return None
         follower = await opening(asyncio.to_thread(files.open_part, self._part(block)))
         if follower is None:
             return None
@@ -293,6 +322,8 @@ class DiskTier:
         """
         if HEADER_SIZE + length > self.capacity:
             raise OSError(errno.EFBIG, f"a block of {length} bytes exceeds the disk tier")
+        if self._solo is not None and self.packs(length):
+            return await self._begin_alone(block, length)
         part, final = self._part(block), self._final(block)
         header = encode_header(block, length, 0)  # provisional: tells followers the length
         try:
@@ -304,6 +335,31 @@ class DiskTier:
             await self.space.failed("start", exc, block)
             raise
         return None if fd is None else BlockWriter(self, block, fd, part, length)
+
+    async def _begin_alone(self, block: BlockId, length: int) -> BlockWriter | None:
+        """``begin`` of a packed block claimed in memory (``solo_claims.py``): no part file;
+        the index is asked whether the block is stored, as ``disk_claims`` asks it."""
+        assert self._solo is not None
+        if not self._solo.take(block.digest):
+            return None
+        try:
+            indexed = await self._indexed(block.digest)
+        except BaseException:
+            self._solo.release(block.digest)
+            raise
+        if indexed:
+            self._solo.release(block.digest)
+            return None
+        release = functools.partial(self._solo.release, block.digest)
+        return BlockWriter(self, block, -1, None, length, on_release=release)
+
+    async def _indexed(self, digest: str) -> bool:
+        """Whether the index holds ``digest``: on the loop, in the thread if SQLite is busy."""
+        index = self._index
+        try:
+            return index.read_now(segment_sql.locate, digest) is not None
+        except sqlite3.OperationalError:
+            return await opening(index.run(index.read, segment_sql.locate, digest)) is not None
 
     async def put(self, block: BlockId, data: bytes) -> bool:
         """Store ``data`` as ``block``; False if not stored (claimed elsewhere, no space)."""

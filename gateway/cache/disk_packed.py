@@ -111,7 +111,7 @@ class _Active:
 class _Pending:
     identity: tuple[object, ...]
     place: Place
-    part: Path
+    part: Path | None  # the fill's claim, if a part file (``solo_claims.py``: none)
     done: asyncio.Future[bool]
 
 
@@ -311,7 +311,9 @@ class PackedBlocks:
 
     # -- storing a block ---------------------------------------------------------
 
-    async def store(self, block: BlockId, chunks: list[bytes], checksum: int, part: Path) -> bool:
+    async def store(
+        self, block: BlockId, chunks: list[bytes], checksum: int, part: Path | None
+    ) -> bool:
         """Append the block's record to this process's segment and index it in the
         next group commit; True once indexed. ``part`` (the fill's claim, still held
         by the caller) is unlinked with its batch, one thread hop for all of them.
@@ -353,7 +355,8 @@ class PackedBlocks:
             rows = [(p.identity, p.place) for p in batch]
             # The claims end once the rows are in (a sibling asking then finds the block),
             # or once they failed to go in (it asks the origin): in the index thread.
-            release = functools.partial(files.unlink_many, [p.part for p in batch])
+            parts = [p.part for p in batch if p.part is not None]
+            release = functools.partial(files.unlink_many, parts)
             try:
                 removed, gone = await self._index.publish_packed(
                     rows, sizes, self._take_touches(), self._limit(), then=release

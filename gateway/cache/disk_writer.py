@@ -4,14 +4,16 @@ The writer is the fill's half of the disk tier (``disk.py``): it owns the part
 file's descriptor (and so the claim, its ``flock``), appends data in order,
 hashes it as it goes by, and hands the sealed block to the tier at ``commit``.
 A block small enough to be packed (``disk_packed.py``) also keeps its chunks,
-so the commit appends them to a segment without reading the part file back.
+so the commit appends them to a segment without reading the part file back;
+claimed in memory (``solo_claims.py``), it has no part file at all (``fd`` -1,
+``path`` None), and ``on_release`` ends its claim.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -47,7 +49,10 @@ class BlockWriter:
     Calls must not overlap (a fill streams in order, one write at a time).
     """
 
-    def __init__(self, tier: WriterTier, block: BlockId, fd: int, path: Path, length: int) -> None:
+    def __init__(
+        self, tier: WriterTier, block: BlockId, fd: int, path: Path | None, length: int,
+        on_release: Callable[[], None] | None = None,
+    ) -> None:  # fmt: skip
         # A block small enough to be packed keeps its chunks to append them at commit.
         self.chunks: list[bytes] | None = [] if tier.packs(length) else None
         self.fd = fd
@@ -60,6 +65,7 @@ class BlockWriter:
         self._hasher = xxhash.xxh3_64()  # the checksum, computed as the data goes by
         self._finished = False  # committed or aborting: no more writes
         self._pending: asyncio.Future[None] | None = None  # a write still running in a thread
+        self._on_release = on_release  # ends a claim held in memory, once
 
     async def write(self, data: bytes) -> None:
         """Append ``data``. Raises OSError (ENOSPC...) after removing the part file."""
@@ -69,7 +75,9 @@ class BlockWriter:
             raise ValueError(f"{self.written} + {len(data)} bytes exceed length {self.length}")
         offset = self.data_offset + self.written
         try:
-            if len(data) < _THREAD_WRITE:  # a page-cache copy of this size is quicker than a hop
+            if self.path is None:  # no part file: the chunks are the block until commit
+                self._hasher.update(data)
+            elif len(data) < _THREAD_WRITE:  # a page-cache copy of this size is quicker than a hop
                 files.append(self.fd, self._hasher, data, offset)
             else:
                 loop = asyncio.get_running_loop()
@@ -104,7 +112,9 @@ class BlockWriter:
 
     async def abort(self) -> None:
         """Remove the part file and release the claim. Idempotent."""
+        self._end_claim()
         if self.fd < 0:
+            self._finished = True
             return
         fd, self.fd = self.fd, -1  # taken now, so an overlapping abort cannot unlink twice
         self._finished = True
@@ -115,12 +125,19 @@ class BlockWriter:
             if self._pending is not None:
                 await asyncio.gather(self._pending, return_exceptions=True)
             # unlink while still holding the lock: until then the name is ours
-            await asyncio.to_thread(files.unlink, self.path)
+            if self.path is not None:
+                await asyncio.to_thread(files.unlink, self.path)
         finally:
             os.close(fd)
 
     def release(self) -> None:
         """Close the descriptor (releasing the lock) without touching the part's name."""
+        self._end_claim()
         fd, self.fd = self.fd, -1
         if fd >= 0:
             os.close(fd)
+
+    def _end_claim(self) -> None:
+        release, self._on_release = self._on_release, None
+        if release is not None:
+            release()
