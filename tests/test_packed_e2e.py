@@ -4,7 +4,10 @@ moto behind a counting proxy, segments damaged by the test."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import sqlite3
+import time
 from pathlib import Path
 
 import aiohttp
@@ -44,6 +47,22 @@ async def _fetch_all(urls: list[str], concurrency: int) -> list[bytes]:
 
 def fetch_all(urls: list[str], concurrency: int = 16) -> list[bytes]:
     return asyncio.run(_fetch_all(urls, concurrency))
+
+
+def wait_indexed(cache_dir: Path, count: int, timeout: float = 30.0) -> None:
+    """Wait until the block index holds ``count`` rows: a fill's waiters are answered
+    before its group commit, and until the commit every read of the block joins the
+    fill, never reading the segment (so damage made before then is not seen)."""
+    deadline = time.monotonic() + timeout
+    rows = -1
+    while time.monotonic() < deadline:
+        uri = f"file:{cache_dir / 'index.sqlite3'}?mode=ro"
+        with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=5)) as db:
+            rows = db.execute("SELECT count(*) FROM blocks").fetchone()[0]
+        if rows >= count:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"{rows} of {count} blocks indexed after {timeout}s")
 
 
 def cache_files(cache_dir: Path) -> list[Path]:
@@ -126,6 +145,7 @@ def test_damaged_segments_are_dropped_counted_refetched_never_served(
     try:
         fetch_all(urls, concurrency=1)  # in order: record i at i * (64 + 4096)
         assert fetch_all(urls) == list(objects.values())  # verified and kept open
+        wait_indexed(cache_dir, len(objects))
         (segment,) = segment_files(cache_dir)
         with open(segment, "r+b") as f:  # flip bytes of the first object's data
             f.seek(64 + 10)
@@ -141,6 +161,7 @@ def test_damaged_segments_are_dropped_counted_refetched_never_served(
         assert fetch_all(urls) == list(objects.values())
         assert proxy.counts["GetObject"] == 0  # ...and cached again
 
+        wait_indexed(cache_dir, len(objects))
         for path in segment_files(cache_dir):  # deleted while open
             path.unlink()
         proxy.reset()
