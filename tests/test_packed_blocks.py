@@ -309,6 +309,65 @@ async def test_a_full_disk_eviction_whose_commit_fails_removes_no_file_its_rows_
         await tier.close()
 
 
+async def test_an_append_that_meets_a_full_disk_is_cut_from_its_segment(tiny_fs: Path) -> None:
+    """A record half written when the file system filled is cut off: every byte of the
+    segments on disk is an indexed record's (nothing was dropped one by one here)."""
+    tier = packed_tier(tiny_fs, 1 << 30, shared=False)  # alone: no part file fills first
+    await tier.start()
+    filler = tiny_fs / "filler"
+    try:
+        stored = [block_id(f"cut{i}") for i in range(4)]
+        for block in stored:
+            assert await tier.put(block, payload(block, 16 << 10))
+        await tier.flush()
+        with open(filler, "wb", buffering=0) as f, contextlib.suppress(OSError):
+            while True:  # another program fills the file system...
+                f.write(bytes(4096))
+        os.truncate(filler, filler.stat().st_size - 8192)  # ...but for two pages
+        torn = block_id("torn")
+        assert not await tier.put(torn, payload(torn, 16 << 10))  # 16 KiB into 8
+        assert await read_back(tier, torn) is None
+        await tier.flush()
+        assert segment_bytes(tiny_fs) == tier.stats().used_bytes == 4 * (HEADER_SIZE + (16 << 10))
+        for block in stored:
+            assert await read_back(tier, block) == payload(block, 16 << 10)
+    finally:
+        await tier.close()
+
+
+async def test_a_failed_group_commit_fails_the_records_after_it_and_cuts_them_off(
+    tmp_path: Path,
+) -> None:
+    """A batch the index refuses is not stored, nor is what was appended to the same
+    segment while it ran: each fails (the origin serves it), and their bytes leave the disk."""
+    directory = tmp_path / "cache"
+    tier = packed_tier(directory)
+    await tier.start()
+    try:
+        kept = block_id("kept")
+        assert await tier.put(kept, payload(kept))
+        index = tier._index  # the next commit is made to fail: SQLite's authorizer denies it
+        await index.run(index.read, lambda conn: conn.set_authorizer(_deny_commit))
+        refused = [block_id(f"refused{i}") for i in range(6)]
+        results = await asyncio.gather(*(tier.put(b, payload(b)) for b in refused))
+        await index.run(index.read, lambda conn: conn.set_authorizer(None))
+        assert not any(results)
+        for block in refused:
+            assert await read_back(tier, block) is None
+        assert await read_back(tier, kept) == payload(kept)
+        await tier.flush()
+        assert segment_bytes(directory) == tier.stats().used_bytes == RECORD
+        again = [block_id(f"again{i}") for i in range(3)]  # caching goes on, in a new segment
+        assert all(await asyncio.gather(*(tier.put(b, payload(b)) for b in again)))
+        for block in [kept, *again]:
+            assert await read_back(tier, block) == payload(block)
+        await tier.flush()
+        assert segment_bytes(directory) == tier.stats().used_bytes == 4 * RECORD
+        assert tier.stats().corrupt == 0
+    finally:
+        await tier.close()
+
+
 async def test_an_index_of_an_older_layout_is_started_over_never_misread(tmp_path: Path) -> None:
     directory = tmp_path / "cache"
     old = block_id("old")

@@ -17,7 +17,14 @@ under load at most one per ``_COMMIT_SPACING`` (appends gather meanwhile). This
 process serves its own records at once (``places``); sibling workers find them
 once the batch commits. Until then the fill's claim (its part file, as for any
 block, see ``disk.py``) stays held, so a sibling that asks meanwhile tails the
-part file: it gets the bytes as they arrive, or waits for them.
+part file: it gets the bytes as they arrive, or waits for them. A process
+with no sibling claims in memory and has no part file (``solo_claims.py``).
+
+A full disk costs no uncounted bytes: an append that fails is cut from the
+segment's end, and a group commit that fails fails the records appended after
+it to the same segments too, and cuts the segments back to where the first of
+them began (``_cut_unindexed``); their blocks are served from the origin and
+not stored, as any fill that meets a full disk.
 
 A hit is ``sendfile(segment, offset, length)`` from one descriptor kept per
 segment and shared by every response. Before lending it, the hit ``fstat``s
@@ -36,8 +43,8 @@ claim that asks the index, since a packed block has no file of its own to
 find, ``disk_claims.py``.
 
 A crash leaves at worst a torn tail: records appended whose rows never
-committed. No row points at them, so they are dead bytes, counted in the
-segment's size; a row's record is complete (it was written before the row),
+committed. No row points at them, so they are dead bytes until their
+segment goes; a row's record is complete (it was written before the row),
 and if it is not (power cut without ``fsync``), its checksum fails at the
 first read and the block is dropped and fetched again.
 
@@ -322,7 +329,12 @@ class PackedBlocks:
         header = encode_header(block, length, checksum)
         active = await self._room(HEADER_SIZE + length)
         place = Place(active.name, active.size, length, checksum)
-        segment_files.pwritev_all(active.fd, [header, *chunks], active.size)
+        try:
+            segment_files.pwritev_all(active.fd, [header, *chunks], active.size)
+        except OSError:
+            # A torn record past the end would be counted nowhere, nor reclaimed: cut it.
+            segment_files.cut_back(active.fd, active.size)
+            raise
         active.size += HEADER_SIZE + length
         self._remember(block.digest, place)
         b = block
@@ -362,8 +374,9 @@ class PackedBlocks:
                     rows, sizes, self._take_touches(), self._limit(), then=release
                 )
             except (sqlite3.Error, OSError) as exc:  # a full disk...: these stay unindexed
-                await self._on_failed(exc)
                 removed, gone = Removed(), set(sizes)
+                self._cut_unindexed(batch, gone)
+                await self._on_failed(exc)
             evicted = set(removed.packed)
             for pending in batch:
                 stored = pending.place.segment not in gone and pending.identity[0] not in evicted
@@ -376,6 +389,29 @@ class PackedBlocks:
             self._last_commit = time.monotonic()
             if removed.segments or removed.files or removed.packed:
                 await self._on_removed(removed)
+
+    def _cut_unindexed(self, batch: list[_Pending], gone: set[str]) -> None:
+        """After a failed commit: the records appended since, to the same segments (the next
+        batch's), fail with it, and each segment is cut back to where the first of them
+        began, so no byte of them stays on disk uncounted. On the loop, with no await:
+        nothing is appended meanwhile, and the active segment is retired (the next append
+        starts a new one)."""
+        later = [p for p in self._pending if p.place.segment in gone]
+        self._pending = [p for p in self._pending if p.place.segment not in gone]
+        starts: dict[str, int] = {}
+        for pending in (*batch, *later):
+            segment, offset = pending.place.segment, pending.place.offset
+            starts[segment] = min(starts.get(segment, offset), offset)
+        if self._active is not None and self._active.name in gone:
+            self._retire()
+        for segment, offset in starts.items():
+            segment_files.cut_back_path(self.directory / segment, offset)
+        # Their claims end here, as the batch's do in the index thread (a sibling asks anew).
+        files.unlink_many([p.part for p in later if p.part is not None])
+        for pending in later:
+            self._places.pop(str(pending.identity[0]), None)
+            if not pending.done.done():
+                pending.done.set_result(False)
 
     async def _room(self, record: int) -> _Active:
         """The active segment, rolled to a new one when this record would overflow it."""

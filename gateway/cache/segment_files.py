@@ -24,6 +24,7 @@ then fails it).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,6 +104,19 @@ def pwritev_all(fd: int, buffers: list[bytes], offset: int) -> None:
     if written < total:  # rare: finish byte by byte of what is left
         rest = b"".join(buffers)[written:]
         files.pwrite_all(fd, rest, offset + written)
+
+
+def cut_back(fd: int, size: int) -> None:
+    """Truncate a segment to ``size`` bytes: records past it were never indexed. Best
+    effort (a file system that refuses leaves dead bytes until the segment goes)."""
+    with contextlib.suppress(OSError):
+        os.ftruncate(fd, size)
+
+
+def cut_back_path(path: Path, size: int) -> None:
+    """``cut_back`` of a segment this process no longer holds open (gone already: nothing)."""
+    with contextlib.suppress(OSError):
+        os.truncate(path, size)
 
 
 def scan(directory: Path) -> set[str]:
