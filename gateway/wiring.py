@@ -115,7 +115,7 @@ def build(
         cache.dir, cache.size, fsync=cache.fsync, open_files=cache.open_files,
         on_evict=lambda n: metrics.cache_evictions.labels("disk").inc(n),
         on_corrupt=metrics.corrupt_blocks.inc, on_full=metrics.disk_full.inc,
-        packed_max=cache.packed_block_max, segment_size=cache.segment_size, shared=shared,
+        packed_max=cache.packed_block_max, segment_size=cache.segment_size,
     )  # fmt: skip
     body = BodySender(send_timeout=settings.send_timeout)
     node_view = (  # one membership for the node's workers, probed by the leader

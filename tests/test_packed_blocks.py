@@ -312,7 +312,7 @@ async def test_a_full_disk_eviction_whose_commit_fails_removes_no_file_its_rows_
 async def test_an_append_that_meets_a_full_disk_is_cut_from_its_segment(tiny_fs: Path) -> None:
     """A record half written when the file system filled is cut off: every byte of the
     segments on disk is an indexed record's (nothing was dropped one by one here)."""
-    tier = packed_tier(tiny_fs, 1 << 30, shared=False)  # alone: no part file fills first
+    tier = packed_tier(tiny_fs, 1 << 30)  # no part file: the record meets the full disk
     await tier.start()
     filler = tiny_fs / "filler"
     try:

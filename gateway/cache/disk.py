@@ -5,7 +5,7 @@ Layout under ``directory``::
     blocks/<2 hex>/<digest>   header (block.HEADER_SIZE bytes) + data, served with sendfile
     segments/<pid>-<t>.seg    small blocks packed: records of header + data (``disk_packed.py``)
     tmp/<digest>.part         a fill in progress, flock'ed by the process filling it
-    disk.lock                 flock'ed by every process using the directory (``solo_claims.py``)
+    claims                    the stripes that claim packed blocks' fills (``packed_claims.py``)
     index.sqlite3             the index (``disk_index.py``), WAL mode
     reserve                   room kept back for the eviction a full disk needs (``disk_space.py``)
 
@@ -108,8 +108,8 @@ from gateway.cache.disk_open import OpenBlocks, opening, within_fd_limit
 from gateway.cache.disk_packed import PackedBlocks
 from gateway.cache.disk_removal import Removal
 from gateway.cache.disk_writer import BlockWriter
+from gateway.cache.packed_claims import PackedClaims
 from gateway.cache.segment_sql import Place
-from gateway.cache.solo_claims import NodeLock, SoloClaims
 from gateway.tasks import TaskSet
 
 __all__ = ["BlockFile", "BlockWriter", "DiskStats", "DiskTier", "FillAbandoned", "PartFollower"]
@@ -118,7 +118,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _KEEP_OPEN_MAX = 1 << 20  # blocks up to this size keep their descriptors open when hot
-_SOLO_WAIT = 30.0  # seconds a reader waits for this process's claim (a part's follower: 30)
+_CLAIM_WAIT = 30.0  # seconds a reader waits for a packed block's claim (a part's follower: 30)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +147,6 @@ class DiskTier:
         on_full: Callable[[], None] | None = None,
         packed_max: int = 0,
         segment_size: int = 64 << 20,
-        shared: bool = True,
     ) -> None:
         """``capacity`` counts file bytes (headers included) across all processes.
 
@@ -155,9 +154,6 @@ class DiskTier:
         of up to ``segment_size`` bytes (``disk_packed.py``; 0: every block has its own file).
 
         ``open_files``: descriptors of hot small blocks kept open (``disk_open.py``; 0: none).
-
-        ``shared``: sibling processes write ``directory`` too; without them, packed
-        blocks are claimed in memory, with no part file (``solo_claims.py``).
 
         ``on_evict(n)`` is called with the number of blocks each eviction pass
         removed, ``on_corrupt()`` once per bad block file found, ``on_full()``
@@ -193,9 +189,8 @@ class DiskTier:
                                         self._removal.count_corrupt,
                                         self.space.batch_failed)  # fmt: skip
         self._removal.packed = self._packed
-        self._node_lock = NodeLock(self.directory / "disk.lock")
-        # Claims of packed blocks without part files, while this process writes alone.
-        self._solo: SoloClaims | None = None if shared or self._packed is None else SoloClaims()
+        # Packed blocks are claimed without part files (``packed_claims.py``).
+        self._claims = PackedClaims(self.directory / "claims") if self._packed is not None else None
 
     @property
     def limit(self) -> int:
@@ -217,7 +212,8 @@ class DiskTier:
         """Create the directories and the index; clean up after crashed processes."""
         for path in (self._blocks, self._tmp, self.directory / "segments"):
             await asyncio.to_thread(path.mkdir, parents=True, exist_ok=True)
-        await self._hold_node_lock()
+        if self._claims is not None:
+            await asyncio.to_thread(self._claims.open)
         await self._index.open()
         await asyncio.to_thread(self.space.reserve.hold)
         await disk_recovery.recover(self._index, self._blocks, self._tmp, self._final, self._packed)
@@ -237,19 +233,8 @@ class DiskTier:
         self._open.clear()
         await self.flush()
         await self._index.close()
-        self._node_lock.close()
-
-    async def _hold_node_lock(self) -> None:
-        alone = self._solo is not None
-        if await asyncio.to_thread(self._node_lock.hold, alone):
-            return
-        if alone:
-            log.warning("disk tier: another process uses %s; fills are claimed with part files",
-                        self.directory)  # fmt: skip
-            self._solo = None
-        else:
-            log.warning("disk tier: a single-worker process holds %s; its fills and this "
-                        "node's may fetch the same block twice", self.directory)  # fmt: skip
+        if self._claims is not None:
+            self._claims.close()
 
     # -- reading ---------------------------------------------------------------
 
@@ -297,13 +282,18 @@ class DiskTier:
 
         After None, or FillAbandoned from the follower, retry ``get`` and then
         ``begin``. Raises FillAbandoned if the filler died before its header.
-        A packed block claimed in this process's memory is waited for (its bytes
-        land whole at its group commit), then None.
+        A packed block's claim (``packed_claims.py``) is waited for (its bytes land
+        whole at its group commit), then None.
         """
-        if self._solo is not None and await self._solo.wait(block.digest, _SOLO_WAIT):
+        claims = self._claims
+        if claims is not None and claims.holds(block.digest):
+            await claims.wait(block.digest, lambda: False, _CLAIM_WAIT)
             return None
         follower = await opening(asyncio.to_thread(files.open_part, self._part(block)))
         if follower is None:
+            if claims is not None:
+                await claims.wait(block.digest, lambda: self._indexed_now(block.digest),
+                                  _CLAIM_WAIT)  # fmt: skip
             return None
         try:
             await follower.read_header(block)
@@ -322,8 +312,8 @@ class DiskTier:
         """
         if HEADER_SIZE + length > self.capacity:
             raise OSError(errno.EFBIG, f"a block of {length} bytes exceeds the disk tier")
-        if self._solo is not None and self.packs(length):
-            return await self._begin_alone(block, length)
+        if self._claims is not None and self.packs(length):
+            return await self._begin_packed(block, length)
         part, final = self._part(block), self._final(block)
         header = encode_header(block, length, 0)  # provisional: tells followers the length
         try:
@@ -336,22 +326,30 @@ class DiskTier:
             raise
         return None if fd is None else BlockWriter(self, block, fd, part, length)
 
-    async def _begin_alone(self, block: BlockId, length: int) -> BlockWriter | None:
-        """``begin`` of a packed block claimed in memory (``solo_claims.py``): no part file;
-        the index is asked whether the block is stored, as ``disk_claims`` asks it."""
-        assert self._solo is not None
-        if not self._solo.take(block.digest):
+    async def _begin_packed(self, block: BlockId, length: int) -> BlockWriter | None:
+        """``begin`` of a packed block (``packed_claims.py``): no part file; the index is
+        asked whether the block is stored, as ``disk_claims`` asks it."""
+        claims = self._claims
+        assert claims is not None
+        if not claims.take(block.digest):
             return None
         try:
             indexed = await self._indexed(block.digest)
         except BaseException:
-            self._solo.release(block.digest)
+            claims.release(block.digest)
             raise
         if indexed:
-            self._solo.release(block.digest)
+            claims.release(block.digest)
             return None
-        release = functools.partial(self._solo.release, block.digest)
+        release = functools.partial(claims.release, block.digest)
         return BlockWriter(self, block, -1, None, length, on_release=release)
+
+    def _indexed_now(self, digest: str) -> bool:
+        """Whether the index holds ``digest``, on the loop; False if SQLite is busy."""
+        try:
+            return self._index.read_now(segment_sql.locate, digest) is not None
+        except sqlite3.OperationalError:
+            return False
 
     async def _indexed(self, digest: str) -> bool:
         """Whether the index holds ``digest``: on the loop, in the thread if SQLite is busy."""

@@ -15,10 +15,9 @@ length, checksum; ``segment_sql.py``) is written in a *group commit* with
 every other record appended meanwhile, one SQLite transaction per batch, and
 under load at most one per ``_COMMIT_SPACING`` (appends gather meanwhile). This
 process serves its own records at once (``places``); sibling workers find them
-once the batch commits. Until then the fill's claim (its part file, as for any
-block, see ``disk.py``) stays held, so a sibling that asks meanwhile tails the
-part file: it gets the bytes as they arrive, or waits for them. A process
-with no sibling claims in memory and has no part file (``solo_claims.py``).
+once the batch commits. Until then the fill's claim (a digest in memory and a
+stripe of a lock file, ``packed_claims.py``: no part file) stays held, so a
+sibling that asks meanwhile waits for the commit and reads the record.
 
 A full disk costs no uncounted bytes: an append that fails is cut from the
 segment's end, and a group commit that fails fails the records appended after
@@ -118,7 +117,7 @@ class _Active:
 class _Pending:
     identity: tuple[object, ...]
     place: Place
-    part: Path | None  # the fill's claim, if a part file (``solo_claims.py``: none)
+    part: Path | None  # the fill's claim, if a part file (``packed_claims.py``: none)
     done: asyncio.Future[bool]
 
 

@@ -5,7 +5,7 @@ file's descriptor (and so the claim, its ``flock``), appends data in order,
 hashes it as it goes by, and hands the sealed block to the tier at ``commit``.
 A block small enough to be packed (``disk_packed.py``) also keeps its chunks,
 so the commit appends them to a segment without reading the part file back;
-claimed in memory (``solo_claims.py``), it has no part file at all (``fd`` -1,
+claimed without one (``packed_claims.py``), it has no part file at all (``fd`` -1,
 ``path`` None), and ``on_release`` ends its claim.
 """
 
