@@ -9,7 +9,8 @@ Two interleaved readers show why a fill re-checks the disk before going to the
 origin: A misses on disk, B misses on disk, A's fill completes and leaves the
 group, then B starts its fill — without the re-check, B would fetch the block
 a second time. Workers of one node coordinate through the disk tier's fill
-claims: the worker that loses the claim tails the winner's part file.
+claims: the worker that loses the claim tails the winner's part file, or, for a
+packed block (which has none), waits for the winner's group commit.
 
 Concurrent fills are bounded (``fill_slots``) because each holds its block in
 memory while it runs; fills fed by a metadata miss's GET (``BlockSource.adopt``,

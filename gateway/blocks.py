@@ -172,7 +172,8 @@ class BlockSource:
 
         The block is claimed on disk before this returns: a sibling worker that
         learns of the object from the shared metadata store right after then
-        finds the claim and tails this fill instead of asking the origin again.
+        finds the claim and tails this fill (a packed block's: waits for its group
+        commit, ``cache/packed_claims.py``) instead of asking the origin again.
         No fill slot is taken: the stream already holds an origin concurrency
         slot, and waiting for a fill slot with it while fills holding fill slots
         wait for origin slots would deadlock (these are bounded by the origin's cap).

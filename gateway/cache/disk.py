@@ -44,10 +44,11 @@ Several processes (the gateway workers of one node) share one directory.
   ``touch_interval`` seconds (and with this process's next commit), not one
   SQLite write per hit.
 
-Small blocks (up to ``packed_max`` bytes) are claimed and followed the same
-way, but their commit appends them to this process's segment file instead of
-renaming the part into ``blocks/`` (``disk_packed.py``), and their index rows
-are written in group commits; a hit on one first asks where it is (this
+Small blocks (up to ``packed_max`` bytes) have no part file: they are claimed
+by their digest in memory and a stripe of the ``claims`` file, and a reader
+that loses the claim waits for the group commit (``packed_claims.py``); their
+commit appends them to this process's segment file (``disk_packed.py``), and
+their index rows are written in group commits; a hit on one first asks where it is (this
 process's memory of places, else one index read) and is lent the segment's
 kept descriptor. Eviction takes own-file blocks and whole segments by last use
 (``segment_sql.py``).
