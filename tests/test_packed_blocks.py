@@ -46,6 +46,13 @@ def segment_bytes(directory: Path) -> int:
     return total
 
 
+def fill_up(filler: Path) -> None:
+    """Write ``filler`` until its file system is full, as another program might."""
+    with open(filler, "wb", buffering=0) as f, contextlib.suppress(OSError):
+        while True:
+            f.write(bytes(4096))
+
+
 def cache_files(directory: Path) -> list[Path]:
     return [p for p in directory.rglob("*") if p.is_file()]
 
@@ -288,10 +295,7 @@ async def test_a_full_disk_eviction_whose_commit_fails_removes_no_file_its_rows_
         stored = [block_id(f"kept{i}") for i in range(8)]
         for block in stored:
             assert await tier.put(block, payload(block, 16 << 10))
-        # another program fills the file system
-        with open(filler, "wb", buffering=0) as f, contextlib.suppress(OSError):
-            while True:
-                f.write(bytes(4096))
+        fill_up(filler)  # another program fills the file system
         index = tier._index  # the commit made to fail: SQLite's authorizer denies COMMIT
         await index.run(index.read, lambda conn: conn.set_authorizer(_deny_commit))
         extra = block_id("extra")
@@ -320,9 +324,7 @@ async def test_an_append_that_meets_a_full_disk_is_cut_from_its_segment(tiny_fs:
         for block in stored:
             assert await tier.put(block, payload(block, 16 << 10))
         await tier.flush()
-        with open(filler, "wb", buffering=0) as f, contextlib.suppress(OSError):
-            while True:  # another program fills the file system...
-                f.write(bytes(4096))
+        fill_up(filler)  # another program fills the file system...
         os.truncate(filler, filler.stat().st_size - 8192)  # ...but for two pages
         torn = block_id("torn")
         assert not await tier.put(torn, payload(torn, 16 << 10))  # 16 KiB into 8

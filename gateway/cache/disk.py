@@ -293,7 +293,7 @@ class DiskTier:
         follower = await opening(asyncio.to_thread(files.open_part, self._part(block)))
         if follower is None:
             if claims is not None:
-                await claims.wait(block.digest, lambda: self._indexed_now(block.digest),
+                await claims.wait(block.digest, lambda: self._indexed_now(block.digest) is True,
                                   _CLAIM_WAIT)  # fmt: skip
             return None
         try:
@@ -345,20 +345,20 @@ class DiskTier:
         release = functools.partial(claims.release, block.digest)
         return BlockWriter(self, block, -1, None, length, on_release=release)
 
-    def _indexed_now(self, digest: str) -> bool:
-        """Whether the index holds ``digest``, on the loop; False if SQLite is busy."""
+    def _indexed_now(self, digest: str) -> bool | None:
+        """Whether the index holds ``digest``, on the loop; None if SQLite is busy."""
         try:
             return self._index.read_now(segment_sql.locate, digest) is not None
         except sqlite3.OperationalError:
-            return False
+            return None
 
     async def _indexed(self, digest: str) -> bool:
-        """Whether the index holds ``digest``: on the loop, in the thread if SQLite is busy."""
+        """``_indexed_now``, asked in the index thread when SQLite is busy on the loop."""
+        found = self._indexed_now(digest)
+        if found is not None:
+            return found
         index = self._index
-        try:
-            return index.read_now(segment_sql.locate, digest) is not None
-        except sqlite3.OperationalError:
-            return await opening(index.run(index.read, segment_sql.locate, digest)) is not None
+        return await opening(index.run(index.read, segment_sql.locate, digest)) is not None
 
     async def put(self, block: BlockId, data: bytes) -> bool:
         """Store ``data`` as ``block``; False if not stored (claimed elsewhere, no space)."""
@@ -399,16 +399,16 @@ class DiskTier:
         return block.digest not in evicted.files  # it evicts itself only if nothing else fits
 
     async def _publish_packed(self, writer: BlockWriter, checksum: int) -> bool:
-        # The claim (the part file) is held until the block is indexed, so a sibling
-        # asking meanwhile tails the part instead of fetching the block again.
+        # The claim is held until the block is indexed (or not to be), so a sibling
+        # asking meanwhile waits for the record instead of fetching the block again.
         assert self._packed is not None and writer.chunks is not None
         try:
-            stored = await self._packed.store(writer.block, writer.chunks, checksum, writer.path)
+            stored = await self._packed.store(writer.block, writer.chunks, checksum)
         except OSError as exc:
             await writer.abort()
             await self.space.failed("append", exc, writer.block)
             return False
-        writer.release()  # its part (the claim, the bytes for followers) went with the batch
+        writer.release()
         return stored
 
     # -- dropping --------------------------------------------------------------

@@ -196,14 +196,11 @@ class DiskIndex:
         sizes: dict[str, int],
         touches: dict[str, float],
         capacity: int,
-        then: Callable[[], object] = lambda: None,
     ) -> tuple[Removed, set[str]]:
         """One transaction for a batch of packed blocks: record hits, index the rows,
         grow their segments, evict to ``capacity``. Returns what was evicted and the
-        segments found gone (their rows were not indexed). ``then()`` runs in the
-        index thread right after, committed or not (the batch's claims end there:
-        one trip to the thread for both)."""
-        return await self.run(self._publish_packed, rows, sizes, touches, capacity, then)
+        segments found gone (their rows were not indexed)."""
+        return await self.run(self._publish_packed, rows, sizes, touches, capacity)
 
     async def drop_segment(self, name: str) -> Removed:
         return await self.run(self._in_write, segment_sql.drop_segment, name)
@@ -232,15 +229,11 @@ class DiskIndex:
         sizes: dict[str, int],
         touches: dict[str, float],
         capacity: int,
-        then: Callable[[], object],
     ) -> tuple[Removed, set[str]]:
-        try:
-            with self._transaction() as conn:
-                segment_sql.touch(conn, touches)
-                gone = segment_sql.add_packed(conn, rows, sizes)
-                return _evict(conn, capacity), gone
-        finally:
-            then()
+        with self._transaction() as conn:
+            segment_sql.touch(conn, touches)
+            gone = segment_sql.add_packed(conn, rows, sizes)
+            return _evict(conn, capacity), gone
 
     async def created(self) -> dict[str, float]:
         """Every indexed digest with its creation time (for reconciliation)."""

@@ -71,7 +71,6 @@ holds no more than the capacity plus the active segments' unindexed tails.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import math
 import os
@@ -117,7 +116,6 @@ class _Active:
 class _Pending:
     identity: tuple[object, ...]
     place: Place
-    part: Path | None  # the fill's claim, if a part file (``packed_claims.py``: none)
     done: asyncio.Future[bool]
 
 
@@ -317,12 +315,10 @@ class PackedBlocks:
 
     # -- storing a block ---------------------------------------------------------
 
-    async def store(
-        self, block: BlockId, chunks: list[bytes], checksum: int, part: Path | None
-    ) -> bool:
+    async def store(self, block: BlockId, chunks: list[bytes], checksum: int) -> bool:
         """Append the block's record to this process's segment and index it in the
-        next group commit; True once indexed. ``part`` (the fill's claim, still held
-        by the caller) is unlinked with its batch, one thread hop for all of them.
+        next group commit; True once indexed (the caller holds the fill's claim until
+        then, ``packed_claims.py``).
         Raises OSError (ENOSPC...) from the append, after which nothing is indexed."""
         length = sum(len(c) for c in chunks)
         header = encode_header(block, length, checksum)
@@ -338,7 +334,7 @@ class PackedBlocks:
         self._remember(block.digest, place)
         b = block
         identity = (b.digest, b.origin, b.bucket, b.key, b.index, length)
-        pending = _Pending(identity, place, part, asyncio.get_running_loop().create_future())
+        pending = _Pending(identity, place, asyncio.get_running_loop().create_future())
         self._pending.append(pending)
         if self._committing is None or self._committing.done():
             self._committing = asyncio.create_task(self._commit_batches())
@@ -364,13 +360,9 @@ class PackedBlocks:
                 end = pending.place.offset + HEADER_SIZE + pending.place.length
                 sizes[pending.place.segment] = max(sizes[pending.place.segment], end)
             rows = [(p.identity, p.place) for p in batch]
-            # The claims end once the rows are in (a sibling asking then finds the block),
-            # or once they failed to go in (it asks the origin): in the index thread.
-            parts = [p.part for p in batch if p.part is not None]
-            release = functools.partial(files.unlink_many, parts)
             try:
                 removed, gone = await self._index.publish_packed(
-                    rows, sizes, self._take_touches(), self._limit(), then=release
+                    rows, sizes, self._take_touches(), self._limit()
                 )
             except (sqlite3.Error, OSError) as exc:  # a full disk...: these stay unindexed
                 removed, gone = Removed(), set(sizes)
@@ -405,9 +397,7 @@ class PackedBlocks:
             self._retire()
         for segment, offset in starts.items():
             segment_files.cut_back_path(self.directory / segment, offset)
-        # Their claims end here, as the batch's do in the index thread (a sibling asks anew).
-        files.unlink_many([p.part for p in later if p.part is not None])
-        for pending in later:
+        for pending in later:  # their fillers end their claims (a sibling asks anew)
             self._places.pop(str(pending.identity[0]), None)
             if not pending.done.done():
                 pending.done.set_result(False)

@@ -125,8 +125,8 @@ class BlockWriter:
             if self._pending is not None:
                 await asyncio.gather(self._pending, return_exceptions=True)
             # unlink while still holding the lock: until then the name is ours
-            if self.path is not None:
-                await asyncio.to_thread(files.unlink, self.path)
+            assert self.path is not None  # a descriptor is a part file's
+            await asyncio.to_thread(files.unlink, self.path)
         finally:
             os.close(fd)
 

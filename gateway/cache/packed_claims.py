@@ -118,9 +118,6 @@ class PackedClaims:
                 return
             await asyncio.sleep(_POLL)
 
-    def __len__(self) -> int:
-        return len(self._held)
-
 
 def _stripe(digest: str) -> int:
     return int(digest[:8], 16) % _STRIPES
