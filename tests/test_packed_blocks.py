@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.cache import segment_files
 from gateway.cache.block import HEADER_SIZE, BlockId
 from gateway.cache.disk import DiskTier
 from tests.test_disk_tier import read_back
@@ -161,6 +162,57 @@ async def test_flipped_bytes_are_dropped_counted_and_never_served(tier: DiskTier
     assert await read_back(tier, neighbour) == payload(neighbour)
     assert await tier.put(victim, payload(victim))  # refetched: appended anew
     assert await read_back(tier, victim) == payload(victim)
+
+
+def counted_checks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The digests of the records checked (read back and checksummed) from now on."""
+    checked: list[str] = []
+    verify = segment_files.verify
+
+    def counting(fd: int, block: BlockId, place: object) -> None:
+        checked.append(block.digest)
+        verify(fd, block, place)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(segment_files, "verify", counting)
+    return checked
+
+
+async def test_records_this_process_wrote_are_lent_unchecked_a_sibling_checks_once(
+    tier: DiskTier, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checked = counted_checks(monkeypatch)
+    blocks = [block_id(f"w{i}") for i in range(20)]
+    assert all(await asyncio.gather(*(tier.put(b, payload(b)) for b in blocks)))
+    for block in blocks:  # the bytes checksummed on their way in, unchanged since
+        assert await read_back(tier, block) == payload(block)
+    assert checked == []
+    sibling = packed_tier(tmp_path / "cache")  # another process's view of the same files
+    await sibling.start()
+    try:
+        for _ in range(2):
+            for block in blocks:
+                assert await read_back(sibling, block) == payload(block)
+    finally:
+        await sibling.close()
+    assert sorted(checked) == sorted(b.digest for b in blocks)  # once each
+
+
+async def test_a_segment_changed_by_someone_else_is_checked_even_after_later_appends(
+    tier: DiskTier, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checked = counted_checks(monkeypatch)
+    victim, later = block_id("victim"), block_id("later")
+    assert await tier.put(victim, payload(victim))
+    segment = segments(tmp_path / "cache")[0]
+    with open(segment, "r+b") as f:
+        f.seek(HEADER_SIZE + 100)
+        f.write(bytes(b ^ 0xFF for b in payload(victim)[100:108]))
+    os.utime(segment, ns=(1, 1))  # a fingerprint of its own, whatever the clock's grain
+    assert await tier.put(later, payload(later))  # the append sees the change
+    assert await read_back(tier, later) == payload(later)
+    assert await read_back(tier, victim) is None
+    assert tier.stats().corrupt == 1
+    assert sorted(checked) == sorted([victim.digest, later.digest])
 
 
 async def test_truncated_segment_drops_the_cut_blocks_only(tier: DiskTier, tmp_path: Path):

@@ -12,7 +12,9 @@ response, counted by its users): the descriptor is closed by its last user
 once the segment is dropped, never under a response still sending from it. A
 record is checked against its index row (header, length, checksum: ``verify``)
 before it is first lent, and again whenever the segment's ``fingerprint``
-(inode, mtime, ctime) changes, so bytes changed in place are never served.
+(inode, mtime, ctime) changes, so bytes changed in place are never served (the
+process that wrote a segment skips the check while the fingerprint is the one
+its last append left: ``disk_packed.py``).
 
 Everything here is plain blocking file-system work on one descriptor; the
 caller picks the thread.
