@@ -6,6 +6,7 @@ in SIGKILL. Nothing here kills by name; only the processes the harness started.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -174,6 +175,19 @@ class Pinning:
             f"load generators on CPU {','.join(map(str, sorted(self.generator)))} "
             "(taskset / sched_setaffinity); origin unpinned"
         )
+
+
+def pin_tree(roots: list[int], cpus: frozenset[int]) -> None:
+    """Every thread of ``roots`` and their descendants on ``cpus`` (threads and children
+    started later inherit it from the one that starts them)."""
+    for pid in tree(roots):
+        try:
+            threads = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in threads:
+            with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                os.sched_setaffinity(int(tid), cpus)
 
 
 def cpu_seconds(pids: list[int]) -> float:

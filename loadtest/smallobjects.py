@@ -9,6 +9,14 @@ moto behind the counting proxy (``origin.py``), on loopback with no added delay
 (``--origin loopback``) or behind the emulated WAN (``--origin wan``: the
 harness's default round trip and rates).
 
+Pinning (on by default where there are two CPUs or more; ``--no-pin`` leaves
+placement to the scheduler): the origin side (moto and the counting proxy) runs
+on the first half of the CPUs, the client and the target (Hoard, nginx) on the
+other half. The origin stands for a store on other machines: unpinned, every
+µs a cache spends on a cold object is taken from moto (one core at most, its
+GIL), so the epoch measures the cache's CPU cost as much as its effect on the
+reader; that cost is reported on its own (CPU µs per object, per part).
+
 Reported per target: objects/s for the cold and warm epoch, the ratio to
 ``direct`` in the same run, origin GETs and HEADs per cold epoch; for Hoard the
 files in its cache directory and disk bytes / payload bytes (``du``-style: the
@@ -38,7 +46,7 @@ import yaml
 
 from loadtest.datasets import ORIGIN_KEY, ORIGIN_SECRET, origin_client
 from loadtest.origin import Origin, diff_counts
-from loadtest.procs import Pinning, cpu_seconds, free_port, stop_process, tree, wait_http
+from loadtest.procs import Pinning, cpu_seconds, free_port, pin_tree, stop_process, tree, wait_http
 from loadtest.targets import HOARD_KEY, HOARD_SECRET, REPO, Context, Nginx
 
 BUCKET = "small"
@@ -138,7 +146,7 @@ def start_hoard(
 
 
 def measure(name: str, origin: Origin, keys: list[str], args: argparse.Namespace,
-            workdir: Path, cache_bytes: int) -> dict[str, Any]:  # fmt: skip
+            workdir: Path, cache_bytes: int, pinning: Pinning) -> dict[str, Any]:  # fmt: skip
     """One cold and one warm epoch of ``name`` (a fresh, empty Hoard or nginx)."""
     row: dict[str, Any] = {}
     proc = None
@@ -150,7 +158,7 @@ def measure(name: str, origin: Origin, keys: list[str], args: argparse.Namespace
                                      args.workers, args.disk_hits)  # fmt: skip
     else:
         ctx = Context(origin.endpoint, SimpleNamespace(local_root=workdir),  # type: ignore[arg-type]
-                      workdir, Pinning(enabled=False), cache_bytes)  # fmt: skip
+                      workdir, pinning, cache_bytes)  # fmt: skip
         nginx = Nginx("nginx", ctx)
         nginx.start()
         endpoint = nginx.endpoints[0]
@@ -199,17 +207,32 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with origin:
         results["network"] = str(origin.network)
         keys = seed(origin.moto_url, args.objects, args.size)
+        targets, results["pinning"] = _pin(origin, Pinning.detect(args.pin))
         cache_bytes = max(4 * args.objects * args.size, 1 << 30)
         for number in range(args.rounds):
             rows: dict[str, Any] = {}
             for name in args.targets:
-                rows[name] = measure(name, origin, keys, args, workdir, cache_bytes)
+                rows[name] = measure(name, origin, keys, args, workdir, cache_bytes, targets)
                 print(f"round {number + 1}", name, json.dumps(rows[name]), flush=True)
             _ratios(rows)
             results["rounds"].append(rows)
     for name in args.targets:
         results["targets"][name] = _median_round(results["rounds"], name)
     return results
+
+
+def _pin(origin: Origin, split: Pinning) -> tuple[Pinning, str]:
+    """The origin side on ``split.server``, this process (the client, and the targets it
+    starts) on ``split.generator``: the placement the targets get (nginx then runs one
+    worker a CPU of its side), and its description."""
+    if not split.enabled:
+        return Pinning(enabled=False), "off (scheduler decides)"
+    pin_tree([origin.moto.pid, origin.proxy.pid], split.server)  # type: ignore[union-attr]
+    os.sched_setaffinity(0, split.generator)
+    cpus = ",".join(map(str, sorted(split.generator)))
+    described = (f"origin (moto, counting proxy) on CPU {','.join(map(str, sorted(split.server)))}; "
+                 f"client and target on CPU {cpus}")  # fmt: skip
+    return Pinning(True, split.generator, split.generator), described
 
 
 def _ratios(rows: dict[str, Any]) -> None:
@@ -247,6 +270,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="every target this many times, in turn; the median round is reported")  # fmt: skip
     parser.add_argument("--disk-hits", action="store_true",
                         help="Hoard's memory tier keeps no small block: warm hits from disk")  # fmt: skip
+    parser.add_argument("--no-pin", dest="pin", action="store_false",
+                        help="no CPU placement (the origin shares every CPU with the targets)")  # fmt: skip
     parser.add_argument("--targets", nargs="+", default=["direct", "hoard", "nginx"])
     parser.add_argument("--workdir", default="loadtest/results/smallobjects")
     parser.add_argument("--out", default="")
