@@ -70,40 +70,45 @@ async def first_of(
     hedge. A failed racer leaves the other to finish; both failed raises the
     first failure. ``OriginUnavailable`` after ``deadline``.
     """
+    give_up = asyncio.get_running_loop().time() + patience.deadline
     first = asyncio.ensure_future(primary)
     racers: set[asyncio.Future[T]] = {first}
     failures: list[BaseException] = []
-    hedging = False
     try:
-        async with asyncio.timeout(_seconds(patience.deadline)):
-            done, _ = await asyncio.wait(racers, timeout=_seconds(patience.hedge_after))
-            if not done and patience.may_hedge():
-                racers.add(asyncio.ensure_future(backup()))
-                hedging = True
-            while racers:
-                # Usually the primary answered within hedge_after: it is taken as it is,
-                # without a second wait (a loop turn and a waiter) for a done future.
-                finished = (
-                    done or (await asyncio.wait(racers, return_when=asyncio.FIRST_COMPLETED))[0]
-                )
-                done = set()
-                racers -= finished
-                winner = next((task for task in finished if task.exception() is None), None)
-                failures += [task.exception() for task in finished if task.exception() is not None]  # type: ignore[misc]
-                if winner is None:
-                    continue
+        # Usually the primary answers within hedge_after (which ends before the
+        # deadline): it is taken as it is, with this wait's one timer; the deadline's
+        # timer and the race's loop are for the rest.
+        done, _ = await asyncio.wait(
+            racers, timeout=_seconds(min(patience.hedge_after, patience.deadline))
+        )
+        if done:
+            racers.clear()  # taken below, outside this try: its failure goes on as it is
+        else:
+            async with asyncio.timeout_at(_seconds(give_up)):
+                hedging = patience.hedge_after < patience.deadline and patience.may_hedge()
                 if hedging:
-                    hedged(winner is not first)
-                for task in finished - {winner}:
-                    if task.exception() is None:
-                        await discard(task.result())
-                return winner.result()
+                    racers.add(asyncio.ensure_future(backup()))
+                while racers:
+                    finished, _ = await asyncio.wait(racers, return_when=asyncio.FIRST_COMPLETED)
+                    racers -= finished
+                    winner = next((task for task in finished if task.exception() is None), None)
+                    failures += [e for task in finished if (e := task.exception()) is not None]
+                    if winner is None:
+                        continue
+                    if hedging:
+                        hedged(winner is not first)
+                    for task in finished - {winner}:
+                        if task.exception() is None:
+                            await discard(task.result())
+                    return winner.result()
     except TimeoutError:
         raise errors.OriginUnavailable(
             f"no byte from the origin in {patience.deadline:g}s"
         ) from None
     finally:
         await _cancel(racers, discard)
+    if done:
+        return first.result()
     raise failures[0]
 
 
