@@ -215,6 +215,48 @@ async def test_a_segment_changed_by_someone_else_is_checked_even_after_later_app
     assert sorted(checked) == sorted([victim.digest, later.digest])
 
 
+async def test_a_batch_commits_on_the_loop_and_its_checkpoints_keep_the_log_small(
+    tier: DiskTier, tmp_path: Path
+) -> None:
+    index = tier._index
+    assert index._loop_writes is not None
+    blocks = [block_id(f"c{i}") for i in range(60)]
+    for block in blocks:  # one batch each: 60 commits, each adding pages to the log
+        assert await tier.put(block, payload(block))
+    assert index._loop_writes.commits == len(blocks)  # none waited for the thread
+    if index._maintaining is not None:
+        await index._maintaining
+    wal = tmp_path / "cache" / "index.sqlite3-wal"
+    assert wal.stat().st_size <= 512 << 10  # ~1.5 MiB without the thread's checkpoints
+    second = packed_tier(tmp_path / "cache")  # what the loop committed, another process reads
+    await second.start()
+    try:
+        assert [await read_back(second, b) for b in blocks] == [payload(b) for b in blocks]
+    finally:
+        await second.close()
+
+
+async def test_a_batch_meeting_a_held_write_lock_commits_in_the_thread_once_it_frees(
+    tier: DiskTier, tmp_path: Path
+) -> None:
+    index = tier._index
+    assert index._loop_writes is not None
+    first = block_id("first")  # its segment made, so the next block needs only its batch
+    assert await tier.put(first, payload(first))
+    sibling = sqlite3.connect(tmp_path / "cache" / "index.sqlite3", isolation_level=None)
+    sibling.execute("BEGIN IMMEDIATE")  # a sibling process mid-transaction
+    asyncio.get_running_loop().call_later(0.2, sibling.execute, "COMMIT")
+    try:
+        block = block_id("waited")
+        assert await tier.put(block, payload(block))
+    finally:
+        if sibling.in_transaction:
+            sibling.execute("ROLLBACK")
+        sibling.close()
+    assert index._loop_writes.commits == 1  # the first's: the loop did not wait, the thread did
+    assert await read_back(tier, block) == payload(block)
+
+
 async def test_truncated_segment_drops_the_cut_blocks_only(tier: DiskTier, tmp_path: Path):
     blocks = [block_id(f"t{i}") for i in range(10)]
     for block in blocks:  # in order: record i at offset i * RECORD
@@ -400,11 +442,16 @@ async def test_a_failed_group_commit_fails_the_records_after_it_and_cuts_them_of
     try:
         kept = block_id("kept")
         assert await tier.put(kept, payload(kept))
-        index = tier._index  # the next commit is made to fail: SQLite's authorizer denies it
+        # The next commits are made to fail: SQLite's authorizer denies them, on the loop's
+        # connection (tried first) and on the thread's (which the loop's failure asks).
+        index = tier._index
+        assert index._loop_writes is not None
+        index._loop_writes._db.set_authorizer(_deny_commit)
         await index.run(index.read, lambda conn: conn.set_authorizer(_deny_commit))
         refused = [block_id(f"refused{i}") for i in range(6)]
         results = await asyncio.gather(*(tier.put(b, payload(b)) for b in refused))
         await index.run(index.read, lambda conn: conn.set_authorizer(None))
+        index._loop_writes._db.set_authorizer(None)
         assert not any(results)
         for block in refused:
             assert await read_back(tier, block) is None

@@ -13,6 +13,9 @@ Rules that keep several processes honest:
   Point reads a cold fill needs at once (is this block indexed?) run on the
   loop instead, on a read-only connection (``read_now``,
   ``sqlite_wal.point_reader``); a busy database sends them to the thread.
+  So does a packed batch's group commit when it evicts nothing: on the
+  loop's own connection if the write lock is free at once, else in the
+  thread (``publish_packed_now``, ``sqlite_loop.py``).
 - WAL mode, a busy timeout, and short ``BEGIN IMMEDIATE`` transactions: a
   writer takes the write lock up front instead of failing half-way when it
   upgrades from a read.
@@ -38,6 +41,7 @@ transaction.
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
@@ -51,12 +55,18 @@ from gateway.cache import disk_pins, disk_schema, segment_sql
 from gateway.cache.block import BlockId
 from gateway.cache.disk_schema import Totals
 from gateway.cache.segment_sql import Place, Removed
+from gateway.sqlite_loop import LoopTransactions
 from gateway.sqlite_wal import point_reader, share_pages, use_wal
 
 T = TypeVar("T")
 
+log = logging.getLogger(__name__)
+
 THREAD_NAME = "hoard-disk-index"
 _WAL_PAGES = 64  # write-ahead log pages before a checkpoint (SQLite's default: 1,000)
+# The loop's commits between checkpoints in the thread: a packed batch adds a few pages
+# to the log, so the log stays near the thread's own _WAL_PAGES.
+_LOOP_CHECKPOINT_EVERY = 8
 _EVICT_BATCH = 64  # least recently used rows fetched per eviction query
 
 # An upsert, not INSERT OR REPLACE: REPLACE deletes without firing delete
@@ -108,12 +118,17 @@ class DiskIndex:
         self._executor: ThreadPoolExecutor | None = None
         self._conn: sqlite3.Connection | None = None
         self._loop_reader: sqlite3.Connection | None = None  # read_now's, on the loop
+        self._loop_writes: LoopTransactions | None = None  # publish_packed_now's
+        self._checkpointed = 0  # the loop's commits when its last checkpoint was asked
+        self._maintaining: asyncio.Future[None] | None = None
 
     async def open(self) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=THREAD_NAME)
         await self.run(self._connect)
-        # Made on the loop, the only thread that uses it; after _connect made the tables.
+        # Made on the loop, the only thread that uses them; after _connect made the tables.
         self._loop_reader = point_reader(self.path, "totals")
+        if not self._durable:  # a durable commit syncs: never on the loop
+            self._loop_writes = LoopTransactions(self.path, _WAL_PAGES * 4096)
 
     async def close(self) -> None:
         if self._executor is None:
@@ -121,6 +136,9 @@ class DiskIndex:
         if self._loop_reader is not None:
             self._loop_reader.close()
             self._loop_reader = None
+        if self._loop_writes is not None:
+            self._loop_writes.close()
+            self._loop_writes = None
         await self.run(self._disconnect)
         self._executor.shutdown(wait=False)  # idle by now: the last job just finished
         self._executor = None
@@ -202,6 +220,37 @@ class DiskIndex:
         segments found gone (their rows were not indexed)."""
         return await self.run(self._publish_packed, rows, sizes, touches, capacity)
 
+    def publish_packed_now(
+        self,
+        rows: list[tuple[tuple[object, ...], Place]],
+        sizes: dict[str, int],
+        touches: dict[str, float],
+    ) -> set[str] | None:
+        """``publish_packed`` without its eviction, on the loop, if the write lock is
+        free at once: the segments found gone. None: nothing written (busy, or any
+        SQLite error), ask ``publish_packed``. The caller evicts (``evict``, in the
+        thread) if ``totals`` is then over the capacity."""
+        writes = self._loop_writes
+        if writes is None:
+            return None
+        done, result = writes.transact(_add_packed_counted, rows, sizes, touches)
+        if not done or result is None:
+            return None
+        gone, self.totals = result
+        if (
+            writes.due_checkpoint(self._checkpointed, _LOOP_CHECKPOINT_EVERY)
+            and not self._maintaining
+        ):
+            self._checkpointed = writes.commits
+            self._maintaining = asyncio.ensure_future(self.run(self._checkpoint_passive))
+            self._maintaining.add_done_callback(self._maintained)
+        return gone
+
+    def _maintained(self, done: asyncio.Future[None]) -> None:
+        self._maintaining = None
+        if not done.cancelled() and done.exception() is not None:  # next time, then
+            log.warning("disk index checkpoint failed: %s", done.exception())
+
     async def drop_segment(self, name: str) -> Removed:
         return await self.run(self._in_write, segment_sql.drop_segment, name)
 
@@ -231,8 +280,7 @@ class DiskIndex:
         capacity: int,
     ) -> tuple[Removed, set[str]]:
         with self._transaction() as conn:
-            segment_sql.touch(conn, touches)
-            gone = segment_sql.add_packed(conn, rows, sizes)
+            gone = _add_packed(conn, rows, sizes, touches)
             return _evict(conn, capacity), gone
 
     async def created(self) -> dict[str, float]:
@@ -247,6 +295,11 @@ class DiskIndex:
         """Move the write-ahead log into the database and truncate it (a full disk:
         the log is the one file of the index that grows with every commit)."""
         await self.run(self._checkpoint)
+
+    def _checkpoint_passive(self) -> None:
+        """What the loop's commits leave to the thread: a checkpoint that waits on nobody."""
+        if self._conn is not None:
+            self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
     def _checkpoint(self) -> None:
         if self._conn is not None:
@@ -341,6 +394,27 @@ class DiskIndex:
 
 
 # -- statements, run inside a write transaction --------------------------------
+
+
+def _add_packed(
+    conn: sqlite3.Connection,
+    rows: list[tuple[tuple[object, ...], Place]],
+    sizes: dict[str, int],
+    touches: dict[str, float],
+) -> set[str]:
+    """Record hits, index a batch's rows, grow their segments: the segments found gone."""
+    segment_sql.touch(conn, touches)
+    return segment_sql.add_packed(conn, rows, sizes)
+
+
+def _add_packed_counted(
+    conn: sqlite3.Connection,
+    rows: list[tuple[tuple[object, ...], Place]],
+    sizes: dict[str, int],
+    touches: dict[str, float],
+) -> tuple[set[str], Totals]:
+    """``_add_packed``, and the totals it leaves (``_transaction`` reads them too)."""
+    return _add_packed(conn, rows, sizes, touches), disk_schema.read_totals(conn)
 
 
 def _evict(conn: sqlite3.Connection, capacity: int) -> Removed:

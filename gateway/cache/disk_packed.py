@@ -393,9 +393,7 @@ class PackedBlocks:
                 sizes[pending.place.segment] = max(sizes[pending.place.segment], end)
             rows = [(p.identity, p.place) for p in batch]
             try:
-                removed, gone = await self._index.publish_packed(
-                    rows, sizes, self._take_touches(), self._limit()
-                )
+                removed, gone = await self._publish(rows, sizes)
             except (sqlite3.Error, OSError) as exc:  # a full disk...: these stay unindexed
                 removed, gone = Removed(), set(sizes)
                 self._cut_unindexed(batch, gone)
@@ -412,6 +410,20 @@ class PackedBlocks:
             self._last_commit = time.monotonic()
             if removed.segments or removed.files or removed.packed:
                 await self._on_removed(removed)
+
+    async def _publish(
+        self, rows: list[tuple[tuple[object, ...], Place]], sizes: dict[str, int]
+    ) -> tuple[Removed, set[str]]:
+        """A batch's transaction: on the loop when the index is free at once (its
+        eviction, if the batch leaves the tier over its limit, then in the thread), else
+        in the thread. The hop there cost the loop more than the commit itself
+        (``sqlite_loop.py``)."""
+        touches, limit = self._take_touches(), self._limit()
+        gone = self._index.publish_packed_now(rows, sizes, touches)
+        if gone is None:
+            return await self._index.publish_packed(rows, sizes, touches, limit)
+        over = self._index.totals.used > limit
+        return (await self._index.evict(limit) if over else Removed()), gone
 
     def _cut_unindexed(self, batch: list[_Pending], gone: set[str]) -> None:
         """After a failed commit: the records appended since, to the same segments (the next

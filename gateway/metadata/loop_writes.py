@@ -16,63 +16,38 @@ through the thread as before (which waits). A write in WAL mode with
 ``synchronous=NORMAL`` appends a few pages to the log and syncs nothing:
 a killed worker keeps what it committed, as with the thread's writes.
 
-Checkpoints sync files, so they never run here: this connection has no
-autocheckpoint, and after every ``CHECKPOINT_EVERY`` commits the store asks its
-thread to checkpoint (``MetadataStore._maintain``), which keeps the log
-bounded as the thread's own autocheckpoint does. The row bound is the store's
-too: it counts the rows written here (``written``), only ever read elsewhere.
+The mechanism (a connection of the loop's own that never waits, and the
+checkpoints left to the thread) is ``gateway/sqlite_loop.py``; the store asks
+its thread for a checkpoint every ``CHECKPOINT_EVERY`` commits made here
+(``MetadataStore._maintain``). The row bound is the store's too: it counts
+the rows written here (``written``), only ever read elsewhere.
 """
 
 from __future__ import annotations
 
-import contextlib
-import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gateway.sqlite_wal import share_pages
+from gateway.sqlite_loop import CHECKPOINT_EVERY, LoopTransactions
 
-CHECKPOINT_EVERY = 64  # commits here between checkpoints (a commit adds ~2 pages to the log)
+__all__ = ["CHECKPOINT_EVERY", "LoopWriter"]
 
 
-class LoopWriter:
+class LoopWriter(LoopTransactions):
     """A connection that writes rows on the loop, or says at once that it cannot."""
 
     def __init__(self, path: Path, insert: str, log_limit: int) -> None:
         """``insert``: the statement each row is bound to; ``log_limit``: bytes the log
         is cut back to when this connection restarts it."""
+        super().__init__(path, log_limit)
         self._insert = insert
-        self._db = sqlite3.connect(path, timeout=0, isolation_level=None)
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("PRAGMA wal_autocheckpoint = 0")
-        self._db.execute(f"PRAGMA journal_size_limit = {log_limit}")
-        share_pages(self._db)
         self.written = 0  # rows committed here since it opened
-        self.commits = 0
 
     def write(self, rows: Sequence[tuple[Any, ...]]) -> bool:
         """Commit ``rows``; False (nothing written) if the database is busy, or if
         anything else failed: the store's thread then tries, and reports what fails."""
-        try:
-            self._db.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error:
-            return False
-        try:
-            self._db.executemany(self._insert, rows)
-            self._db.execute("COMMIT")
-        except sqlite3.Error:
-            self._roll_back()
-            return False
-        self.written += len(rows)
-        self.commits += 1
-        return True
-
-    def _roll_back(self) -> None:
-        """End a failed transaction: one left open would hold the write lock for good."""
-        with contextlib.suppress(sqlite3.Error):
-            if self._db.in_transaction:
-                self._db.execute("ROLLBACK")
-
-    def close(self) -> None:
-        self._db.close()
+        done, _ = self.transact(lambda db: db.executemany(self._insert, rows))
+        if done:
+            self.written += len(rows)
+        return done

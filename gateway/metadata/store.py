@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.metadata.fetch_locks import FetchLocks
-from gateway.metadata.loop_writes import CHECKPOINT_EVERY, LoopWriter
+from gateway.metadata.loop_writes import LoopWriter
 from gateway.metadata.store_rows import (
     INSERT,
     SCHEMA,
@@ -289,7 +289,7 @@ class MetadataStore:
             and writer.write(rows_of(self._pending))
         ):
             self._pending = {}
-            if writer.commits - self._checkpointed >= CHECKPOINT_EVERY and not self._maintaining:
+            if writer.due_checkpoint(self._checkpointed) and not self._maintaining:
                 self._checkpointed = writer.commits
                 self._maintaining = asyncio.ensure_future(self._call(self._maintain))
                 self._maintaining.add_done_callback(self._maintained)
