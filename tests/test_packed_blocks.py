@@ -177,7 +177,7 @@ def counted_checks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return checked
 
 
-async def test_records_this_process_wrote_are_lent_unchecked_a_sibling_checks_once(
+async def test_records_this_process_wrote_are_lent_unchecked_and_so_do_its_siblings(
     tier: DiskTier, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     checked = counted_checks(monkeypatch)
@@ -189,12 +189,38 @@ async def test_records_this_process_wrote_are_lent_unchecked_a_sibling_checks_on
     sibling = packed_tier(tmp_path / "cache")  # another process's view of the same files
     await sibling.start()
     try:
-        for _ in range(2):
-            for block in blocks:
-                assert await read_back(sibling, block) == payload(block)
+        for block in blocks:  # the writer vouched in the index for the file as it is
+            assert await read_back(sibling, block) == payload(block)
+        assert checked == []
+        segment = segments(tmp_path / "cache")[0]
+        with open(segment, "r+b") as f:  # someone else flips a byte of the first record
+            f.seek(HEADER_SIZE + 7)
+            f.write(bytes([payload(blocks[0])[7] ^ 0xFF]))
+        os.utime(segment, ns=(1, 1))  # a fingerprint of its own, whatever the clock's grain
+        assert await read_back(sibling, blocks[0]) is None
+        assert [await read_back(sibling, b) for b in blocks[1:]] == [payload(b) for b in blocks[1:]]
+        assert sorted(checked) == sorted(b.digest for b in blocks)  # each checked, once
     finally:
         await sibling.close()
-    assert sorted(checked) == sorted(b.digest for b in blocks)  # once each
+
+
+async def test_a_writer_that_found_its_segment_changed_vouches_for_nothing(
+    tier: DiskTier, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checked = counted_checks(monkeypatch)
+    first, later = block_id("first"), block_id("later")
+    assert await tier.put(first, payload(first))
+    segment = segments(tmp_path / "cache")[0]
+    os.utime(segment, ns=(1, 1))  # changed by someone else before the next append
+    assert await tier.put(later, payload(later))
+    sibling = packed_tier(tmp_path / "cache")
+    await sibling.start()
+    try:
+        assert await read_back(sibling, first) == payload(first)
+        assert await read_back(sibling, later) == payload(later)
+    finally:
+        await sibling.close()
+    assert sorted(checked) == sorted([first.digest, later.digest])
 
 
 async def test_a_segment_changed_by_someone_else_is_checked_even_after_later_appends(
@@ -467,6 +493,27 @@ async def test_a_failed_group_commit_fails_the_records_after_it_and_cuts_them_of
         assert tier.stats().corrupt == 0
     finally:
         await tier.close()
+
+
+async def test_an_index_made_before_segments_written_gets_the_column_and_keeps_its_blocks(
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / "cache"
+    blocks = [block_id(f"o{i}") for i in range(5)]
+    await stored_and_closed(directory, {b: payload(b) for b in blocks})
+    with contextlib.closing(sqlite3.connect(directory / "index.sqlite3")) as db:
+        db.execute("ALTER TABLE segments DROP COLUMN written")  # as the previous version made it
+    reopened = packed_tier(directory)
+    await reopened.start()
+    try:
+        assert [await read_back(reopened, b) for b in blocks] == [payload(b) for b in blocks]
+        more = block_id("more")
+        assert await reopened.put(more, payload(more))
+    finally:
+        await reopened.close()
+    with contextlib.closing(sqlite3.connect(directory / "index.sqlite3")) as db:
+        columns = {row[1] for row in db.execute("PRAGMA table_info(segments)")}
+    assert "written" in columns
 
 
 async def test_an_index_of_an_older_layout_is_started_over_never_misread(tmp_path: Path) -> None:

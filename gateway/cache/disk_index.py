@@ -212,18 +212,21 @@ class DiskIndex:
         self,
         rows: list[tuple[tuple[object, ...], Place]],
         sizes: dict[str, int],
+        written: dict[str, str | None],
         touches: dict[str, float],
         capacity: int,
     ) -> tuple[Removed, set[str]]:
         """One transaction for a batch of packed blocks: record hits, index the rows,
-        grow their segments, evict to ``capacity``. Returns what was evicted and the
-        segments found gone (their rows were not indexed)."""
-        return await self.run(self._publish_packed, rows, sizes, touches, capacity)
+        grow their segments (noting the fingerprints their writer vouches for), evict to
+        ``capacity``. Returns what was evicted and the segments found gone (their rows
+        were not indexed)."""
+        return await self.run(self._publish_packed, rows, sizes, written, touches, capacity)
 
     def publish_packed_now(
         self,
         rows: list[tuple[tuple[object, ...], Place]],
         sizes: dict[str, int],
+        written: dict[str, str | None],
         touches: dict[str, float],
     ) -> set[str] | None:
         """``publish_packed`` without its eviction, on the loop, if the write lock is
@@ -233,7 +236,7 @@ class DiskIndex:
         writes = self._loop_writes
         if writes is None:
             return None
-        done, result = writes.transact(_add_packed_counted, rows, sizes, touches)
+        done, result = writes.transact(_add_packed_counted, rows, sizes, written, touches)
         if not done or result is None:
             return None
         gone, self.totals = result
@@ -276,11 +279,12 @@ class DiskIndex:
         self,
         rows: list[tuple[tuple[object, ...], Place]],
         sizes: dict[str, int],
+        written: dict[str, str | None],
         touches: dict[str, float],
         capacity: int,
     ) -> tuple[Removed, set[str]]:
         with self._transaction() as conn:
-            gone = _add_packed(conn, rows, sizes, touches)
+            gone = _add_packed(conn, rows, sizes, written, touches)
             return _evict(conn, capacity), gone
 
     async def created(self) -> dict[str, float]:
@@ -400,21 +404,23 @@ def _add_packed(
     conn: sqlite3.Connection,
     rows: list[tuple[tuple[object, ...], Place]],
     sizes: dict[str, int],
+    written: dict[str, str | None],
     touches: dict[str, float],
 ) -> set[str]:
     """Record hits, index a batch's rows, grow their segments: the segments found gone."""
     segment_sql.touch(conn, touches)
-    return segment_sql.add_packed(conn, rows, sizes)
+    return segment_sql.add_packed(conn, rows, sizes, written)
 
 
 def _add_packed_counted(
     conn: sqlite3.Connection,
     rows: list[tuple[tuple[object, ...], Place]],
     sizes: dict[str, int],
+    written: dict[str, str | None],
     touches: dict[str, float],
 ) -> tuple[set[str], Totals]:
     """``_add_packed``, and the totals it leaves (``_transaction`` reads them too)."""
-    return _add_packed(conn, rows, sizes, touches), disk_schema.read_totals(conn)
+    return _add_packed(conn, rows, sizes, written, touches), disk_schema.read_totals(conn)
 
 
 def _evict(conn: sqlite3.Connection, capacity: int) -> Removed:

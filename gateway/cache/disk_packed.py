@@ -105,6 +105,7 @@ _PLACES = 262_144  # block places remembered per process (a miss asks the index)
 _SEGMENT_SHARE = 32  # a segment holds at most 1/32 of the limit: eviction stays fine-grained
 _SEGMENT_MIN = 1 << 20
 _VERIFY_ON_LOOP = 64 << 10  # records up to this size are checked without a thread hop
+_ASK_AGAIN = 1.0  # seconds before the index is asked again what a segment's writer vouched for
 # Seconds from the end of one index commit of this process to the start of the next. An
 # idle tier commits at once; a busy one lets appends gather meanwhile (nobody's answer
 # waits for the commit: readers take the bytes from the fill). At ~100 cold objects/s per
@@ -304,6 +305,8 @@ class PackedBlocks:
             return True
         if self._written.get(place.segment) == fingerprint:
             return True
+        if self._vouched(segment, place.segment, fingerprint):
+            return True
         if place.length > _VERIFY_ON_LOOP:
             return False
         segment_files.verify(segment.fd, block, place)
@@ -419,11 +422,39 @@ class PackedBlocks:
         in the thread. The hop there cost the loop more than the commit itself
         (``sqlite_loop.py``)."""
         touches, limit = self._take_touches(), self._limit()
-        gone = self._index.publish_packed_now(rows, sizes, touches)
+        written = {name: self._vouch(name) for name in sizes}
+        gone = self._index.publish_packed_now(rows, sizes, written, touches)
         if gone is None:
-            return await self._index.publish_packed(rows, sizes, touches, limit)
+            return await self._index.publish_packed(rows, sizes, written, touches, limit)
         over = self._index.totals.used > limit
         return (await self._index.evict(limit) if over else Removed()), gone
+
+    def _vouch(self, name: str) -> str | None:
+        """What this process vouches for of a segment it writes: the fingerprint its last
+        append left, while nobody else changed the file (a later append than the batch's
+        only adds records of its own); None: nothing."""
+        fingerprint = self._written.get(name)
+        return None if fingerprint is None else segment_files.fingerprint_text(fingerprint)
+
+    def _vouched(self, segment: Segment, name: str, fingerprint: tuple[int, int, int]) -> bool:
+        """Whether the segment's writer vouched in the index for the file as it is now:
+        asked with a point read on the loop, again when the file changed or a second
+        passed (the writer's next batch may vouch for what it appended since)."""
+        if segment.vouched == fingerprint:
+            return True
+        now = time.monotonic()
+        asked = segment.asked
+        if asked is not None and asked[0] == fingerprint and now - asked[1] < _ASK_AGAIN:
+            return False
+        try:
+            recorded = self._index.read_now(segment_sql.written_of, name)
+        except sqlite3.OperationalError:  # busy: check the record instead
+            return False
+        segment.asked = (fingerprint, now)
+        if recorded != segment_files.fingerprint_text(fingerprint):
+            return False
+        segment.vouched = fingerprint
+        return True
 
     def _cut_unindexed(self, batch: list[_Pending], gone: set[str]) -> None:
         """After a failed commit: the records appended since, to the same segments (the next

@@ -21,7 +21,12 @@ segments, not their blocks). About 180 bytes a packed block, indexes included.
 
 The tables have a layout number (``LAYOUT``, SQLite's ``user_version``); an
 index of another layout, as every index made before the number was, is
-started over at open rather than read with today's meaning.
+started over at open rather than read with today's meaning. A column that
+older code does not read is added in place instead (``_ADDED``), so a new
+version keeps the cache: ``segments.written``, the segment's fingerprint as
+its writer's last indexed append left it, while no one else had changed the
+file (NULL: unknown). A sibling that finds the file so need not check its
+records (``disk_packed.py``).
 
 Not guaranteed: that an index of another layout is migrated. It is dropped,
 and the block files it named are removed as unindexed (``disk_recovery.py``):
@@ -71,7 +76,8 @@ CREATE TABLE IF NOT EXISTS segments (
     name TEXT NOT NULL UNIQUE,       -- file name under segments/
     size INTEGER NOT NULL,           -- bytes appended so far: what counts against capacity
     last_access REAL NOT NULL,       -- the latest hit on any of its blocks
-    created REAL NOT NULL
+    created REAL NOT NULL,
+    written TEXT                     -- its writer's fingerprint of the file (see below)
 );
 CREATE INDEX IF NOT EXISTS segments_by_access ON segments (last_access);
 -- Segments evicted on a full disk whose block rows are still to be deleted.
@@ -110,11 +116,32 @@ def read_totals(conn: sqlite3.Connection) -> Totals:
     return Totals(used, entries)
 
 
+# Columns added to a table of the current layout since it was first made: (table, column,
+# its declaration). An index made before has them added at open, empty.
+_ADDED = (("segments", "written", "TEXT"),)
+
+
 def create(conn: sqlite3.Connection) -> None:
     """Make the tables, after dropping those of another layout (at open, in the index thread)."""
     start_over_unless_current(conn)
     conn.executescript(SCHEMA)
     conn.executescript(f"BEGIN IMMEDIATE; {disk_pins.SCHEMA} COMMIT;")
+    add_missing_columns(conn)
+
+
+def add_missing_columns(conn: sqlite3.Connection) -> None:
+    """``_ADDED`` columns an older index lacks (one transaction: siblings opening it at
+    once find them added)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for table, column, declaration in _ADDED:
+            present = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+            if column not in present:
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
 
 
 def start_over_unless_current(conn: sqlite3.Connection) -> None:

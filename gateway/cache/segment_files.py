@@ -14,7 +14,8 @@ record is checked against its index row (header, length, checksum: ``verify``)
 before it is first lent, and again whenever the segment's ``fingerprint``
 (inode, mtime, ctime) changes, so bytes changed in place are never served (the
 process that wrote a segment skips the check while the fingerprint is the one
-its last append left: ``disk_packed.py``).
+its last append left, and so do its siblings once the writer has vouched for
+that fingerprint in the index: ``disk_packed.py``).
 
 Everything here is plain blocking file-system work on one descriptor; the
 caller picks the thread.
@@ -44,13 +45,17 @@ SUFFIX = ".seg"
 class Segment:
     """One kept segment descriptor, shared by responses; closed by its last user once dropped."""
 
-    __slots__ = ("fd", "kept", "users", "verified")
+    __slots__ = ("asked", "fd", "kept", "users", "verified", "vouched")
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.users = 0
         self.kept = True
         self.verified: dict[str, tuple[int, int, int]] = {}  # digest -> segment fingerprint
+        # The fingerprint its writer vouched for in the index, when the file showed it;
+        # and the fingerprint and clock time of the last time the index was asked.
+        self.vouched: tuple[int, int, int] | None = None
+        self.asked: tuple[tuple[int, int, int], float] | None = None
 
     def release(self) -> None:
         self.users -= 1
@@ -77,6 +82,12 @@ class Bad(Exception):
 def fingerprint(stat: os.stat_result) -> tuple[int, int, int]:
     """What changes when a segment's bytes may have: its record checks are redone then."""
     return (stat.st_ino, stat.st_mtime_ns, stat.st_ctime_ns)
+
+
+def fingerprint_text(fingerprint: tuple[int, int, int]) -> str:
+    """A fingerprint as the index keeps it (``segments.written``)."""
+    inode, modified, changed = fingerprint
+    return f"{inode}:{modified}:{changed}"
 
 
 def lend(segment: Segment, place: Place) -> PackedFile:

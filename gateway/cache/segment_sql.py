@@ -57,8 +57,8 @@ ON CONFLICT (digest) DO UPDATE SET
 """
 
 _GROW = """
-UPDATE segments SET size = max(size, ?), last_access = max(last_access, ?) WHERE name = ?
-RETURNING id
+UPDATE segments SET size = max(size, ?), last_access = max(last_access, ?), written = ?
+WHERE name = ? RETURNING id
 """
 _U64 = (1 << 64) - 1
 # Through the segment's row: a row of a dead segment (evicted, not yet buried) is no block.
@@ -155,14 +155,18 @@ def add_segment(conn: sqlite3.Connection, name: str) -> None:
 
 
 def add_packed(
-    conn: sqlite3.Connection, rows: list[tuple[tuple[object, ...], Place]], sizes: dict[str, int]
+    conn: sqlite3.Connection,
+    rows: list[tuple[tuple[object, ...], Place]],
+    sizes: dict[str, int],
+    written: dict[str, str | None],
 ) -> set[str]:
-    """Index packed blocks and grow their segments to ``sizes``; returns the segments
-    that are gone (evicted or dropped meanwhile), whose blocks were not indexed."""
+    """Index packed blocks and grow their segments to ``sizes``, noting the fingerprint
+    their writer vouches for (``written``, None: none); returns the segments that are
+    gone (evicted or dropped meanwhile), whose blocks were not indexed."""
     gone, ids = set(), {}
     now = time.time()  # a new block is a use: the segment is as recent as its newest block
     for name, size in sizes.items():
-        grown = conn.execute(_GROW, (size, now, name)).fetchone()
+        grown = conn.execute(_GROW, (size, now, written.get(name), name)).fetchone()
         if grown is None:
             gone.add(name)
         else:
@@ -242,6 +246,12 @@ def delete_where(conn: sqlite3.Connection, where: str, args: tuple[object, ...])
         (removed.files if segment is None else removed.packed).append(digest.hex())
     conn.execute(f"DELETE FROM blocks WHERE {where}", args)
     return removed
+
+
+def written_of(conn: sqlite3.Connection, name: str) -> str | None:
+    """The fingerprint the segment's writer vouched for at its last indexed append."""
+    row = conn.execute("SELECT written FROM segments WHERE name = ?", (name,)).fetchone()
+    return None if row is None else row[0]
 
 
 def segment_names(conn: sqlite3.Connection) -> dict[str, float]:
