@@ -32,19 +32,8 @@ else) is forgotten; one shorter than the record (truncated) drops the block;
 and the record's checksum is checked again whenever the segment's (inode,
 mtime, ctime) differ from when it last passed, so bytes flipped in place are
 caught at the next hit and never served. Records of a segment that is no longer
-appended to are checked once per process. A segment this process wrote needs no
-check of its records at all while its fingerprint is the one its last append
-left (``_written``): its bytes are the ones checksummed on their way in, and
-any later change to the file moves the fingerprint. Each group commit also
-records that fingerprint in the segment's row (``segments.written``, NULL once
-the writer found the file changed by someone else), and a sibling worker that
-finds the file showing it trusts the records as the writer does (``_vouched``:
-the index asked once per segment, again when the file changes or a second
-later). Without this, the first epoch after a cold one (training's second)
-read back and checksummed every block it had just written, in a thread for
-records above ``_VERIFY_ON_LOOP``: 200 µs of CPU a 112 KiB hit with one worker,
-against 73 once checked; 210-220 against 156-161 with two
-(``loadtest/results/example-smallobjects.md``, session 12).
+appended to are checked once per process, and not at all while the file
+shows the fingerprint its writer vouched for (``segment_trust.py``).
 
 This module decides what runs when (places, the active segment, the group
 commit, what an eviction or a lost segment drops). A segment as a file
@@ -74,11 +63,8 @@ win part of those points back. Blocks dropped individually (invalidation,
 corruption) leave dead bytes until their segment goes.
 
 Not guaranteed: that a sibling sees this process's new blocks before its next
-batch commits (it waits on the fill's claim meanwhile); that a change to a segment
-is caught if it leaves the fingerprint as it was (a write in the same clock tick
-as the last check or append, on a kernel without fine-grained timestamps, before
-Linux 6.13), or comes between the ``fstat`` and the ``pwritev`` of an append
-(then taken for this process's own); that a segment evicted while
+batch commits (it waits on the fill's claim meanwhile); what ``segment_trust.py``
+does not guarantee; that a segment evicted while
 this process still appends to it keeps the blocks appended after the eviction
 (they are not indexed; the next append opens a new segment); that the disk
 holds no more than the capacity plus the active segments' unindexed tails.
@@ -95,6 +81,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from gateway.cache import disk_files as files
@@ -103,6 +90,7 @@ from gateway.cache.block import HEADER_SIZE, BlockId, encode_header
 from gateway.cache.disk_index import DiskIndex
 from gateway.cache.segment_files import SUFFIX, Bad, PackedFile, Segment
 from gateway.cache.segment_sql import Place, Removed
+from gateway.cache.segment_trust import SegmentTrust
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +98,6 @@ _PLACES = 262_144  # block places remembered per process (a miss asks the index)
 _SEGMENT_SHARE = 32  # a segment holds at most 1/32 of the limit: eviction stays fine-grained
 _SEGMENT_MIN = 1 << 20
 _VERIFY_ON_LOOP = 64 << 10  # records up to this size are checked without a thread hop
-_ASK_AGAIN = 1.0  # seconds before the index is asked again what a segment's writer vouched for
 # Seconds from the end of one index commit of this process to the start of the next. An
 # idle tier commits at once; a busy one lets appends gather meanwhile (nobody's answer
 # waits for the commit: readers take the bytes from the fill). At ~100 cold objects/s per
@@ -165,10 +152,7 @@ class PackedBlocks:
         self._on_failed = on_failed
         self._places: OrderedDict[str, Place | bool] = OrderedDict()  # True: own file
         self._segments: dict[str, Segment] = {}
-        # Segments this process wrote, with the fingerprint its last append left: while
-        # a segment still shows it, nobody else changed the file and its records need
-        # no check (one entry a segment, dropped with it).
-        self._written: dict[str, tuple[int, int, int]] = {}
+        self._trust = SegmentTrust(partial(index.read_now, segment_sql.written_of))
         self._active: _Active | None = None
         self._pending: list[_Pending] = []
         self._committing: asyncio.Task[None] | None = None
@@ -301,16 +285,11 @@ class PackedBlocks:
     def _checked_here(
         self, segment: Segment, block: BlockId, place: Place, stat: os.stat_result
     ) -> bool:
-        """Whether the record may be lent now: this process wrote the segment, unchanged
-        since; or the record passed its check since the segment last changed; or it is
-        small and passes it here (raises Bad or OSError if not). False: a large record,
-        to check off the loop."""
+        """Whether the record may be lent now: it needs no check (``segment_trust``), or
+        it is small and passes it here (raises Bad or OSError if not). False: a large
+        record, to check off the loop."""
         fingerprint = segment_files.fingerprint(stat)
-        if segment.verified.get(block.digest) == fingerprint:
-            return True
-        if self._written.get(place.segment) == fingerprint:
-            return True
-        if self._vouched(segment, place.segment, fingerprint):
+        if self._trust.lendable(segment, place.segment, block.digest, fingerprint):
             return True
         if place.length > _VERIFY_ON_LOOP:
             return False
@@ -363,22 +342,18 @@ class PackedBlocks:
 
     def _append(self, active: _Active, pieces: list[bytes]) -> None:
         """Write a record at the active segment's end, on the loop (no await: nothing
-        else of this process writes meanwhile). The segment stays in ``_written`` only if
-        its fingerprint was still the one this process's last append left.
+        else of this process writes meanwhile), keeping the segment's trust only if the
+        file was as this process's last append left it (``segment_trust``).
         Raises OSError, with the segment cut back to its size before."""
-        name = active.name
-        unchanged = self._written.get(name) == segment_files.fingerprint(os.fstat(active.fd))
+        unchanged = self._trust.unchanged(active.name, active.fd)
         try:
             segment_files.pwritev_all(active.fd, pieces, active.size)
         except OSError:
             # A torn record past the end would be counted nowhere, nor reclaimed: cut it.
             segment_files.cut_back(active.fd, active.size)
-            self._written.pop(name, None)
+            self._trust.forget(active.name)
             raise
-        if unchanged:
-            self._written[name] = segment_files.fingerprint(os.fstat(active.fd))
-        else:
-            self._written.pop(name, None)
+        self._trust.appended(active.name, active.fd, unchanged)
 
     async def close(self) -> None:
         if self._committing is not None:
@@ -427,39 +402,12 @@ class PackedBlocks:
         in the thread. The hop there cost the loop more than the commit itself
         (``sqlite_loop.py``)."""
         touches, limit = self._take_touches(), self._limit()
-        written = {name: self._vouch(name) for name in sizes}
+        written = {name: self._trust.vouch(name) for name in sizes}
         gone = self._index.publish_packed_now(rows, sizes, written, touches)
         if gone is None:
             return await self._index.publish_packed(rows, sizes, written, touches, limit)
         over = self._index.totals.used > limit
         return (await self._index.evict(limit) if over else Removed()), gone
-
-    def _vouch(self, name: str) -> str | None:
-        """What this process vouches for of a segment it writes: the fingerprint its last
-        append left, while nobody else changed the file (a later append than the batch's
-        only adds records of its own); None: nothing."""
-        fingerprint = self._written.get(name)
-        return None if fingerprint is None else segment_files.fingerprint_text(fingerprint)
-
-    def _vouched(self, segment: Segment, name: str, fingerprint: tuple[int, int, int]) -> bool:
-        """Whether the segment's writer vouched in the index for the file as it is now:
-        asked with a point read on the loop, again when the file changed or a second
-        passed (the writer's next batch may vouch for what it appended since)."""
-        if segment.vouched == fingerprint:
-            return True
-        now = time.monotonic()
-        asked = segment.asked
-        if asked is not None and asked[0] == fingerprint and now - asked[1] < _ASK_AGAIN:
-            return False
-        try:
-            recorded = self._index.read_now(segment_sql.written_of, name)
-        except sqlite3.OperationalError:  # busy: check the record instead
-            return False
-        segment.asked = (fingerprint, now)
-        if recorded != segment_files.fingerprint_text(fingerprint):
-            return False
-        segment.vouched = fingerprint
-        return True
 
     def _cut_unindexed(self, batch: list[_Pending], gone: set[str]) -> None:
         """After a failed commit: the records appended since, to the same segments (the next
@@ -476,7 +424,7 @@ class PackedBlocks:
         if self._active is not None and self._active.name in gone:
             self._retire()
         for segment, offset in starts.items():
-            self._written.pop(segment, None)  # its records are checked from now on
+            self._trust.forget(segment)
             segment_files.cut_back_path(self.directory / segment, offset)
         for pending in later:  # their fillers end their claims (a sibling asks anew)
             self._places.pop(str(pending.identity[0]), None)
@@ -503,7 +451,7 @@ class PackedBlocks:
                     os.close(fd)
                     raise
                 self._active = _Active(name, fd, 0)
-                self._written[name] = segment_files.fingerprint(os.fstat(fd))
+                self._trust.created(name, fd)
             return self._active
 
     def _retire(self) -> None:
@@ -533,7 +481,7 @@ class PackedBlocks:
         return segment
 
     def _drop_segment(self, name: str) -> None:
-        self._written.pop(name, None)
+        self._trust.forget(name)
         segment = self._segments.pop(name, None)
         if segment is not None:
             segment.kept = False

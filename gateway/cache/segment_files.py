@@ -15,7 +15,7 @@ before it is first lent, and again whenever the segment's ``fingerprint``
 (inode, mtime, ctime) changes, so bytes changed in place are never served (the
 process that wrote a segment skips the check while the fingerprint is the one
 its last append left, and so do its siblings once the writer has vouched for
-that fingerprint in the index: ``disk_packed.py``).
+that fingerprint in the index: ``segment_trust.py``).
 
 Everything here is plain blocking file-system work on one descriptor; the
 caller picks the thread.
