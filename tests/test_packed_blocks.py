@@ -403,6 +403,55 @@ def _deny_commit(action: int, arg: str | None, *_: object) -> int:
     return sqlite3.SQLITE_OK
 
 
+async def test_a_batch_committed_on_the_loop_stands_when_its_eviction_fails(
+    tmp_path: Path,
+) -> None:
+    """The batch's rows are in; the eviction the thread then makes is refused (SQLite's
+    authorizer, on the thread's connection only): the blocks stay stored and served."""
+    directory = tmp_path / "cache"
+    per_segment = (1 << 20) // RECORD  # segments of 1 MiB, the smallest
+    capacity = 3 * per_segment * RECORD + 200 * RECORD  # crossed inside the 4th segment
+    tier = packed_tier(directory, capacity)
+    await tier.start()
+    try:
+        below = [block_id(f"b{i}") for i in range(3 * per_segment + 150)]
+        for start in range(0, len(below), 64):
+            chunk = below[start : start + 64]
+            assert all(await asyncio.gather(*(tier.put(b, payload(b)) for b in chunk)))
+        assert tier.stats().evictions == 0
+        index = tier._index
+        await index.run(index.read, lambda conn: conn.set_authorizer(_deny_commit))
+        over = [block_id(f"o{i}") for i in range(64)]  # into the 4th segment, past the bound
+        stored = await asyncio.gather(*(tier.put(b, payload(b)) for b in over))
+        await index.run(index.read, lambda conn: conn.set_authorizer(None))
+        assert all(stored)
+        assert tier.stats().used_bytes > capacity  # the eviction did not happen
+        assert [await read_back(tier, b) for b in over] == [payload(b) for b in over]
+        assert tier.stats().corrupt == 0
+        after = block_id("after")  # the next batch's eviction goes through
+        assert await tier.put(after, payload(after))
+        assert tier.stats().used_bytes <= capacity
+    finally:
+        await tier.close()
+
+
+async def test_a_segment_the_index_refuses_stores_nothing_and_leaves_no_file(
+    tier: DiskTier, tmp_path: Path
+) -> None:
+    """The first block needs a segment, whose row the index refuses: the block is not
+    stored (the origin's bytes are served as they came), the put raises nothing, and
+    the new file goes; once the index accepts again, caching goes on."""
+    index = tier._index
+    await index.run(index.read, lambda conn: conn.set_authorizer(_deny_commit))
+    refused = block_id("refused")
+    assert not await tier.put(refused, payload(refused))
+    await index.run(index.read, lambda conn: conn.set_authorizer(None))
+    assert segments(tmp_path / "cache") == []
+    assert await read_back(tier, refused) is None
+    assert await tier.put(refused, payload(refused))
+    assert await read_back(tier, refused) == payload(refused)
+
+
 async def test_a_full_disk_eviction_whose_commit_fails_removes_no_file_its_rows_name(
     tiny_fs: Path,
 ) -> None:

@@ -404,7 +404,7 @@ class DiskTier:
         assert self._packed is not None and writer.chunks is not None
         try:
             stored = await self._packed.store(writer.block, writer.chunks, checksum)
-        except OSError as exc:
+        except (OSError, sqlite3.Error) as exc:  # served from the origin, not stored
             await writer.abort()
             await self.space.failed("append", exc, writer.block)
             return False

@@ -73,6 +73,7 @@ holds no more than the capacity plus the active segments' unindexed tails.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import os
@@ -324,7 +325,8 @@ class PackedBlocks:
         """Append the block's record to this process's segment and index it in the
         next group commit; True once indexed (the caller holds the fill's claim until
         then, ``packed_claims.py``).
-        Raises OSError (ENOSPC...) from the append, after which nothing is indexed."""
+        Raises OSError (ENOSPC...) from the append, or sqlite3.Error when a new segment
+        cannot be indexed; nothing is indexed then."""
         length = sum(len(c) for c in chunks)
         header = encode_header(block, length, checksum)
         active = await self._room(HEADER_SIZE + length)
@@ -406,8 +408,13 @@ class PackedBlocks:
         gone = self._index.publish_packed_now(rows, sizes, written, touches)
         if gone is None:
             return await self._index.publish_packed(rows, sizes, written, touches, limit)
-        over = self._index.totals.used > limit
-        return (await self._index.evict(limit) if over else Removed()), gone
+        if self._index.totals.used <= limit:
+            return Removed(), gone
+        try:
+            return await self._index.evict(limit), gone
+        except (sqlite3.Error, OSError) as exc:  # the batch is indexed: it stands
+            await self._on_failed(exc)
+            return Removed(), gone
 
     def _cut_unindexed(self, batch: list[_Pending], gone: set[str]) -> None:
         """After a failed commit: the records appended since, to the same segments (the next
@@ -449,6 +456,8 @@ class PackedBlocks:
                     await self._index.add_segment(name)
                 except BaseException:
                     os.close(fd)
+                    with contextlib.suppress(OSError):  # no row will ever name it
+                        os.unlink(self.directory / name)
                     raise
                 self._active = _Active(name, fd, 0)
                 self._trust.created(name, fd)
