@@ -617,6 +617,37 @@ async def test_a_hit_moves_its_segment_in_the_lru_order_not_its_block_row(tmp_pa
         await tier.close()
 
 
+async def test_an_eviction_after_a_batch_on_the_loop_sees_the_hits_before_it(
+    tmp_path: Path,
+) -> None:
+    """A batch committed on the loop carries no hits, but the eviction it makes due runs
+    after them: the older segment, read since, outlives the newer one nobody read."""
+    directory = tmp_path / "cache"
+    per_segment = (1 << 20) // RECORD
+    capacity = 2 * per_segment * RECORD + 50 * RECORD
+    tier = packed_tier(directory, capacity, segment_size=1 << 20, touch_interval=60.0)
+    await tier.start()
+    try:
+        older = [block_id(f"s1-{i}") for i in range(per_segment)]
+        newer = [block_id(f"s2-{i}") for i in range(per_segment)]
+        more = [block_id(f"s3-{i}") for i in range(100)]  # a third segment, past the bound
+
+        async def put_all(blocks: list[BlockId]) -> None:
+            for start in range(0, len(blocks), 64):
+                chunk = blocks[start : start + 64]
+                assert all(await asyncio.gather(*(tier.put(b, payload(b)) for b in chunk)))
+
+        await put_all(older)
+        await put_all(newer)
+        assert await read_back(tier, older[0]) == payload(older[0])  # a hit, not yet flushed
+        await put_all(more)
+        assert tier.stats().used_bytes <= capacity
+        assert await read_back(tier, older[1]) == payload(older[1])
+        assert await read_back(tier, newer[0]) is None
+    finally:
+        await tier.close()
+
+
 async def test_a_block_file_whose_filler_died_before_its_row_is_taken_over(tmp_path: Path) -> None:
     """A filler killed between renaming its block file into place and indexing it left a
     file no row names: no read finds it, and (before) no later fill could store the block

@@ -227,16 +227,15 @@ class DiskIndex:
         rows: list[tuple[tuple[object, ...], Place]],
         sizes: dict[str, int],
         written: dict[str, str | None],
-        touches: dict[str, float],
     ) -> set[str] | None:
-        """``publish_packed`` without its eviction, on the loop, if the write lock is
-        free at once: the segments found gone. None: nothing written (busy, or any
+        """``publish_packed`` without its hits and eviction, on the loop, if the write
+        lock is free at once: the segments found gone. None: nothing written (busy, or any
         SQLite error), ask ``publish_packed``. The caller evicts (``evict``, in the
         thread) if ``totals`` is then over the capacity."""
         writes = self._loop_writes
         if writes is None:
             return None
-        done, result = writes.transact(_add_packed_counted, rows, sizes, written, touches)
+        done, result = writes.transact(_add_packed_counted, rows, sizes, written)
         if not done or result is None:
             return None
         gone, self.totals = result
@@ -408,7 +407,8 @@ def _add_packed(
     touches: dict[str, float],
 ) -> set[str]:
     """Record hits, index a batch's rows, grow their segments: the segments found gone."""
-    segment_sql.touch(conn, touches)
+    if touches:
+        segment_sql.touch(conn, touches)
     return segment_sql.add_packed(conn, rows, sizes, written)
 
 
@@ -417,10 +417,10 @@ def _add_packed_counted(
     rows: list[tuple[tuple[object, ...], Place]],
     sizes: dict[str, int],
     written: dict[str, str | None],
-    touches: dict[str, float],
 ) -> tuple[set[str], Totals]:
-    """``_add_packed``, and the totals it leaves (``_transaction`` reads them too)."""
-    return _add_packed(conn, rows, sizes, written, touches), disk_schema.read_totals(conn)
+    """``_add_packed`` without hits (a second's worth of them is too long a write for
+    the loop), and the totals it leaves (``_transaction`` reads them too)."""
+    return _add_packed(conn, rows, sizes, written, {}), disk_schema.read_totals(conn)
 
 
 def _evict(conn: sqlite3.Connection, capacity: int) -> Removed:

@@ -399,22 +399,25 @@ class PackedBlocks:
     async def _publish(
         self, rows: list[tuple[tuple[object, ...], Place]], sizes: dict[str, int]
     ) -> tuple[Removed, set[str]]:
-        """A batch's transaction: on the loop when the index is free at once (its
-        eviction, if the batch leaves the tier over its limit, then in the thread), else
-        in the thread. The hop there cost the loop more than the commit itself
-        (``sqlite_loop.py``)."""
-        touches, limit = self._take_touches(), self._limit()
+        """A batch's transaction: on the loop when the index is free at once, else in the
+        thread. The hop there cost the loop more than the commit itself
+        (``sqlite_loop.py``). On the loop it records no hits (they may be a second's
+        worth) and evicts nothing: if the batch leaves the tier over its limit, the hits
+        and the eviction follow in the thread."""
         written = {name: self._trust.vouch(name) for name in sizes}
-        gone = self._index.publish_packed_now(rows, sizes, written, touches)
+        gone = self._index.publish_packed_now(rows, sizes, written)
+        limit = self._limit()
         if gone is None:
+            touches = self._take_touches()
             return await self._index.publish_packed(rows, sizes, written, touches, limit)
         if self._index.totals.used <= limit:
-            return Removed(), gone
-        try:
-            return await self._index.evict(limit), gone
+            return Removed(), gone  # this process's hits go with the next flush
+        try:  # one transaction in the thread: the hits first, so the eviction sees them
+            removed, _ = await self._index.publish_packed([], {}, {}, self._take_touches(), limit)
         except (sqlite3.Error, OSError) as exc:  # the batch is indexed: it stands
             await self._on_failed(exc)
             return Removed(), gone
+        return removed, gone
 
     def _cut_unindexed(self, batch: list[_Pending], gone: set[str]) -> None:
         """After a failed commit: the records appended since, to the same segments (the next
