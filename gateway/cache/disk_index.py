@@ -13,9 +13,9 @@ Rules that keep several processes honest:
   Point reads a cold fill needs at once (is this block indexed?) run on the
   loop instead, on a read-only connection (``read_now``,
   ``sqlite_wal.point_reader``); a busy database sends them to the thread.
-  So does a packed batch's group commit when it evicts nothing: on the
-  loop's own connection if the write lock is free at once, else in the
-  thread (``publish_packed_now``, ``sqlite_loop.py``).
+  So does a packed batch's group commit, its rows alone (hits and evictions
+  stay in the thread): on the loop's own connection if the write lock is
+  free at once, else in the thread (``publish_packed_now``, ``sqlite_loop.py``).
 - WAL mode, a busy timeout, and short ``BEGIN IMMEDIATE`` transactions: a
   writer takes the write lock up front instead of failing half-way when it
   upgrades from a read.
@@ -230,8 +230,9 @@ class DiskIndex:
     ) -> set[str] | None:
         """``publish_packed`` without its hits and eviction, on the loop, if the write
         lock is free at once: the segments found gone. None: nothing written (busy, or any
-        SQLite error), ask ``publish_packed``. The caller evicts (``evict``, in the
-        thread) if ``totals`` is then over the capacity."""
+        SQLite error), ask ``publish_packed``. If ``totals`` is then over the capacity,
+        the caller records its hits and evicts in the thread (``publish_packed`` of no
+        rows)."""
         writes = self._loop_writes
         if writes is None:
             return None
