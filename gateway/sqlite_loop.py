@@ -18,9 +18,9 @@ a killed worker keeps what it committed, as with the thread's writes. A
 database opened for durability (``synchronous=FULL``) is never written here.
 
 Checkpoints sync files, so they never run here either: this connection has
-no autocheckpoint, and after every ``CHECKPOINT_EVERY`` commits the caller
-asks its thread for one, which keeps the log bounded as the thread's own
-autocheckpoint does.
+no autocheckpoint, and after every ``CHECKPOINT_EVERY`` commits (or the
+caller's count) ``maintain`` starts the caller's checkpoint in its thread, one
+at a time, which keeps the log bounded as the thread's own autocheckpoint does.
 
 Not guaranteed: that a write is tried here at all (busy, or any SQLite
 error: the thread then tries, and reports what fails); that the caller's
@@ -29,15 +29,19 @@ write is short (it must keep anything long, like an eviction, for the thread).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from gateway.sqlite_wal import share_pages
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 CHECKPOINT_EVERY = 64  # commits here between checkpoints (a commit adds a few pages to the log)
 
@@ -53,7 +57,10 @@ class LoopTransactions:
         self._db.execute(f"PRAGMA journal_size_limit = {log_limit}")
         self._db.execute("PRAGMA temp_store = MEMORY")
         share_pages(self._db)
+        self._name = path.name
         self.commits = 0
+        self._checkpointed = 0  # ``commits`` when the last checkpoint was started
+        self.maintaining: asyncio.Future[None] | None = None  # that checkpoint, until done
 
     def transact(self, work: Callable[..., T], *args: Any) -> tuple[bool, T | None]:
         """``(True, work(connection, *args))`` committed; ``(False, None)``, nothing
@@ -74,10 +81,20 @@ class LoopTransactions:
         self.commits += 1
         return True, result
 
-    def due_checkpoint(self, last: int, every: int = CHECKPOINT_EVERY) -> bool:
-        """Whether ``every`` commits were made here since ``last`` (a count of
-        ``commits`` when the caller last asked its thread for a checkpoint)."""
-        return self.commits - last >= every
+    def maintain(self, start: Callable[[], Awaitable[None]], every: int = CHECKPOINT_EVERY) -> None:
+        """After a commit here: once ``every`` commits were made since the last, and none
+        is running, ``start()`` the caller's checkpoint in its thread (``maintaining``
+        until done; a failure is logged, and the next one comes ``every`` commits on)."""
+        if self.maintaining is not None or self.commits - self._checkpointed < every:
+            return
+        self._checkpointed = self.commits
+        self.maintaining = asyncio.ensure_future(start())
+        self.maintaining.add_done_callback(self._maintained)
+
+    def _maintained(self, done: asyncio.Future[None]) -> None:
+        self.maintaining = None
+        if not done.cancelled() and done.exception() is not None:
+            log.warning("%s: checkpoint failed: %s", self._name, done.exception())
 
     def _roll_back(self) -> None:
         """End a failed transaction: one left open would hold the write lock for good."""

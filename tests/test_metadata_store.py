@@ -290,8 +290,10 @@ async def test_rows_shared_on_the_loop_keep_the_log_bounded(tmp_path: Path) -> N
         for i in range(8 * CHECKPOINT_EVERY):
             store.save(SCOPE, f"k{i}", info(f"k{i}"), learned=1)
             await store.share(SCOPE, "k")
-            if store._maintaining is not None:  # each checkpoint done before the next commit
-                await store._maintaining
+            writer = store._loop_writer
+            assert writer is not None
+            if writer.maintaining is not None:  # each checkpoint done before the next commit
+                await writer.maintaining
         assert wal.stat().st_size <= 1 << 20
         stored = await store.load(SCOPE, f"k{8 * CHECKPOINT_EVERY - 1}")
         assert stored is not None

@@ -269,8 +269,8 @@ async def test_a_batch_commits_on_the_loop_and_its_checkpoints_keep_the_log_smal
     for block in blocks:  # one batch each: 60 commits, each adding pages to the log
         assert await tier.put(block, payload(block))
     assert index._loop_writes.commits == len(blocks)  # none waited for the thread
-    if index._maintaining is not None:
-        await index._maintaining
+    if index._loop_writes.maintaining is not None:
+        await index._loop_writes.maintaining
     wal = tmp_path / "cache" / "index.sqlite3-wal"
     assert wal.stat().st_size <= 512 << 10  # ~1.5 MiB without the thread's checkpoints
     second = packed_tier(tmp_path / "cache")  # what the loop committed, another process reads

@@ -41,7 +41,6 @@ transaction.
 from __future__ import annotations
 
 import asyncio
-import logging
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
@@ -59,8 +58,6 @@ from gateway.sqlite_loop import LoopTransactions
 from gateway.sqlite_wal import point_reader, share_pages, use_wal
 
 T = TypeVar("T")
-
-log = logging.getLogger(__name__)
 
 THREAD_NAME = "hoard-disk-index"
 _WAL_PAGES = 64  # write-ahead log pages before a checkpoint (SQLite's default: 1,000)
@@ -119,8 +116,6 @@ class DiskIndex:
         self._conn: sqlite3.Connection | None = None
         self._loop_reader: sqlite3.Connection | None = None  # read_now's, on the loop
         self._loop_writes: LoopTransactions | None = None  # publish_packed_now's
-        self._checkpointed = 0  # the loop's commits when its last checkpoint was asked
-        self._maintaining: asyncio.Future[None] | None = None
 
     async def open(self) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=THREAD_NAME)
@@ -240,19 +235,8 @@ class DiskIndex:
         if not done or result is None:
             return None
         gone, self.totals = result
-        if (
-            writes.due_checkpoint(self._checkpointed, _LOOP_CHECKPOINT_EVERY)
-            and not self._maintaining
-        ):
-            self._checkpointed = writes.commits
-            self._maintaining = asyncio.ensure_future(self.run(self._checkpoint_passive))
-            self._maintaining.add_done_callback(self._maintained)
+        writes.maintain(lambda: self.run(self._checkpoint_passive), _LOOP_CHECKPOINT_EVERY)
         return gone
-
-    def _maintained(self, done: asyncio.Future[None]) -> None:
-        self._maintaining = None
-        if not done.cancelled() and done.exception() is not None:  # next time, then
-            log.warning("disk index checkpoint failed: %s", done.exception())
 
     async def drop_segment(self, name: str) -> Removed:
         return await self.run(self._in_write, segment_sql.drop_segment, name)

@@ -80,8 +80,6 @@ class MetadataStore:
         self._db: sqlite3.Connection | None = None
         self._reader: sqlite3.Connection | None = None  # point reads, on the loop
         self._loop_writer: LoopWriter | None = None  # shared: rows for siblings, on the loop
-        self._maintaining: asyncio.Future[None] | None = None  # a checkpoint on the thread
-        self._checkpointed = 0  # the loop writer's commits at the last checkpoint asked
         self._pending: dict[tuple[str, str, str], Row] = {}
         # Keys a point read found absent, with their fetch lock's version before the read:
         # only this process's ``save`` (which forgets the key here) or a sibling holding
@@ -145,8 +143,8 @@ class MetadataStore:
             self._flusher.cancel()
             await asyncio.gather(self._flusher, return_exceptions=True)
         await self.flush()
-        if self._maintaining is not None:
-            await asyncio.gather(self._maintaining, return_exceptions=True)
+        if self._loop_writer is not None and self._loop_writer.maintaining is not None:
+            await asyncio.gather(self._loop_writer.maintaining, return_exceptions=True)
         if self._loop_writer is not None:
             self._loop_writer.close()
             self._loop_writer = None
@@ -289,18 +287,10 @@ class MetadataStore:
             and writer.write(rows_of(self._pending))
         ):
             self._pending = {}
-            if writer.due_checkpoint(self._checkpointed) and not self._maintaining:
-                self._checkpointed = writer.commits
-                self._maintaining = asyncio.ensure_future(self._call(self._maintain))
-                self._maintaining.add_done_callback(self._maintained)
+            writer.maintain(lambda: self._call(self._maintain))
         else:
             await self.flush()
         self._locks.bump(scope, key)
-
-    def _maintained(self, done: asyncio.Future[None]) -> None:
-        self._maintaining = None
-        if not done.cancelled() and done.exception() is not None:  # next time, then
-            log.warning("metadata store checkpoint failed: %s", done.exception())
 
     def _maintain(self) -> None:
         """What the loop writer leaves to the store's thread: a checkpoint (the log
