@@ -63,22 +63,27 @@ def packed_tier(directory: Path, capacity: int = 64 << 20, **kwargs: object) -> 
     return DiskTier(directory, capacity, packed_max=64 << 10, **kwargs)  # type: ignore[arg-type]
 
 
+@contextlib.asynccontextmanager
+async def started(directory: Path, **kwargs: object) -> AsyncIterator[DiskTier]:
+    """A started packed tier over ``directory`` (one process's view of it), closed after."""
+    tier = packed_tier(directory, **kwargs)  # type: ignore[arg-type]
+    await tier.start()
+    try:
+        yield tier
+    finally:
+        await tier.close()
+
+
 async def stored_and_closed(directory: Path, blocks: dict[BlockId, bytes]) -> None:
     """``blocks`` stored by a tier that then closes (a process before a restart)."""
-    first = packed_tier(directory)
-    await first.start()
-    try:
+    async with started(directory) as first:
         assert all(await asyncio.gather(*(first.put(b, data) for b, data in blocks.items())))
-    finally:
-        await first.close()
 
 
 @pytest.fixture
 async def tier(tmp_path: Path) -> AsyncIterator[DiskTier]:
-    tier = packed_tier(tmp_path / "cache")
-    await tier.start()
-    yield tier
-    await tier.close()
+    async with started(tmp_path / "cache") as tier:
+        yield tier
 
 
 async def test_small_blocks_share_one_segment_and_read_back_exactly(
@@ -115,14 +120,10 @@ async def test_restart_keeps_packed_blocks_and_a_fresh_process_finds_them(tmp_pa
     directory = tmp_path / "cache"
     blocks = [block_id(f"r{i}") for i in range(50)]
     await stored_and_closed(directory, {b: payload(b) for b in blocks})
-    second = packed_tier(directory)
-    await second.start()
-    try:
+    async with started(directory) as second:
         for block in blocks:
             assert await read_back(second, block) == payload(block)
         assert second.stats().corrupt == 0
-    finally:
-        await second.close()
 
 
 async def test_eviction_reclaims_whole_segments_and_holds_the_bound(tmp_path: Path) -> None:
@@ -187,9 +188,7 @@ async def test_records_this_process_wrote_are_lent_unchecked_and_so_do_its_sibli
     for block in blocks:  # the bytes checksummed on their way in, unchanged since
         assert await read_back(tier, block) == payload(block)
     assert checked == []
-    sibling = packed_tier(tmp_path / "cache")  # another process's view of the same files
-    await sibling.start()
-    try:
+    async with started(tmp_path / "cache") as sibling:  # another process's view of the same files
         for block in blocks:  # the writer vouched in the index for the file as it is
             assert await read_back(sibling, block) == payload(block)
         assert checked == []
@@ -201,8 +200,6 @@ async def test_records_this_process_wrote_are_lent_unchecked_and_so_do_its_sibli
         assert await read_back(sibling, blocks[0]) is None
         assert [await read_back(sibling, b) for b in blocks[1:]] == [payload(b) for b in blocks[1:]]
         assert sorted(checked) == sorted(b.digest for b in blocks)  # each checked, once
-    finally:
-        await sibling.close()
 
 
 async def test_a_vouch_from_before_the_boot_is_not_trusted(
@@ -214,12 +211,8 @@ async def test_a_vouch_from_before_the_boot_is_not_trusted(
     blocks = [block_id(f"v{i}") for i in range(10)]
     assert all(await asyncio.gather(*(tier.put(b, payload(b)) for b in blocks)))
     monkeypatch.setattr(segment_trust, "booted_at", lambda: time.time() + 60)
-    sibling = packed_tier(tmp_path / "cache")
-    await sibling.start()
-    try:
+    async with started(tmp_path / "cache") as sibling:
         assert [await read_back(sibling, b) for b in blocks] == [payload(b) for b in blocks]
-    finally:
-        await sibling.close()
     assert sorted(checked) == sorted(b.digest for b in blocks)
 
 
@@ -232,13 +225,9 @@ async def test_a_writer_that_found_its_segment_changed_vouches_for_nothing(
     segment = segments(tmp_path / "cache")[0]
     os.utime(segment, ns=(1, 1))  # changed by someone else before the next append
     assert await tier.put(later, payload(later))
-    sibling = packed_tier(tmp_path / "cache")
-    await sibling.start()
-    try:
+    async with started(tmp_path / "cache") as sibling:
         assert await read_back(sibling, first) == payload(first)
         assert await read_back(sibling, later) == payload(later)
-    finally:
-        await sibling.close()
     assert sorted(checked) == sorted([first.digest, later.digest])
 
 
@@ -273,12 +262,9 @@ async def test_a_batch_commits_on_the_loop_and_its_checkpoints_keep_the_log_smal
         await index._loop_writes.maintaining
     wal = tmp_path / "cache" / "index.sqlite3-wal"
     assert wal.stat().st_size <= 512 << 10  # ~1.5 MiB without the thread's checkpoints
-    second = packed_tier(tmp_path / "cache")  # what the loop committed, another process reads
-    await second.start()
-    try:
+    # What the loop committed, another process reads.
+    async with started(tmp_path / "cache") as second:
         assert [await read_back(second, b) for b in blocks] == [payload(b) for b in blocks]
-    finally:
-        await second.close()
 
 
 async def test_a_batch_meeting_a_held_write_lock_commits_in_the_thread_once_it_frees(
@@ -330,13 +316,9 @@ async def test_a_torn_tail_after_a_crash_is_dead_bytes_not_blocks(tmp_path: Path
     await stored_and_closed(directory, {kept: payload(kept)})
     with open(segments(directory)[0], "ab") as f:
         f.write(b"HOARDBLK" + os.urandom(1000))  # a torn record: header start, no row
-    second = packed_tier(directory)
-    await second.start()
-    try:
+    async with started(directory) as second:
         assert await read_back(second, kept) == payload(kept)
         assert second.stats().entries == 1
-    finally:
-        await second.close()
 
 
 _APPENDER = """
@@ -571,14 +553,10 @@ async def test_an_index_made_before_segments_written_gets_the_column_and_keeps_i
     await stored_and_closed(directory, {b: payload(b) for b in blocks})
     with contextlib.closing(sqlite3.connect(directory / "index.sqlite3")) as db:
         db.execute("ALTER TABLE segments DROP COLUMN written")  # as the previous version made it
-    reopened = packed_tier(directory)
-    await reopened.start()
-    try:
+    async with started(directory) as reopened:
         assert [await read_back(reopened, b) for b in blocks] == [payload(b) for b in blocks]
         more = block_id("more")
         assert await reopened.put(more, payload(more))
-    finally:
-        await reopened.close()
     with contextlib.closing(sqlite3.connect(directory / "index.sqlite3")) as db:
         columns = {row[1] for row in db.execute("PRAGMA table_info(segments)")}
     assert "written" in columns
@@ -590,16 +568,12 @@ async def test_an_index_of_an_older_layout_is_started_over_never_misread(tmp_pat
     await stored_and_closed(directory, {old: payload(old)})
     with contextlib.closing(sqlite3.connect(directory / "index.sqlite3")) as db:
         db.execute("PRAGMA user_version = 0")  # what every index made before layouts says
-    second = packed_tier(directory)
-    await second.start()
-    try:
+    async with started(directory) as second:
         assert second.stats().entries == 0 and second.stats().used_bytes == 0
         assert await read_back(second, old) is None  # its row went with the old layout
         assert await second.put(old, payload(old))  # and it is cached anew
         assert await read_back(second, old) == payload(old)
         assert second.stats().corrupt == 0
-    finally:
-        await second.close()
 
 
 async def test_a_hit_moves_its_segment_in_the_lru_order_not_its_block_row(tmp_path: Path) -> None:

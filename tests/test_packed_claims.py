@@ -13,25 +13,21 @@ import pytest
 
 from gateway.cache.disk import DiskTier
 from tests.test_disk_tier import read_back
-from tests.test_packed_blocks import REPO, block_id, packed_tier, payload
+from tests.test_packed_blocks import REPO, block_id, payload, started
 
 
 @pytest.fixture
 async def tier(tmp_path: Path) -> AsyncIterator[DiskTier]:
-    tier = packed_tier(tmp_path / "cache")
-    await tier.start()
-    yield tier
-    await tier.close()
+    async with started(tmp_path / "cache") as tier:
+        yield tier
 
 
 @pytest.fixture
 async def sibling(tmp_path: Path, tier: DiskTier) -> AsyncIterator[DiskTier]:
     """A second tier over the same directory: its own descriptor of the stripes, as a
     sibling worker has."""
-    other = packed_tier(tmp_path / "cache")
-    await other.start()
-    yield other
-    await other.close()
+    async with started(tmp_path / "cache") as other:
+        yield other
 
 
 def parts(directory: Path) -> list[str]:
