@@ -41,6 +41,8 @@ from gateway.cache.segment_sql import Place
 
 SUFFIX = ".seg"
 
+Fingerprint = tuple[int, int, int]  # a segment file's (inode, mtime, ctime), in ns
+
 
 class Segment:
     """One kept segment descriptor, shared by responses; closed by its last user once dropped."""
@@ -51,11 +53,11 @@ class Segment:
         self.fd = fd
         self.users = 0
         self.kept = True
-        self.verified: dict[str, tuple[int, int, int]] = {}  # digest -> segment fingerprint
+        self.verified: dict[str, Fingerprint] = {}  # digest -> segment fingerprint
         # The fingerprint its writer vouched for in the index, when the file showed it;
         # and the fingerprint and clock time of the last time the index was asked.
-        self.vouched: tuple[int, int, int] | None = None
-        self.asked: tuple[tuple[int, int, int], float] | None = None
+        self.vouched: Fingerprint | None = None
+        self.asked: tuple[Fingerprint, float] | None = None
 
     def release(self) -> None:
         self.users -= 1
@@ -79,12 +81,12 @@ class Bad(Exception):
     """A packed block's record cannot be served (truncated, checksum, header)."""
 
 
-def fingerprint(stat: os.stat_result) -> tuple[int, int, int]:
+def fingerprint(stat: os.stat_result) -> Fingerprint:
     """What changes when a segment's bytes may have: its record checks are redone then."""
     return (stat.st_ino, stat.st_mtime_ns, stat.st_ctime_ns)
 
 
-def fingerprint_text(fingerprint: tuple[int, int, int]) -> str:
+def fingerprint_text(fingerprint: Fingerprint) -> str:
     """A fingerprint as the index keeps it (``segments.written``)."""
     inode, modified, changed = fingerprint
     return f"{inode}:{modified}:{changed}"

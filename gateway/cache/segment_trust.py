@@ -42,9 +42,7 @@ import time
 from collections.abc import Callable
 
 from gateway.cache import segment_files
-from gateway.cache.segment_files import Segment
-
-Fingerprint = tuple[int, int, int]
+from gateway.cache.segment_files import Fingerprint, Segment
 
 _ASK_AGAIN = 1.0  # seconds before the index is asked again what a segment's writer vouched for
 
