@@ -40,7 +40,8 @@ commit, what an eviction or a lost segment drops). A segment as a file
 (records, the kept descriptor, the record's check) is ``segment_files.py``;
 a packed block's row and whole-segment eviction, ``segment_sql.py``; a fill's
 claim that asks the index, since a packed block has no file of its own to
-find, ``disk_claims.py``.
+find, ``disk_claims.py``; the places this process remembers, by segment too,
+``packed_places.py``.
 
 A crash leaves at worst a torn tail: records appended whose rows never
 committed. No row points at them, so they are dead bytes until their
@@ -79,7 +80,6 @@ import math
 import os
 import sqlite3
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
@@ -89,6 +89,7 @@ from gateway.cache import disk_files as files
 from gateway.cache import segment_files, segment_sql
 from gateway.cache.block import HEADER_SIZE, BlockId, encode_header
 from gateway.cache.disk_index import DiskIndex
+from gateway.cache.packed_places import Places
 from gateway.cache.segment_files import SUFFIX, Bad, PackedFile, Segment
 from gateway.cache.segment_sql import Place, Removed
 from gateway.cache.segment_trust import SegmentTrust
@@ -151,7 +152,7 @@ class PackedBlocks:
         self._on_removed = on_removed
         self._on_corrupt = on_corrupt
         self._on_failed = on_failed
-        self._places: OrderedDict[str, Place | bool] = OrderedDict()  # True: own file
+        self._places = Places(_PLACES)
         self._segments: dict[str, Segment] = {}
         self._trust = SegmentTrust(partial(index.read_now, segment_sql.written_of))
         self._active: _Active | None = None
@@ -168,7 +169,7 @@ class PackedBlocks:
         if place is None:
             place = await self._index.locate(digest)
             if place is not None:
-                self._remember(digest, place)
+                self._places.remember(digest, place)
         return place
 
     async def get(self, block: BlockId, place: Place) -> PackedFile | None:
@@ -215,7 +216,7 @@ class PackedBlocks:
     async def _discard(self, block: BlockId, why: str) -> None:
         log.warning("disk tier: dropping damaged packed block %s (%s): %s",
                     block.digest, block, why)  # fmt: skip
-        self.drop_place(block.digest)
+        self._places.forget(block.digest)
         self._on_corrupt(1)
         try:
             await self._index.remove(block.digest)
@@ -256,7 +257,7 @@ class PackedBlocks:
                 return None
             if place is None:
                 return None
-            self._remember(block.digest, place)
+            self._places.remember(block.digest, place)
         if not isinstance(place, Place):
             return None
         segment = self._segments.get(place.segment) or self._open_segment_now(place.segment)
@@ -300,10 +301,8 @@ class PackedBlocks:
 
     def forget(self, removed: Removed) -> None:
         """Blocks and segments taken out of the index: stop serving them."""
-        for digest in removed.packed:
-            self._places.pop(digest, None)
-        for digest in removed.files:
-            self._places.pop(digest, None)
+        for digest in (*removed.packed, *removed.files):
+            self._places.forget(digest)
         for name in removed.segments:
             self._drop_segment(name)
             if self._active is not None and self._active.name == name:
@@ -333,7 +332,7 @@ class PackedBlocks:
         place = Place(active.name, active.size, length, checksum)
         self._append(active, [header, *chunks])
         active.size += HEADER_SIZE + length
-        self._remember(block.digest, place)
+        self._places.remember(block.digest, place)
         b = block
         identity = (b.digest, b.origin, b.bucket, b.key, b.index, length)
         pending = _Pending(identity, place, asyncio.get_running_loop().create_future())
@@ -387,7 +386,7 @@ class PackedBlocks:
             for pending in batch:
                 stored = pending.place.segment not in gone and pending.identity[0] not in evicted
                 if not stored:
-                    self._places.pop(str(pending.identity[0]), None)
+                    self._places.forget(str(pending.identity[0]))
                 if not pending.done.done():
                     pending.done.set_result(stored)
             if self._active is not None and self._active.name in gone:
@@ -437,7 +436,7 @@ class PackedBlocks:
             self._trust.forget(segment)
             segment_files.cut_back_path(self.directory / segment, offset)
         for pending in later:  # their fillers end their claims (a sibling asks anew)
-            self._places.pop(str(pending.identity[0]), None)
+            self._places.forget(str(pending.identity[0]))
             if not pending.done.done():
                 pending.done.set_result(False)
 
@@ -499,15 +498,4 @@ class PackedBlocks:
             segment.kept = False
             if segment.users == 0:
                 os.close(segment.fd)
-        for digest in [d for d, p in self._places.items() if isinstance(p, Place)
-                       and p.segment == name]:  # fmt: skip
-            del self._places[digest]
-
-    def _remember(self, digest: str, place: Place | bool) -> None:
-        self._places[digest] = place
-        self._places.move_to_end(digest)
-        if len(self._places) > _PLACES:
-            self._places.popitem(last=False)
-
-    def drop_place(self, digest: str) -> None:
-        self._places.pop(digest, None)
+        self._places.forget_segment(name)
