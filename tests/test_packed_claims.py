@@ -158,3 +158,25 @@ async def test_a_claim_held_by_a_killed_process_is_free_at_once(tier: DiskTier, 
     finally:
         child.kill()
         child.wait()
+
+
+async def test_blocks_whose_digests_share_twenty_bits_are_claimed_by_two_workers(tmp_path):
+    """Stripes are the digest's first 32 bits: two digests alike in their low 20 of them
+    (one stripe when there were 2**20) are claimed at once by two siblings; the same
+    digest still is not."""
+    from gateway.cache.packed_claims import PackedClaims
+
+    first, second = "00012345" + "a" * 32, "00112345" + "b" * 32
+    mine, theirs = PackedClaims(tmp_path / "claims"), PackedClaims(tmp_path / "claims")
+    mine.open()
+    theirs.open()
+    try:
+        assert mine.take(first)
+        assert theirs.take(second)
+        assert not theirs.take(first)
+        mine.release(first)
+        assert theirs.take(first)
+        assert (tmp_path / "claims").stat().st_size == 0
+    finally:
+        mine.close()
+        theirs.close()
