@@ -32,11 +32,11 @@ itself if it is still missing (its filler failed, or died).
 Not guaranteed: that two blocks never share a stripe. A claim refused for
 another block's stripe is served from the origin and not stored when its
 filler already holds the origin's answer (a cold object's first block), and
-a reader waits for the other block's fill (one fill's time at most). With
-2**20 stripes and two workers that was ~3 blocks in 100,000 (a sibling holds
-~30 claims at a time: 30 / 2**20), and a 100,000-object cold epoch was found
-to leave one object unstored (64 stripes left 219 of 5,000). With 2**32, 30
-held claims refuse one claim in ~140 million.
+a reader waits for the other block's fill (one fill's time at most). A
+sibling holds ~3 claims at a time in a cold epoch of two workers (with 64
+stripes, 219 of 5,000 objects were left unstored: 4.4 %, ~2.8 of 64); with
+2**20 stripes that left one object in ~300,000 out of the cache, and a
+100,000-object epoch was found missing one. With 2**32, one in ~1.4 billion.
 """
 
 from __future__ import annotations
