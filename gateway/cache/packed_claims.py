@@ -35,8 +35,8 @@ filler already holds the origin's answer (a cold object's first block), and
 a reader waits for the other block's fill (one fill's time at most). A
 sibling holds ~3 claims at a time in a cold epoch of two workers (with 64
 stripes, 219 of 5,000 objects were left unstored: 4.4 %, ~2.8 of 64); with
-2**20 stripes that left one object in ~300,000 out of the cache, and a
-100,000-object epoch was found missing one. With 2**32, one in ~1.4 billion.
+2**20 stripes that left one object in ~370,000 out of the cache, and a
+100,000-object epoch was found missing one. With 2**32, one in ~1.5 billion.
 """
 
 from __future__ import annotations
