@@ -361,3 +361,30 @@ def _selects_of(store: MetadataStore) -> list[str]:
         lambda sql: selects.append(sql) if sql.startswith("SELECT") else None
     )
     return selects
+
+
+async def test_the_fetches_that_end_in_one_turn_share_one_commit_on_the_loop(
+    tmp_path: Path,
+) -> None:
+    """Cold objects whose fetches end together make their rows visible to siblings in one
+    loop transaction, at the end of the turn; a fetch ending later commits on its own."""
+    path = tmp_path / "metadata.sqlite3"
+    store = MetadataStore(path, shared=True, flush_interval=3600)
+    await store.start()
+    sibling = sqlite3.connect(path, isolation_level=None)
+
+    async def fetched(key: str) -> None:
+        store.save(SCOPE, key, info(key), learned=1)
+        await store.share(SCOPE, key)
+
+    try:
+        await asyncio.gather(*(fetched(f"k{i}") for i in range(5)))
+        writer = store._loop_writer
+        assert writer is not None
+        assert (writer.written, writer.commits) == (5, 1)
+        assert sibling.execute("SELECT count(*) FROM objects").fetchone() == (5,)
+        await fetched("later")
+        assert (writer.written, writer.commits) == (6, 2)
+    finally:
+        sibling.close()
+        await store.close()

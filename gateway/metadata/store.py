@@ -92,6 +92,7 @@ class MetadataStore:
         self._flusher: asyncio.Task[None] | None = None
         self._writing: asyncio.Future[None] | None = None  # the write on the store's thread
         self._next_write: asyncio.Future[None] | None = None  # the one callers join now
+        self._turn_share: asyncio.Future[bool] | None = None  # the loop commit of this turn
         # The row bound costs a count, which scans an index (seconds at 10 M rows), so it is
         # counted only when the rows this process wrote since could have passed the bound,
         # and once a minute for what sibling workers wrote. Touched in the store's thread.
@@ -278,19 +279,42 @@ class MetadataStore:
         On the loop (``loop_writes.py``) when no write is under way here and
         the database is free; else a ``flush``. A batch the store's thread has
         taken may hold an older answer for the same key, so it must land first.
+
+        The fetches that end in one turn of the loop share one transaction, at
+        the end of that turn: with a fast origin ~3 cold objects a turn did
+        (``loadtest.coldcost``, two workers), each with a commit of its own.
         """
-        writer = self._loop_writer
-        if (
-            writer
-            and self._writing is None
-            and self._pending
-            and writer.write(rows_of(self._pending))
-        ):
-            self._pending = {}
-            writer.maintain(lambda: self._call(self._maintain))
-        else:
+        if not await asyncio.shield(self._share_this_turn()):
             await self.flush()
         self._locks.bump(scope, key)
+
+    def _share_this_turn(self) -> asyncio.Future[bool]:
+        """The commit on the loop of the rows saved by the end of this turn; True if it
+        was made, False if the thread must write them (``flush``)."""
+        if self._turn_share is None:
+            loop = asyncio.get_running_loop()
+            self._turn_share = loop.create_future()
+            loop.call_soon(self._share_now)
+        return self._turn_share
+
+    def _share_now(self) -> None:
+        done, self._turn_share = self._turn_share, None
+        shared = False
+        try:
+            shared = self._write_on_loop()
+        finally:  # whatever happened, the callers go on (to ``flush`` if nothing was written)
+            if done is not None and not done.done():
+                done.set_result(shared)
+
+    def _write_on_loop(self) -> bool:
+        writer = self._loop_writer
+        if writer is None or self._writing is not None or not self._pending:
+            return False
+        if not writer.write(rows_of(self._pending)):
+            return False
+        self._pending = {}
+        writer.maintain(lambda: self._call(self._maintain))
+        return True
 
     def _maintain(self) -> None:
         """What the loop writer leaves to the store's thread: a checkpoint (the log
