@@ -33,10 +33,12 @@ import json
 import os
 import random
 import shutil
+import sqlite3
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -112,6 +114,17 @@ def disk_usage(directory: Path) -> tuple[int, int]:
     return files, used
 
 
+def unindexed(cache: Path, keys: list[str]) -> dict[str, Any]:
+    """Objects of the dataset with no block in Hoard's disk index after the epochs: how
+    many, and the first few keys (each was served but is not stored; a warm GET of one of
+    them is an origin request the cache should not have made)."""
+    with closing(sqlite3.connect(f"file:{cache / 'index.sqlite3'}?mode=ro", uri=True)) as db:
+        indexed = {key for (key,) in db.execute("SELECT key FROM blocks WHERE bucket = ?",
+                                                (BUCKET,))}  # fmt: skip
+    missing = [key for key in keys if key not in indexed]
+    return {"count": len(missing), "first": missing[:5]}
+
+
 def start_hoard(
     workdir: Path, origin: str, cache_bytes: int, workers: int, disk_hits: bool = False
 ) -> tuple[Any, str]:
@@ -185,6 +198,7 @@ def measure(name: str, origin: Origin, keys: list[str], args: argparse.Namespace
             files, used = disk_usage(workdir / "hoard" / "cache")
             row["cache_files"] = files
             row["disk_bytes_over_payload"] = round(used / (args.objects * args.size), 3)
+            row["unindexed"] = unindexed(workdir / "hoard" / "cache", keys)
     finally:
         if proc is not None:
             stop_process(proc, 15)
