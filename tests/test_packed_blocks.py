@@ -610,6 +610,37 @@ async def test_a_hit_moves_its_segment_in_the_lru_order_not_its_block_row(tmp_pa
         await tier.close()
 
 
+async def test_hits_on_many_blocks_of_a_segment_reach_the_index_as_one(tmp_path: Path) -> None:
+    """A hit on a packed block moves its segment's last use only, so a batch carries one
+    entry per segment read (under its first block's digest), not one per block: 100 hits
+    on 100 blocks of the older segment are one row, and it still outlives the newer one."""
+    directory = tmp_path / "cache"
+    tier = packed_tier(directory, capacity=32 << 20, segment_size=1 << 20, touch_interval=60.0)
+    await tier.start()
+    batches: list[dict[str, float]] = []
+    touch = tier._index.touch
+
+    async def counted(touches: dict[str, float]) -> None:
+        batches.append(dict(touches))
+        await touch(touches)
+
+    tier._index.touch = counted  # type: ignore[method-assign]
+    try:
+        blocks = [block_id(f"k{i}") for i in range(300)]  # two 1 MiB segments
+        for block in blocks:
+            assert await tier.put(block, payload(block))
+        for block in blocks[:100]:  # all in the first segment
+            assert await read_back(tier, block) == payload(block)
+        await tier.flush()
+        assert [list(batch) for batch in batches] == [[blocks[0].digest]]
+        db = sqlite3.connect(directory / "index.sqlite3")
+        first, second = (w for (w,) in db.execute("SELECT last_access FROM segments ORDER BY id"))
+        db.close()
+        assert first > second
+    finally:
+        await tier.close()
+
+
 async def test_an_eviction_after_a_batch_on_the_loop_sees_the_hits_before_it(
     tmp_path: Path,
 ) -> None:

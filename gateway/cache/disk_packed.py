@@ -271,6 +271,11 @@ class PackedBlocks:
             return None
         return segment_files.lend(segment, place)
 
+    def segment_of(self, digest: str) -> str | None:
+        """The segment this process last found ``digest`` in (a hit just lent)."""
+        place = self._places.get(digest)
+        return place.segment if isinstance(place, Place) else None
+
     def _linked(self, segment: Segment, place: Place) -> os.stat_result | None:
         """The segment's ``fstat`` (no disk I/O) while it is linked; None once it is gone
         (evicted, or deleted by someone else). Raises Bad if it ends before the record."""
