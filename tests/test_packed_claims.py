@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from gateway.cache.disk import DiskTier
+from gateway.cache.packed_claims import PackedClaims
 from tests.test_disk_tier import read_back
 from tests.test_packed_blocks import REPO, block_id, payload, started
 
@@ -164,8 +165,6 @@ async def test_blocks_whose_digests_share_twenty_bits_are_claimed_by_two_workers
     """Stripes are the digest's first 32 bits: two digests alike in their low 20 of them
     (one stripe when there were 2**20) are claimed at once by two siblings; the same
     digest still is not."""
-    from gateway.cache.packed_claims import PackedClaims
-
     first, second = "00012345" + "a" * 32, "00112345" + "b" * 32
     mine, theirs = PackedClaims(tmp_path / "claims"), PackedClaims(tmp_path / "claims")
     mine.open()

@@ -50,7 +50,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-_STRIPES = 1 << 32  # byte offsets of the lock file (never written: a lock needs no data)
 _POLL = 0.002  # seconds between looks at a stripe a sibling holds
 _FLOCK = "hhqqi4x"  # struct flock on Linux: type, whence, start, len, pid (0 for OFD locks)
 
@@ -124,7 +123,8 @@ class PackedClaims:
 
 
 def _stripe(digest: str) -> int:
-    return int(digest[:8], 16) % _STRIPES
+    """The digest's first 32 bits: a byte offset of the lock file (never written)."""
+    return int(digest[:8], 16)
 
 
 def _lock(fd: int, stripe: int, kind: int) -> bool:
