@@ -4,7 +4,8 @@ Each object is read once per epoch with a ranged GET of ``bytes=0-8388607`` (the
 first 8 MiB part s3torchconnector asks for, which for a small object is all of
 it) of a URL presigned beforehand for the target, in a shuffled order, by a lean asyncio client holding ``--concurrency``
 keep-alive connections. The same epochs run straight at the origin (``direct``),
-through Hoard and through nginx ``proxy_cache`` in one run, against one origin:
+through Hoard (``hoard``; ``hoard-prefetch``: the reader registers each cold epoch's
+order first) and through nginx ``proxy_cache`` in one run, against one origin:
 moto behind the counting proxy (``origin.py``), on loopback with no added delay
 (``--origin loopback``) or behind the emulated WAN (``--origin wan``: the
 harness's default round trip and rates).
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import random
@@ -37,6 +39,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from pathlib import Path
@@ -46,12 +49,16 @@ from typing import Any
 import aiohttp
 import yaml
 
+from gateway.client import prefetch
 from loadtest.datasets import ORIGIN_KEY, ORIGIN_SECRET, origin_client
 from loadtest.origin import Origin, diff_counts
 from loadtest.procs import Pinning, cpu_seconds, free_port, pin_tree, stop_process, tree, wait_http
 from loadtest.targets import HOARD_KEY, HOARD_SECRET, REPO, Context, Nginx
 
 BUCKET = "small"
+# Targets that are a fresh Hoard; "hoard-prefetch" is one whose reader registers each
+# epoch's order first (POST /_hoard/prefetch, README "Epoch-order prefetch").
+HOARDS = ("hoard", "hoard-prefetch")
 RANGE = {"Range": "bytes=0-8388607"}
 
 
@@ -78,10 +85,19 @@ def presign(endpoint: str, keys: list[str], key: str, secret: str) -> list[str]:
                                           ExpiresIn=7200) for k in keys]  # fmt: skip
 
 
-async def epoch(urls: list[str], concurrency: int, seed: int) -> dict[str, Any]:
-    """One shuffled pass of ranged GETs; objects/s and failures."""
-    order = urls[:]
+def shuffled(items: list[str], seed: int) -> list[str]:
+    """The epoch's order of ``items`` (the same permutation for any list of one length)."""
+    order = items[:]
     random.Random(seed).shuffle(order)
+    return order
+
+
+async def epoch(
+    urls: list[str], concurrency: int, seed: int, register: Callable[[], object] | None = None
+) -> dict[str, Any]:
+    """One shuffled pass of ranged GETs; objects/s and failures. ``register``: called
+    first, on the clock (the reader tells Hoard its order before it reads)."""
+    order = shuffled(urls, seed)
     queue = iter(order)
     failures = 0
     connector = aiohttp.TCPConnector(limit=concurrency)
@@ -98,6 +114,8 @@ async def epoch(urls: list[str], concurrency: int, seed: int) -> dict[str, Any]:
                     failures += 1
 
         start = time.perf_counter()
+        if register is not None:
+            await asyncio.to_thread(register)
         await asyncio.gather(*(reader() for _ in range(concurrency)))
         elapsed = time.perf_counter() - start
     return {"objects_per_s": round(len(order) / elapsed, 1), "seconds": round(elapsed, 2),
@@ -166,7 +184,7 @@ def measure(name: str, origin: Origin, keys: list[str], args: argparse.Namespace
     nginx = None
     if name == "direct":
         endpoint = origin.endpoint
-    elif name == "hoard":
+    elif name in HOARDS:
         proc, endpoint = start_hoard(workdir / "hoard", origin.endpoint, cache_bytes,
                                      args.workers, args.disk_hits)  # fmt: skip
     else:
@@ -175,8 +193,13 @@ def measure(name: str, origin: Origin, keys: list[str], args: argparse.Namespace
         nginx = Nginx("nginx", ctx)
         nginx.start()
         endpoint = nginx.endpoints[0]
-    creds = (HOARD_KEY, HOARD_SECRET) if name == "hoard" else (ORIGIN_KEY, ORIGIN_SECRET)
+    creds = (HOARD_KEY, HOARD_SECRET) if name in HOARDS else (ORIGIN_KEY, ORIGIN_SECRET)
     urls = presign(endpoint, keys, *creds)
+    register = None
+    if name == "hoard-prefetch":  # the cold epoch's order, registered with the default window
+        order = shuffled(keys, args.seed)
+        register = functools.partial(prefetch, order, endpoint=endpoint, bucket=BUCKET,
+                                     access_key=HOARD_KEY, secret_key=HOARD_SECRET)  # fmt: skip
     try:
         roots = {"moto": [origin.moto.pid],  # type: ignore[union-attr]
                  "proxy": [origin.proxy.pid]}  # type: ignore[union-attr]  # fmt: skip
@@ -187,14 +210,15 @@ def measure(name: str, origin: Origin, keys: list[str], args: argparse.Namespace
             # The client is this process alone; its children are the other parts.
             pids = {"client": [os.getpid()], **{part: tree(r) for part, r in roots.items()}}
             cpu_before = {part: cpu_seconds(p) for part, p in pids.items()}
-            row[phase] = asyncio.run(epoch(urls, args.concurrency, args.seed))
+            first = register if phase == "cold" else None
+            row[phase] = asyncio.run(epoch(urls, args.concurrency, args.seed, first))
             counts = diff_counts(origin.counts(), before)
             row[phase]["origin"] = {k: v for k, v in counts.items() if v}
             row[phase]["cpu_us_per_object"] = {
                 part: round((cpu_seconds(p) - cpu_before[part]) * 1e6 / args.objects)
                 for part, p in pids.items()
             }
-        if name == "hoard":
+        if name in HOARDS:
             files, used = disk_usage(workdir / "hoard" / "cache")
             row["cache_files"] = files
             row["disk_bytes_over_payload"] = round(used / (args.objects * args.size), 3)
