@@ -11,6 +11,7 @@ import pytest
 
 from gateway.cache import disk_files
 from gateway.cache.disk import DiskTier
+from gateway.cache.disk_open import OpenBlocks
 from tests.test_disk_tier import FILE, block_id, block_path, payload, read_back
 
 
@@ -140,3 +141,44 @@ async def test_large_blocks_are_not_kept(tmp_path: Path, opens: list[str]) -> No
         assert opens == [block.digest, block.digest]
     finally:
         await tier.close()
+
+
+def kept_files(tmp_path: Path, count: int) -> tuple[OpenBlocks, list[Path], list[int]]:
+    """A table keeping ``count`` real files' descriptors, as verified block files."""
+    table = OpenBlocks(entries=count, max_block=FILE)
+    paths, fds = [], []
+    for i in range(count):
+        path = tmp_path / f"f{i}"
+        path.write_bytes(b"x")
+        fd = os.open(path, os.O_RDONLY)
+        file = disk_files.BlockFile(fd, 0, 1, disk_files.fingerprint_of(os.fstat(fd)))
+        table.keep(f"d{i}", file).close()  # kept, and handed back by its first user
+        paths.append(path)
+        fds.append(fd)
+    return table, paths, fds
+
+
+def test_a_sweep_checks_a_slice_and_the_next_goes_on_from_there(tmp_path: Path) -> None:
+    table, paths, fds = kept_files(tmp_path, 10)
+    for path in paths:
+        path.unlink()
+    # Each sweep closes at most its slice; a pass reaches every descriptor.
+    assert [table.sweep(limit=4) for _ in range(3)] == [4, 4, 2]
+    assert len(table) == 0
+    assert not any(is_open(fd) for fd in fds)
+
+
+def test_a_pass_skips_what_went_meanwhile_and_the_next_pass_sees_what_came(
+    tmp_path: Path,
+) -> None:
+    table, paths, fds = kept_files(tmp_path, 6)
+    assert table.sweep(limit=2) == 0  # a pass over d0..d5 begins
+    table.forget(["d2", "d3"])  # dropped by this process meanwhile
+    paths[5].unlink()
+    assert table.sweep(limit=2) == 0  # d2 and d3: gone already, not checked
+    assert table.sweep(limit=2) == 1  # d4, and d5's removed file
+    assert not is_open(fds[5])
+    assert is_open(fds[0]) and is_open(fds[4])
+    paths[0].unlink()
+    assert table.sweep(limit=8) == 1  # a new pass: d0, d1, d4
+    assert len(table) == 2
