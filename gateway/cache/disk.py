@@ -98,6 +98,7 @@ import asyncio
 import errno
 import functools
 import logging
+import os
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable
@@ -125,6 +126,7 @@ T = TypeVar("T")
 
 _KEEP_OPEN_MAX = 1 << 20  # blocks up to this size keep their descriptors open when hot
 _CLAIM_WAIT = 30.0  # seconds a reader waits for a packed block's claim (a part's follower: 30)
+_ROW_POLL = 0.002  # seconds between looks for the row of a block file renamed into place
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,7 +300,8 @@ class DiskTier:
         After None, or FillAbandoned from the follower, retry ``get`` and then
         ``begin``. Raises FillAbandoned if the filler died before its header.
         A packed block's claim (``packed_claims.py``) is waited for (its bytes land
-        whole at its group commit), then None.
+        whole at its group commit), then None; so is the row of a block file renamed
+        into place and not indexed yet (``_wait_for_row``).
         """
         claims = self._claims
         if claims is not None and claims.holds(block.digest):
@@ -309,6 +312,8 @@ class DiskTier:
             if claims is not None:
                 await claims.wait(block.digest, lambda: self._indexed_now(block.digest) is True,
                                   _CLAIM_WAIT)  # fmt: skip
+            if self._packed is not None:
+                await self._wait_for_row(block)
             return None
         try:
             await follower.read_header(block)
@@ -316,6 +321,26 @@ class DiskTier:
             follower.close()
             raise
         return follower
+
+    async def _wait_for_row(self, block: BlockId) -> None:
+        """With packing on, a block file is found by its row (``get`` asks the index
+        first), which lands after the file's rename; its filler holds the claim's lock on
+        the renamed file until then (``_publish``). A reader that comes in between finds
+        no part to follow, no row and a claim refused: without this wait it fetched the
+        block from the origin a second time. Returns once the row is there, the lock is
+        free (the filler gone: ``disk_claims`` takes such a file over), or after
+        ``_CLAIM_WAIT``; at once if no such file is in place."""
+        fd = await opening(asyncio.to_thread(files.open_if_locked, self._final(block)))
+        if fd is None:
+            return
+        try:
+            deadline = time.monotonic() + _CLAIM_WAIT
+            while self._indexed_now(block.digest) is not True and not files.lock_is_free(fd):
+                if time.monotonic() >= deadline:
+                    return
+                await asyncio.sleep(_ROW_POLL)
+        finally:
+            os.close(fd)
 
     # -- writing ---------------------------------------------------------------
 

@@ -321,6 +321,19 @@ def older_than(paths: list[Path], cutoff: float) -> list[Path]:
 # -- small pieces --------------------------------------------------------------------
 
 
+def open_if_locked(path: Path) -> int | None:
+    """A descriptor of ``path`` while another holds its lock (a filler that has renamed
+    it into place and is indexing it); None if there is no such file or nobody holds it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    if lock_is_free(fd):
+        os.close(fd)
+        return None
+    return fd
+
+
 def lock_is_free(fd: int, keep: bool = False) -> bool:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
