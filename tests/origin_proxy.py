@@ -165,6 +165,11 @@ class OriginProxy:
     def gets(self, key_suffix: str = "") -> int:
         return sum(1 for path, _ in self.ranges if path.endswith(key_suffix))
 
+    def listed_gets(self) -> str:
+        """Every GetObject as 'path range', a line each: an assertion's message in full
+        (pytest cuts a list's repr short, and with it the GET that was one too many)."""
+        return "\n".join(f"{path} {byte_range}" for path, byte_range in self.ranges)
+
     def _serve(self) -> None:
         asyncio.set_event_loop(self._loop)
         self._loop.run_until_complete(self._startup())

@@ -78,7 +78,7 @@ def test_a_cluster_warms_each_block_once_on_its_owner(cluster, proxy, origin_cli
     blocks = blocks_of(sizes)
     print(f"3 nodes warmed {blocks} blocks, {sum(sizes)} bytes in {elapsed:.2f}s: "
           f"{dict(proxy.counts)}, {proxy.get_bytes} origin GET bytes")  # fmt: skip
-    assert proxy.counts["GetObject"] == blocks, proxy.ranges
+    assert proxy.counts["GetObject"] == blocks, proxy.listed_gets()
     assert proxy.get_bytes == sum(sizes)
     # Each block is on its owner by rendezvous over the three nodes, and only there.
     ranking = Ranking([node.endpoint for node in cluster])
