@@ -312,8 +312,8 @@ class DiskTier:
             if claims is not None:
                 await claims.wait(block.digest, lambda: self._indexed_now(block.digest) is True,
                                   _CLAIM_WAIT)  # fmt: skip
-            if self._packed is not None:
-                await self._wait_for_row(block)
+            if self._packed is not None and self._indexed_now(block.digest) is not True:
+                await self._wait_for_row(block)  # (indexed already: no hop to look)
             return None
         try:
             await follower.read_header(block)
