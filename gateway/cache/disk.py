@@ -98,7 +98,6 @@ import asyncio
 import errno
 import functools
 import logging
-import os
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable
@@ -126,7 +125,6 @@ T = TypeVar("T")
 
 _KEEP_OPEN_MAX = 1 << 20  # blocks up to this size keep their descriptors open when hot
 _CLAIM_WAIT = 30.0  # seconds a reader waits for a packed block's claim (a part's follower: 30)
-_ROW_POLL = 0.002  # seconds between looks for the row of a block file renamed into place
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,7 +299,7 @@ class DiskTier:
         ``begin``. Raises FillAbandoned if the filler died before its header.
         A packed block's claim (``packed_claims.py``) is waited for (its bytes land
         whole at its group commit), then None; so is the row of a block file renamed
-        into place and not indexed yet (``_wait_for_row``).
+        into place and not indexed yet (``disk_claims.wait_for_row``).
         """
         claims = self._claims
         if claims is not None and claims.holds(block.digest):
@@ -309,11 +307,14 @@ class DiskTier:
             return None
         follower = await opening(asyncio.to_thread(files.open_part, self._part(block)))
         if follower is None:
+
+            def landed() -> bool:  # the block's row is in (SQLite busy: not yet known)
+                return self._indexed_now(block.digest) is True
+
             if claims is not None:
-                await claims.wait(block.digest, lambda: self._indexed_now(block.digest) is True,
-                                  _CLAIM_WAIT)  # fmt: skip
-            if self._packed is not None and self._indexed_now(block.digest) is not True:
-                await self._wait_for_row(block)  # (indexed already: no hop to look)
+                await claims.wait(block.digest, landed, _CLAIM_WAIT)
+            if self._packed is not None and not landed():  # (landed: no hop to look)
+                await disk_claims.wait_for_row(self._final(block), landed, _CLAIM_WAIT)
             return None
         try:
             await follower.read_header(block)
@@ -321,26 +322,6 @@ class DiskTier:
             follower.close()
             raise
         return follower
-
-    async def _wait_for_row(self, block: BlockId) -> None:
-        """With packing on, a block file is found by its row (``get`` asks the index
-        first), which lands after the file's rename; its filler holds the claim's lock on
-        the renamed file until then (``_publish``). A reader that comes in between finds
-        no part to follow, no row and a claim refused: without this wait it fetched the
-        block from the origin a second time. Returns once the row is there, the lock is
-        free (the filler gone: ``disk_claims`` takes such a file over), or after
-        ``_CLAIM_WAIT``; at once if no such file is in place."""
-        fd = await opening(asyncio.to_thread(files.open_if_locked, self._final(block)))
-        if fd is None:
-            return
-        try:
-            deadline = time.monotonic() + _CLAIM_WAIT
-            while self._indexed_now(block.digest) is not True and not files.lock_is_free(fd):
-                if time.monotonic() >= deadline:
-                    return
-                await asyncio.sleep(_ROW_POLL)
-        finally:
-            os.close(fd)
 
     # -- writing ---------------------------------------------------------------
 

@@ -17,6 +17,11 @@ was no block to ``get``): the block went to the origin on every read until a
 restart's recovery. A claim that finds such an orphan removes it and fills
 afresh.
 
+The same holds for a reader: a block file in place is a block only once its row
+lands, and its filler keeps the lock until then. A reader that asks in between
+(no part to follow, no row, a claim refused) waits for the row
+(``wait_for_row``) rather than fetch the block from the origin a second time.
+
 Without packing, no claim asks the index (``files.claim`` alone; a block
 file in place is read by name, row or not), and none of this runs.
 
@@ -26,9 +31,12 @@ restart's recovery, ``disk_recovery.py``): nothing looks for one meanwhile.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import sqlite3
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from gateway.cache import disk_files as files
@@ -37,6 +45,8 @@ from gateway.cache.disk_index import DiskIndex
 from gateway.cache.disk_open import opening
 
 log = logging.getLogger(__name__)
+
+_ROW_POLL = 0.002  # seconds between looks for the row of a block file renamed into place
 
 
 def claim_unless_indexed(
@@ -104,3 +114,22 @@ async def claim_packed(
     except sqlite3.OperationalError:
         pass
     return await opening(index.run(index.read, claim, part, final, header, digest))
+
+
+async def wait_for_row(final: Path, landed: Callable[[], bool], timeout: float) -> None:
+    """Wait while ``final`` is in place, not indexed (``landed()`` False) and locked by
+    its filler (``DiskTier._publish`` holds the lock until the row lands). Returns once
+    the row is there, the lock is free (the filler gone: a claim takes such a file
+    over, ``_orphaned``), or after ``timeout`` seconds; at once if no such file is in
+    place. Measured without it: one extra origin GET in a 40 MiB read by two workers."""
+    fd = await opening(asyncio.to_thread(files.open_if_locked, final))
+    if fd is None:
+        return
+    try:
+        deadline = time.monotonic() + timeout
+        while not landed() and not files.lock_is_free(fd):
+            if time.monotonic() >= deadline:
+                return
+            await asyncio.sleep(_ROW_POLL)
+    finally:
+        os.close(fd)
