@@ -169,6 +169,13 @@ class WarmConfig(_Strict):
     history: int = Field(default=100, ge=1)
     # How long a GET of a cluster job waits for each other node's progress.
     poll_timeout: Duration = 2.0
+    # Auto-warm (warm/auto.py): once this many reads of objects under a prefix a client
+    # listed went to the origin (and at least 1 in 1,000 of the objects listed there),
+    # the rest of that prefix is warmed by a job. 0 turns it off.
+    auto_after: int = Field(default=16, ge=0)
+    # ... if the bytes it lists fit in this share of the disk cache (more would be
+    # evicted by the job itself before the reader, in its own order, came to them).
+    auto_max_share: float = Field(default=0.5, gt=0, le=1)
 
 
 class Credential(_Strict):

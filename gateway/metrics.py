@@ -51,6 +51,7 @@ BREAKER_STATES = ("open", "half_open", "closed")
 ORIGIN_OPERATIONS = ("GetObject", "HeadObject", "ListObjectsV2", "HeadBucket",
                      "GetBucketLocation", "ListBuckets")  # fmt: skip
 WARM_STATES = ("queued", "running", "done", "failed", "cancelled")
+WARM_AUTO_DECISIONS = ("started", "running", "too_big")
 CUT_REASONS = ("origin_unavailable", "origin_changed", "client_gone", "error")
 
 _LATENCY_BUCKETS = (
@@ -283,6 +284,13 @@ class Metrics(PerRequestSeries):
             "Objects whose share on this node a warm job completed (failed ones included).",
             registry=self.registry,
         )
+        self.warm_auto = Counter(
+            "hoard_warm_auto_total",
+            "Cold epochs over a listed prefix that auto-warm spotted, by what it did: "
+            "started a job, found one running, or left a prefix too big for the cache.",
+            ["decision"],
+            registry=self.registry,
+        )
         self.warm_jobs = Gauge(
             "hoard_warm_jobs",
             "Warm job shares known to this node, by state.",
@@ -397,6 +405,8 @@ class Metrics(PerRequestSeries):
             self.warm_bytes.labels(how)
         for state in WARM_STATES:
             self.warm_jobs.labels(state)
+        for decision in WARM_AUTO_DECISIONS:
+            self.warm_auto.labels(decision)
 
     def create_mount_series(self, mounts: Iterable[str]) -> None:
         """Export the per-mount series at 0 too, for the ``mount`` labels known at start."""

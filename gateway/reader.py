@@ -74,6 +74,9 @@ class Reader:
         # Told ``(bucket, key)`` of every object GET: epoch-order prefetch subscribes
         # (it looks keys up through this reader, so it is built after it).
         self.observers: list[Callable[[str, str], None]] = []
+        # Told ``(mount, origin key)`` of every read whose first block came from the
+        # origin (a cold object): auto-warm subscribes (``warm/auto.py``).
+        self.cold_reads: list[Callable[[Mount, str], None]] = []
         self._writes = WriteThrough(self.source, blocks, block_size, self.catch_up,
                                     metrics.write_through_bytes.inc)  # fmt: skip
         self.changes = Invalidator(namespace, self.source, blocks, self._writes, self.journal,
@@ -365,6 +368,9 @@ class Reader:
                 async for piece in self.blocks.pieces(ref, span.offset, span.length, block_sources):
                     yield piece
                 sources.update(block_sources)
+                if span.index == 0 and "origin" in block_sources:
+                    for cold in self.cold_reads:
+                        cold(mount, okey)
                 # A fill this reader had to wait for, past the stream's first block:
                 # it consumes faster than read-ahead lands blocks.
                 if (i > 0 or sequential) and block_sources.keys() & {"origin", "peer"}:

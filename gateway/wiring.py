@@ -60,6 +60,7 @@ from gateway.s3.auth import Authenticator
 from gateway.s3.body import BodySender
 from gateway.s3.front import S3Front
 from gateway.server import build_app
+from gateway.warm.auto import AutoWarm
 from gateway.warm.fanout import ShareClient
 from gateway.warm.http import WarmHttp
 from gateway.warm.jobs import WarmJobs
@@ -162,6 +163,9 @@ def build(
     access = AccessLog(as_json=settings.log_format == "json", enabled=settings.access_log)
     warm = _warm(settings, reader, WarmTiers(blocks, disk, store), metrics, cluster)
     warm_http = WarmHttp(warm)
+    auto_warm = AutoWarm(metadata, settings.warm, lambda: disk.limit, warm.warming, warm.submit,
+                         metrics)  # fmt: skip
+    reader.cold_reads.append(auto_warm.cold)
     stats = WorkerStats(
         cache.dir / "node" / "stats" if shared else None,
         functools.partial(worker_stats, blocks, metadata),
@@ -224,6 +228,7 @@ def build(
         if GAUGES in app:
             app[GAUGES].cancel()
             stats.forget()
+        await auto_warm.close()
         await warm.close()
         await writer.close()  # pending write-throughs, before the tiers they write to
         await node_prefetch.close()

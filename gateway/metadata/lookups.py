@@ -98,6 +98,11 @@ def usable(entry: Entry | None, now: float, grace: float) -> TypeGuard[Entry]:
     return entry is not None and entry.value is not None and now < entry.fresh_until + grace
 
 
+def directory_of(key: str) -> str:
+    """Everything up to the last ``/`` of ``key`` ("" at the top)."""
+    return key[: key.rfind("/") + 1]
+
+
 def covering(prefix: str) -> Iterator[str]:
     """``prefix``, then its ancestors at ``/`` boundaries, longest first, then ``""``."""
     yield prefix

@@ -184,6 +184,16 @@ class MetadataCache(Freshness):
             return None
         return entry.value, entry.learned
 
+    def listed(self, scope: Hashable, key: str) -> tuple[Snapshot, float] | None:
+        """The nearest whole listing held whose prefix covers ``key``, fresh or not, and
+        when it was learned; None if none is held. A look, not a use: nothing is
+        counted and the listing keeps its place in the LRU."""
+        found = self._find_whole(scope, lookups.directory_of(key))
+        if found is None:
+            return None
+        entry = self._lists.entries[found]
+        return entry.value, entry.learned
+
     def put_head(
         self, scope: Hashable, key: str, info: ObjectInfo, policy: Policy, age: float = 0.0
     ) -> None:

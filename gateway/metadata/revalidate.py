@@ -42,7 +42,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from gateway import errors
-from gateway.metadata.lookups import Aged, FetchPage, Policy
+from gateway.metadata.lookups import Aged, FetchPage, Policy, directory_of
 from gateway.metadata.memory import MetadataCache
 from gateway.metadata.snapshot import Snapshot
 from gateway.metadata.store import MetadataStore, Stored
@@ -86,7 +86,7 @@ class Revalidator:
         head: Head,
     ) -> ObjectInfo | Aged:
         """``known`` (learned at ``learned``, on the memory cache's clock) as it is now."""
-        directory = key[: key.rfind("/") + 1]
+        directory = directory_of(key)
         try:
             listing = await self._listing(scope, key, directory, learned, policy, fetch_page)
         except errors.NoSuchBucket:

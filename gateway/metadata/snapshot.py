@@ -262,6 +262,13 @@ class Snapshot(Sequence[ListEntry]):
         i = self.keys.bisect_left(key)
         return self[i] if i < len(self) and self.keys[i] == key else None
 
+    def span(self, prefix: str) -> tuple[int, int]:
+        """How many objects are listed under ``prefix``, and their bytes."""
+        lo = self.keys.bisect_left(prefix)
+        end = prefix_end(prefix)
+        hi = len(self) if end is None else self.keys.bisect_left(end, lo)
+        return hi - lo, sum(self._sizes[lo:hi])
+
 
 class SnapshotBuilder:
     """Collects a listing page by page; ``nbytes`` is what the snapshot will weigh."""

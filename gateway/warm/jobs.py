@@ -271,6 +271,14 @@ class WarmJobs:
                     self._last[(job_id, url)] = _unstarted(url)
         return job_id
 
+    async def warming(self, spec: WarmSpec) -> bool:
+        """Whether this node has an unfinished share of a job asking what ``spec`` asks
+        (whichever worker or node accepted the job)."""
+        asked = spec.to_json()
+        shares = await self._store.load_all("share")
+        return any(body is not None and body.get("spec") == asked and _state(body) not in FINISHED
+                   for body in shares.values())  # fmt: skip
+
     async def _check_pin(self, spec: WarmSpec, nodes: int) -> None:
         disk = self._tiers.disk
         if disk is None:
