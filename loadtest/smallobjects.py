@@ -1,6 +1,8 @@
 """Small objects the way a DLIO / s3torchconnector reader asks for them, cold and warm.
 
-Each object is read once per epoch with a ranged GET of ``bytes=0-8388607`` (the
+The reader lists the dataset first (off the clock; ``--no-list``: it does not), as
+s3torchconnector's ``from_prefix`` and DLIO do; then each object is read once per
+epoch with a ranged GET of ``bytes=0-8388607`` (the
 first 8 MiB part s3torchconnector asks for, which for a small object is all of
 it) of a URL presigned beforehand for the target, in a shuffled order, by a lean asyncio client holding ``--concurrency``
 keep-alive connections. The same epochs run straight at the origin (``direct``),
@@ -31,9 +33,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import html
 import json
 import os
 import random
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -73,16 +77,48 @@ def seed(moto_url: str, count: int, size: int) -> list[str]:
     return keys
 
 
-def presign(endpoint: str, keys: list[str], key: str, secret: str) -> list[str]:
-    """A presigned GET URL per key for ``endpoint`` (made before the clock starts)."""
+def presigner(endpoint: str, key: str, secret: str) -> Any:
+    """A boto3 client that presigns requests to ``endpoint`` with the target's credential."""
     import boto3
     from botocore.config import Config
 
-    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                          aws_access_key_id=key, aws_secret_access_key=secret,
-                          config=Config(s3={"addressing_style": "path"}))  # fmt: skip
+    return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                        aws_access_key_id=key, aws_secret_access_key=secret,
+                        config=Config(s3={"addressing_style": "path"}))  # fmt: skip
+
+
+def presign(endpoint: str, keys: list[str], key: str, secret: str) -> list[str]:
+    """A presigned GET URL per key for ``endpoint`` (made before the clock starts)."""
+    client = presigner(endpoint, key, secret)
     return [client.generate_presigned_url("get_object", Params={"Bucket": BUCKET, "Key": k},
                                           ExpiresIn=7200) for k in keys]  # fmt: skip
+
+
+async def list_dataset(endpoint: str, key: str, secret: str) -> dict[str, Any]:
+    """The data loader's listing of its dataset before its first epoch (s3torchconnector's
+    ``from_prefix``, DLIO's file list): ListObjectsV2 of ``train/``, page after page."""
+    client = presigner(endpoint, key, secret)
+    listed, token = 0, ""
+    async with aiohttp.ClientSession() as session:
+        start = time.perf_counter()
+        while True:
+            params = {
+                "Bucket": BUCKET,
+                "Prefix": "train/",
+                **({"ContinuationToken": token} if token else {}),
+            }
+            url = client.generate_presigned_url("list_objects_v2", Params=params, ExpiresIn=7200)
+            async with session.get(url) as r:
+                body = await r.read()
+                if r.status != 200:
+                    raise RuntimeError(f"listing failed: {r.status} {body[:300]!r}")
+            listed += body.count(b"<Key>")
+            more = re.search(rb"<NextContinuationToken>(.*?)</NextContinuationToken>", body)
+            if more is None:
+                break
+            token = html.unescape(more.group(1).decode())
+        seconds = time.perf_counter() - start
+    return {"keys": listed, "seconds": round(seconds, 2)}
 
 
 def shuffled(items: list[str], seed: int) -> list[str]:
@@ -205,6 +241,12 @@ def measure(name: str, origin: Origin, keys: list[str], args: argparse.Namespace
                  "proxy": [origin.proxy.pid]}  # type: ignore[union-attr]  # fmt: skip
         if proc is not None or nginx is not None:
             roots[name] = [proc.pid] if proc is not None else [p.pid for p in nginx.procs]  # type: ignore[union-attr]
+        if args.list:  # off the clock, as DLIO lists at initialisation; its requests counted
+            before = origin.counts()
+            row["list"] = asyncio.run(list_dataset(endpoint, *creds))
+            row["list"]["origin"] = {
+                k: v for k, v in diff_counts(origin.counts(), before).items() if v
+            }
         for phase in ("cold", "warm"):
             before = origin.counts()
             # The client is this process alone; its children are the other parts.
@@ -310,6 +352,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="Hoard's memory tier keeps no small block: warm hits from disk")  # fmt: skip
     parser.add_argument("--no-pin", dest="pin", action="store_false",
                         help="no CPU placement (the origin shares every CPU with the targets)")  # fmt: skip
+    parser.add_argument("--no-list", dest="list", action="store_false",
+                        help="the reader does not list the dataset before its first epoch")  # fmt: skip
     parser.add_argument("--targets", nargs="+", default=["direct", "hoard", "nginx"])
     parser.add_argument("--workdir", default="loadtest/results/smallobjects")
     parser.add_argument("--out", default="")
