@@ -163,8 +163,8 @@ def build(
     access = AccessLog(as_json=settings.log_format == "json", enabled=settings.access_log)
     warm = _warm(settings, reader, WarmTiers(blocks, disk, store), metrics, cluster)
     warm_http = WarmHttp(warm)
-    auto_warm = AutoWarm(metadata, settings.warm, lambda: disk.limit, warm.warming, warm.submit,
-                         metrics)  # fmt: skip
+    auto_warm = AutoWarm(metadata, settings.warm, lambda: disk.limit, warm.warming,
+                         functools.partial(warm.submit, bucket_known=True), metrics)  # fmt: skip
     reader.cold_reads.append(auto_warm.cold)
     stats = WorkerStats(
         cache.dir / "node" / "stats" if shared else None,

@@ -116,6 +116,8 @@ async def list_dataset(endpoint: str, key: str, secret: str) -> dict[str, Any]:
             more = re.search(rb"<NextContinuationToken>(.*?)</NextContinuationToken>", body)
             if more is None:
                 break
+            if html.unescape(more.group(1).decode()) == token:
+                raise RuntimeError("the listing returned the same page again")
             token = html.unescape(more.group(1).decode())
         seconds = time.perf_counter() - start
     return {"keys": listed, "seconds": round(seconds, 2)}

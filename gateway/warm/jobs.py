@@ -247,12 +247,14 @@ class WarmJobs:
 
     # -- jobs accepted by this node ------------------------------------------------------
 
-    async def submit(self, spec: WarmSpec) -> str:
-        """Accept a job: check the bucket and the pin quota, start the shares.
+    async def submit(self, spec: WarmSpec, bucket_known: bool = False) -> str:
+        """Accept a job: check the bucket (unless ``bucket_known``: a read of it just
+        succeeded) and the pin quota, start the shares.
 
         Raises ``NoSuchBucket`` and ``PinRefused`` before anything is started.
         """
-        await self._reader.head_bucket(spec.bucket)
+        if not bucket_known:
+            await self._reader.head_bucket(spec.bucket)
         nodes = self._peers.others() if self._peers is not None else []
         if spec.pin:
             await self._check_pin(spec, 1 + len(nodes))
