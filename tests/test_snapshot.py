@@ -51,6 +51,16 @@ def test_a_snapshot_holds_exactly_its_entries() -> None:
         snap[len(listed)]
 
 
+def test_the_rows_under_a_prefix_and_their_bytes_are_those_a_scan_finds() -> None:
+    listed = entries(random.Random(3), "p/", 600)
+    snap = snapshot("p/", listed)
+    for prefix in ["p/", "p/a/", "p/b/", "p/b/c/", "p/é/", "p/日", "p/q/", "", "o", "q"]:
+        rows = snap.under(prefix)
+        scanned = [i for i, e in enumerate(listed) if e.key.startswith(prefix)]
+        assert list(rows) == scanned, prefix
+        assert snap.size_of(rows) == sum(listed[i].size for i in scanned), prefix
+
+
 def test_a_snapshot_pages_like_the_list_it_holds() -> None:
     rng = random.Random(2)
     listed = entries(rng, "", 400)

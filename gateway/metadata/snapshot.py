@@ -262,12 +262,15 @@ class Snapshot(Sequence[ListEntry]):
         i = self.keys.bisect_left(key)
         return self[i] if i < len(self) and self.keys[i] == key else None
 
-    def span(self, prefix: str) -> tuple[int, int]:
-        """How many objects are listed under ``prefix``, and their bytes."""
+    def under(self, prefix: str) -> range:
+        """Where the keys listed under ``prefix`` are (a bisection, no key decoded whole)."""
         lo = self.keys.bisect_left(prefix)
         end = prefix_end(prefix)
-        hi = len(self) if end is None else self.keys.bisect_left(end, lo)
-        return hi - lo, sum(self._sizes[lo:hi])
+        return range(lo, len(self) if end is None else self.keys.bisect_left(end, lo))
+
+    def size_of(self, rows: range) -> int:
+        """The bytes of the objects at ``rows``."""
+        return sum(self._sizes[rows.start : rows.stop])
 
 
 class SnapshotBuilder:

@@ -118,11 +118,11 @@ class AutoWarm:
         count.common = directory_of(okey) if count.common is None else _holding(count.common, okey)
         if count.reads < self._after:
             return
-        objects, size = snapshot.span(count.common)
-        if count.reads * _SAMPLE_OF < objects:
+        rows = snapshot.under(count.common)
+        if count.reads * _SAMPLE_OF < len(rows):
             return
         count.decided = True
-        self._decide(mount, count.common, objects, size, count.reads)
+        self._decide(mount, count.common, len(rows), snapshot.size_of(rows), count.reads)
 
     def _decide(self, mount: Mount, prefix: str, objects: int, size: int, reads: int) -> None:
         bound = int(self._share * self._capacity())
