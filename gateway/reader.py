@@ -77,6 +77,8 @@ class Reader:
         # Told ``(mount, origin key)`` of every read whose first block came from the
         # origin (a cold object): auto-warm subscribes (``warm/auto.py``).
         self.cold_reads: list[Callable[[Mount, str], None]] = []
+        # Told ``(mount, origin prefix)`` of every listing page served to a client.
+        self.client_listings: list[Callable[[Mount, str], None]] = []
         self._writes = WriteThrough(self.source, blocks, block_size, self.catch_up,
                                     metrics.write_through_bytes.inc)  # fmt: skip
         self.changes = Invalidator(namespace, self.source, blocks, self._writes, self.journal,
@@ -261,7 +263,10 @@ class Reader:
             return render(mount.client_page(page) if mount.prefix else page)
 
         origin_query = mount.origin_query(*query)
-        return await self.source.listing_body(mount, origin_query, render_page, (bucket, variant))
+        body = await self.source.listing_body(mount, origin_query, render_page, (bucket, variant))
+        for listed in self.client_listings:
+            listed(mount, origin_query[0])
+        return body
 
     async def block_refs(self, bucket: str, key: str, admit: bool | None = None) -> list[BlockRef]:
         """Every block of ``key`` (its metadata looked up as a read would; none if empty).

@@ -64,6 +64,7 @@ from gateway.warm.auto import AutoWarm
 from gateway.warm.fanout import ShareClient
 from gateway.warm.http import WarmHttp
 from gateway.warm.jobs import WarmJobs
+from gateway.warm.listed import ListedPrefixes
 from gateway.warm.share import WarmTiers
 from gateway.warm.store import JobStore
 from gateway.writer import Writer
@@ -163,9 +164,14 @@ def build(
     access = AccessLog(as_json=settings.log_format == "json", enabled=settings.access_log)
     warm = _warm(settings, reader, WarmTiers(blocks, disk, store), metrics, cluster)
     warm_http = WarmHttp(warm)
-    auto_warm = AutoWarm(metadata, settings.warm, lambda: disk.limit, warm.warming,
-                         functools.partial(warm.submit, bucket_known=True), metrics)  # fmt: skip
+    auto_warm = AutoWarm(
+        metadata, settings.warm, lambda: disk.limit, warm.warming,
+        functools.partial(warm.submit, bucket_known=True), metrics,
+        ListedPrefixes(cache.dir / "node" / "listed"),
+        lambda bucket, prefix: reader.list_objects(bucket, prefix, "", "", 1),
+    )  # fmt: skip
     reader.cold_reads.append(auto_warm.cold)
+    reader.client_listings.append(auto_warm.listing)
     stats = WorkerStats(
         cache.dir / "node" / "stats" if shared else None,
         functools.partial(worker_stats, blocks, metadata),

@@ -9,8 +9,10 @@ the origin's GETs prove what was fetched, once each.
 from __future__ import annotations
 
 import random
+import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +23,7 @@ from gateway.namespace import Mount
 from gateway.origins.base import ListEntry
 from gateway.origins.memory import MemoryOrigin
 from gateway.warm.auto import AutoWarm
+from gateway.warm.listed import ListedPrefixes
 from gateway.warm.spec import WarmSpec
 from tests.conftest import module_proxy, moto_origin
 from tests.fakes import Clock
@@ -54,19 +57,35 @@ def listing(keys: dict[str, int]) -> Lister:
 
 
 class Setup:
-    def __init__(self, keys: dict[str, int], capacity: int = 1 << 30, after: int = 16) -> None:
+    """One worker's auto-warm, its metadata memory and the node's jobs (shared by
+    ``sibling``s), over a listing of ``keys``."""
+
+    def __init__(self, keys: dict[str, int], capacity: int = 1 << 30, after: int = 16,
+                 node: Path | None = None, jobs: Jobs | None = None,
+                 pages: Lister | None = None) -> None:  # fmt: skip
         self.clock = Clock()
         self.metadata = MetadataCache(clock=self.clock)
-        self.pages = listing(keys)
-        self.jobs = Jobs()
+        self.pages = pages or listing(keys)
+        self.jobs = jobs or Jobs()
         self.metrics = Metrics()
+        self.node = node or Path(tempfile.mkdtemp())
         config = WarmConfig(auto_after=after)
         self.auto = AutoWarm(self.metadata, config, lambda: capacity, self.jobs.warming,
-                             self.jobs.submit, self.metrics)  # fmt: skip
+                             self.jobs.submit, self.metrics, ListedPrefixes(self.node),
+                             self.list_prefix)  # fmt: skip
+
+    def sibling(self) -> Setup:
+        """Another worker of the same node (same origin, jobs and node directory)."""
+        return Setup({}, jobs=self.jobs, node=self.node, pages=self.pages)
+
+    async def list_prefix(self, bucket: str, prefix: str) -> None:
+        """What the reader's listing of ``prefix`` does to this worker's memory."""
+        await self.metadata.listing(("origin", "bucket"), prefix, "", "", 1, POLICY, self.pages)
 
     async def list(self, prefix: str = "") -> None:
-        """A client lists ``prefix`` (the cache walks it whole)."""
+        """A client lists ``prefix`` through this worker (the cache walks it whole)."""
         await self.metadata.listing(("origin", "bucket"), prefix, "/", "", 1000, POLICY, self.pages)
+        self.auto.listing(MOUNT, prefix)
 
     async def cold(self, keys: list[str]) -> None:
         for key in keys:
@@ -148,6 +167,21 @@ async def test_a_listing_learned_again_counts_again() -> None:
     assert len(setup.jobs.started) == 2
 
 
+async def test_a_worker_reading_under_a_prefix_a_sibling_listed_lists_it_once_then_counts() -> None:
+    keys = dataset("train/", 100)
+    lister = Setup(keys)
+    reader = lister.sibling()
+    await lister.list("train/")
+    await reader.cold(sorted(keys)[:1])  # not held here: listed (one walk), not counted
+    assert len(reader.pages.calls) == 2  # the client's listing, then this worker's
+    await reader.cold(sorted(keys)[1:16])
+    assert reader.jobs.started == []
+    await reader.cold(sorted(keys)[16:17])
+    assert reader.jobs.started == [WarmSpec(bucket="data", prefix="train/")]
+    await reader.cold(sorted(keys)[17:])
+    assert len(reader.pages.calls) == 2  # listed once
+
+
 async def test_reads_outside_every_listing_or_with_auto_warm_off_start_nothing() -> None:
     keys = dataset("train/", 100)
     unlisted = Setup(keys)
@@ -196,20 +230,19 @@ def test_a_cold_epoch_over_a_listed_prefix_fetches_each_object_once_and_not_its_
     other = {f"other/{i:04d}.bin": b"x" * 100 for i in range(30)}
     for key, body in {**train, **other}.items():
         origin_client.put_object(Bucket=bucket, Key=key, Body=body)
-    # The data loader lists its dataset first: through fresh connections, so that with
-    # two workers each holds the listing (all 24 on one worker: 2**-23).
-    for _ in range(24):
-        fresh = node.client(max_pool_connections=1)
-        assert fresh.list_objects_v2(Bucket=bucket, Prefix="")["KeyCount"] == 150
+    # The data loader lists its dataset first, then reads on one keep-alive connection:
+    # with two workers, through the worker that served the listing or the other.
+    assert node.client().list_objects_v2(Bucket=bucket, Prefix="")["KeyCount"] == 150
     proxy.reset()
     order = random.Random(3).sample(sorted(train), len(train))
-    for key in order[:40]:  # fresh connections: both workers read cold
-        assert node.client().get_object(Bucket=bucket, Key=key)["Body"].read() == train[key]
+    s3 = node.client(max_pool_connections=1)
+    for key in order[:40]:
+        assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == train[key]
     jobs = wait_for_jobs(FreshAdmin(node.endpoint), "train/")
     assert {j["state"] for j in jobs} == {"done"}, jobs
-    s3 = node.client()
     for key in order[40:]:
         assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == train[key]
+    assert proxy.counts["ListObjects"] <= 1  # a worker not holding the listing, once
     fetched = sorted(path.split("/", 2)[2] for path, _ in proxy.ranges)
     assert fetched == sorted(train), proxy.listed_gets()  # each once, and no other/ key
     assert proxy.counts["HeadObject"] == proxy.counts["HeadBucket"] == 0

@@ -29,6 +29,12 @@ Hoard walks whole) covers every dataset in it, but a shuffled epoch over one of
 them reads keys of that one only; 16 random keys of ``imagenet/train/n*/`` have
 ``imagenet/train/`` in common, and that is what is warmed.
 
+With ``workers: N`` the data loader's LIST and its GETs may reach different
+workers (a reader on one keep-alive connection reads through one worker, its
+LIST came on another). The worker serving a client's listing page records the
+prefix for the node (``listed.py``); a worker reading cold under a recorded
+prefix it holds no listing of lists it once itself, then counts as above.
+
 One job per prefix per node: a worker that decides to warm looks for an
 unfinished share of the same job on the node (``WarmJobs.warming``): a sibling
 worker, or in a cluster another node (whose job gave this node a share), may
@@ -37,15 +43,16 @@ one; their fills coalesce, so the origin still sees each block once.
 
 Not guaranteed: that the reader reads what is warmed (a reader of a sample of
 a listed prefix past the thresholds makes Hoard fetch the rest: turn this off
-with ``warm.auto_after: 0`` where that costs too much); that a listing served
-by one worker is known to its siblings (each counts what it holds, so with
-``workers: N`` the worker that served the listing decides, after about N times
-the cold reads). A read of a key outside every held listing is never counted.
+with ``warm.auto_after: 0`` where that costs too much); that the workers of a
+node count together (each counts the cold reads it serves, so with reads
+spread over N workers the first decides after about N times the count). A read
+of a key outside every listing held or recorded is never counted.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
@@ -58,6 +65,7 @@ from gateway.metadata.source import scope_of
 from gateway.metrics import Metrics
 from gateway.namespace import Mount
 from gateway.tasks import TaskSet
+from gateway.warm.listed import Listed, ListedPrefixes
 from gateway.warm.spec import WarmSpec
 
 log = logging.getLogger(__name__)
@@ -65,8 +73,11 @@ log = logging.getLogger(__name__)
 _SAMPLE_OF = 1000  # cold reads must be at least 1 in this many objects listed
 _LISTINGS = 256  # listings counted at once per worker (the least recently counted go)
 
+_RELIST = 300.0  # seconds before a worker lists a recorded prefix again (it was evicted)
+
 Warming = Callable[[WarmSpec], Awaitable[bool]]
 Submit = Callable[[WarmSpec], Awaitable[str]]
+ListPrefix = Callable[[str, str], Awaitable[object]]
 
 
 @dataclass(slots=True)
@@ -83,10 +94,16 @@ class AutoWarm:
     """Counts cold reads against the listings that cover them; warms a prefix read cold."""
 
     def __init__(self, metadata: MetadataCache, config: WarmConfig, capacity: Callable[[], int],
-                 warming: Warming, submit: Submit, metrics: Metrics) -> None:  # fmt: skip
+                 warming: Warming, submit: Submit, metrics: Metrics,
+                 listed: ListedPrefixes, list_prefix: ListPrefix) -> None:  # fmt: skip
         """``capacity()``: the disk tier's bytes now; ``warming(spec)``: whether the node
-        runs an unfinished share of that job; ``submit(spec)`` starts one (its id)."""
+        runs an unfinished share of that job; ``submit(spec)`` starts one (its id);
+        ``listed``: the prefixes the node's workers listed for clients;
+        ``list_prefix(bucket, prefix)`` lists one through this worker's reader."""
         self._metadata = metadata
+        self._listed = listed
+        self._list_prefix = list_prefix
+        self._asked: dict[tuple[Hashable, str], float] = {}  # recorded prefixes listed here
         self._after = config.auto_after
         self._share = config.auto_max_share
         self._capacity = capacity
@@ -96,6 +113,12 @@ class AutoWarm:
         self._counts: OrderedDict[tuple[Hashable, str], _Count] = OrderedDict()
         self._tasks = TaskSet()
 
+    def listing(self, mount: Mount, prefix: str) -> None:
+        """A client was served a listing page of ``prefix`` (origin terms): recorded for
+        the node's other workers."""
+        if self._after > 0:
+            self._listed.record(mount, prefix)
+
     def cold(self, mount: Mount, okey: str) -> None:
         """A read of ``okey`` (origin terms) had its first block from the origin."""
         if self._after <= 0:
@@ -103,6 +126,7 @@ class AutoWarm:
         scope = scope_of(mount)
         listed = self._metadata.listed(scope, okey)
         if listed is None:
+            self._learn(mount, okey)
             return
         snapshot, learned = listed
         k = (scope, snapshot.prefix)
@@ -123,6 +147,27 @@ class AutoWarm:
             return
         count.decided = True
         self._decide(mount, count.common, len(rows), snapshot.size_of(rows), count.reads)
+
+    def _learn(self, mount: Mount, okey: str) -> None:
+        """List here, once, a prefix a sibling worker listed for a client that covers ``okey``."""
+        recorded = self._listed.covering(mount, okey)
+        if recorded is None:
+            return
+        k = (scope_of(mount), recorded.prefix)
+        now = time.monotonic()
+        if now - self._asked.get(k, -_RELIST) < _RELIST:
+            return
+        self._asked[k] = now
+        if len(self._asked) > _LISTINGS:
+            del self._asked[next(iter(self._asked))]
+        self._tasks.spawn(self._list(recorded))
+
+    async def _list(self, recorded: Listed) -> None:
+        try:
+            await self._list_prefix(recorded.bucket, recorded.client_prefix)
+        except (errors.HoardError, OSError) as exc:
+            log.warning("auto-warm: listing %s/%s failed: %s", recorded.bucket,
+                        recorded.client_prefix, exc)  # fmt: skip
 
     def _decide(self, mount: Mount, prefix: str, objects: int, size: int, reads: int) -> None:
         bound = int(self._share * self._capacity())
