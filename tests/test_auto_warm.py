@@ -182,6 +182,18 @@ async def test_a_worker_reading_under_a_prefix_a_sibling_listed_lists_it_once_th
     assert len(reader.pages.calls) == 2  # listed once
 
 
+async def test_a_mount_with_a_prefix_warms_the_prefix_its_clients_name() -> None:
+    mounted = Mount("data", ORIGIN, "bucket", prefix="datasets/")
+    keys = {**dataset("datasets/train/", 40), **dataset("datasets/val/", 40)}
+    setup = Setup(keys)
+    await setup.metadata.listing(("origin", "bucket"), "datasets/", "", "", 1000, POLICY,
+                                 setup.pages)  # fmt: skip
+    for key in sorted(k for k in keys if "/train/" in k)[:16]:
+        setup.auto.cold(mounted, key)
+    await setup.auto.settle()
+    assert setup.jobs.started == [WarmSpec(bucket="data", prefix="train/")]
+
+
 async def test_reads_outside_every_listing_or_with_auto_warm_off_start_nothing() -> None:
     keys = dataset("train/", 100)
     unlisted = Setup(keys)
