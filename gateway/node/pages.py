@@ -20,7 +20,9 @@ A page found is exactly what joining the sibling's flight would have given:
 it was still being fetched when this worker asked. Older pages are never
 used (they are the metadata cache's business, with its TTLs), and files
 older than ``KEEP`` seconds are removed now and then (so a negative TTL
-longer than ``KEEP`` is shared for ``KEEP`` at most: then each worker asks).
+longer than ``KEEP`` is shared for ``KEEP`` at most: then each worker asks):
+every ``SWEEP_EVERY`` writes, and a little after ``KEEP`` once writes stop, so
+the pages of a listing (one file per 1,000 keys) do not stay on disk after it.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from gateway.origins.base import ListPage
 
 KEEP = 30.0  # seconds a page file stays for siblings (they only want it while they wait)
 SWEEP_EVERY = 64  # pages written between sweeps of old files
+_SLACK = 1.0  # seconds past KEEP before the sweep that follows the last write
 
 
 class SharedPages:
@@ -49,6 +52,7 @@ class SharedPages:
         self._prefix = f"{directory}{os.sep}"  # file names are joined as text: a cold GET's cost
         self._store = store
         self._written = 0
+        self._sweep_timer: asyncio.TimerHandle | None = None
 
     async def fetch(
         self, scope: tuple[str, str], query: tuple[str, str, str, int],
@@ -64,6 +68,7 @@ class SharedPages:
                 return found
             page = await fetch()
             await asyncio.to_thread(self._write, path, name, codec.jsonable(page))
+            self._sweep_later()
             return page
 
     def leave_missing(
@@ -79,6 +84,7 @@ class SharedPages:
         else:
             return
         self._write(self._path(name), name, answer)
+        self._sweep_later()
 
     def raise_missing(
         self, scope: tuple[str, str], key: str, since: float, believable: Callable[[int], bool]
@@ -95,6 +101,18 @@ class SharedPages:
         if "bucket" in answer:
             raise errors.NoSuchBucket(answer["bucket"])
         raise errors.NoSuchKey(answer["key"], answer["headers"], age=age)
+
+    def _sweep_later(self) -> None:
+        """Sweep once what was just written is past ``KEEP``, and again while files are
+        left: answers are removed even when nothing is written after them."""
+        if self._sweep_timer is None:
+            loop = asyncio.get_running_loop()
+            self._sweep_timer = loop.call_later(KEEP + _SLACK, self._timed_sweep)
+
+    def _timed_sweep(self) -> None:
+        self._sweep_timer = None
+        if _sweep(self._directory, time.time() - KEEP):
+            self._sweep_later()
 
     def _path(self, name: str) -> str:
         digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
@@ -134,10 +152,15 @@ def _record(path: str, name: str, since: float) -> dict[str, Any] | None:
         return None
 
 
-def _sweep(directory: Path, before: float) -> None:
+def _sweep(directory: Path, before: float) -> int:
+    """Remove the files last written before ``before``; how many are left."""
+    left = 0
     for path in directory.glob("*.json"):
         try:
             if path.stat().st_mtime < before:
                 path.unlink()
+            else:
+                left += 1
         except OSError:  # removed by a sibling's sweep meanwhile
             continue
+    return left
