@@ -6,6 +6,7 @@ Every node reads moto through one counting ``OriginProxy``; blocks are 1 MiB.
 from __future__ import annotations
 
 import contextlib
+import random
 import signal
 import sqlite3
 import time
@@ -16,8 +17,9 @@ import pytest
 
 from gateway.cache.block import BlockId
 from gateway.cluster.rendezvous import Ranking
-from tests.harness import HoardProcess
+from tests.harness import FreshAdmin, HoardProcess
 from tests.origin_proxy import OriginProxy
+from tests.test_auto_warm import wait_for_jobs
 from tests.test_cluster import SECRET, wait_live
 from tests.test_warm import (  # proxy is a (module-scoped) fixture, exported below
     BLOCK,
@@ -97,6 +99,28 @@ def test_a_cluster_warms_each_block_once_on_its_owner(cluster, proxy, origin_cli
     for i, (key, body) in enumerate(sorted(data.items())):
         assert cluster[i % 3].client().get_object(Bucket=bucket, Key=key)["Body"].read() == body
     assert sum(proxy.counts.values()) == 0, proxy.counts
+
+
+def test_a_cold_epoch_read_through_one_node_warms_the_rest_on_every_owner(
+    cluster, proxy, origin_client, bucket
+):
+    """Auto-warm in a cluster: the node that served the listing counts the cold reads
+    whose first block it fetched from the origin itself (a third of them, the blocks it
+    owns), then its job's shares fill each block once on its owner."""
+    data = put_dataset(origin_client, bucket, "auto/", [2000 + i for i in range(150)])
+    s3 = cluster[0].client(max_pool_connections=1)
+    assert s3.list_objects_v2(Bucket=bucket, Prefix="auto/")["KeyCount"] == 150
+    proxy.reset()
+    order = random.Random(5).sample(sorted(data), len(data))
+    # 120 reads: node 0 owns ~40 of their blocks (fewer than the 16 auto_after: p ~ 2e-6).
+    for key in order[:120]:
+        assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == data[key]
+    jobs = wait_for_jobs(FreshAdmin(cluster[0].endpoint), "auto/")
+    assert {j["state"] for j in jobs} == {"done"}, jobs
+    assert all(set(j["nodes"]) == {n.endpoint for n in cluster} for j in jobs), jobs
+    for key in order[120:]:
+        assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == data[key]
+    assert proxy.counts["GetObject"] == len(data), proxy.listed_gets()  # each block once
 
 
 def test_cancel_stops_origin_traffic_on_every_node(cluster, proxy, origin_client, bucket):
