@@ -25,9 +25,7 @@ keys, which is what the client's own listing cost).
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
-import os
 from collections.abc import Hashable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,6 +33,7 @@ from pathlib import Path
 from gateway.metadata.lookups import covering, directory_of
 from gateway.metadata.source import scope_of
 from gateway.namespace import Mount
+from gateway.node.shared import SharedDocument
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +63,8 @@ class ListedPrefixes:
 
     def record(self, mount: Mount, prefix: str) -> None:
         """A client was served a listing page of ``prefix`` (origin terms) through ``mount``."""
-        if prefix and not prefix.endswith("/"):
-            return
+        if (prefix and not prefix.endswith("/")) or (scope_of(mount), prefix) in self._known:
+            return  # a dictionary lookup per page served: listing hits run at a high rate
         name = _name(mount.origin.name, mount.origin_bucket, prefix)
         if name in self._written:
             return
@@ -79,10 +78,7 @@ class ListedPrefixes:
                         mount.client_key(prefix))  # fmt: skip
         self._known[(scope_of(mount), prefix)] = listed
         try:
-            self._directory.mkdir(parents=True, exist_ok=True)
-            tmp = self._directory / f"{name}.tmp{os.getpid()}"
-            tmp.write_text(json.dumps(asdict(listed)))
-            os.replace(tmp, self._directory / f"{name}.json")
+            SharedDocument(self._directory / f"{name}.json").write(asdict(listed))
         except OSError as exc:
             log.warning("auto-warm: cannot record listed prefix %r: %s", prefix, exc)
 
@@ -107,10 +103,12 @@ class ListedPrefixes:
         for path in self._directory.glob("*.json"):
             if path.stem in self._written:
                 continue
+            body = SharedDocument(path).read()  # None, logged, if unreadable
             try:
-                listed = Listed(**json.loads(path.read_text()))
-            except (OSError, ValueError, TypeError) as exc:
-                log.warning("auto-warm: listed prefix record %s unreadable: %s", path, exc)
+                listed = Listed(**(body or {}))
+            except TypeError:
+                if body is not None:
+                    log.warning("auto-warm: listed prefix record %s is not one: %s", path, body)
                 continue
             self._written.add(path.stem)
             self._known[((listed.origin, listed.origin_bucket), listed.prefix)] = listed
