@@ -116,9 +116,10 @@ async def list_dataset(endpoint: str, key: str, secret: str) -> dict[str, Any]:
             more = re.search(rb"<NextContinuationToken>(.*?)</NextContinuationToken>", body)
             if more is None:
                 break
-            if html.unescape(more.group(1).decode()) == token:
+            following = html.unescape(more.group(1).decode())
+            if following == token:
                 raise RuntimeError("the listing returned the same page again")
-            token = html.unescape(more.group(1).decode())
+            token = following
         seconds = time.perf_counter() - start
     return {"keys": listed, "seconds": round(seconds, 2)}
 
