@@ -38,7 +38,7 @@ from pathlib import Path
 
 from gateway.cache.block import HEADER_SIZE, BlockId
 from gateway.cache.disk import DiskTier
-from gateway.config import parse_size
+from gateway.config.settings import parse_size
 
 SIZE = 4096
 RECORD = HEADER_SIZE + SIZE

@@ -172,7 +172,7 @@ class Hoard(Target):
         """``cache.memory`` of the config written for the first node, as the gateway reads it."""
         if not self.config_paths:
             return None
-        from gateway.config_load import (
+        from gateway.config.load import (
             load_settings,  # the repository's own: loadtest lives beside it
         )
 

@@ -33,10 +33,10 @@ import aiohttp
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from gateway import wiring
-from gateway.config_load import build_settings
+from gateway.app import wiring
+from gateway.config.load import build_settings
 from gateway.pieces import FileSegment
-from gateway.reader import Reader
+from gateway.read.reader import Reader
 from tests.harness import ACCESS_KEY, SECRET_KEY, s3_client, sum_samples
 
 

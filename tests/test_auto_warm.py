@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import WarmConfig
+from gateway.config.settings import WarmConfig
 from gateway.metadata.memory import MetadataCache
-from gateway.metrics import Metrics
-from gateway.namespace import Mount
+from gateway.obs.metrics import Metrics
 from gateway.origins.base import ListEntry
 from gateway.origins.memory import MemoryOrigin
+from gateway.origins.namespace import Mount
 from gateway.warm.auto import AutoWarm
 from gateway.warm.listed import ListedPrefixes
 from gateway.warm.spec import WarmSpec

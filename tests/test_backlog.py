@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gateway.cluster.backlog import Backlog
-from gateway.invalidation import Invalidation
+from gateway.core.invalidation import Invalidation
 
 B, C = "http://10.0.0.2:9000", "http://10.0.0.3:9000"
 

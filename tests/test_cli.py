@@ -343,7 +343,7 @@ def test_a_client_that_stops_reading_is_dropped_after_the_send_timeout(tmp_path,
 
 
 def test_example_config_parses_with_every_documented_key(monkeypatch):
-    from gateway.config_load import build_settings, read_yaml
+    from gateway.config.load import build_settings, read_yaml
 
     for name in [n for n in os.environ if n.startswith("HOARD_")]:
         monkeypatch.delenv(name)

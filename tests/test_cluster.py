@@ -22,7 +22,7 @@ import pytest
 import requests
 import yaml
 
-from gateway.cli import main
+from gateway.app.cli import main
 from gateway.cluster.peers import (
     DATE_HEADER,
     SIGNATURE_HEADER,

@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 
-from gateway import errors
+from gateway.core import errors
 from gateway.metadata.bucket_config import BucketConfigs
 from gateway.s3.cors_rules import (
     VARY,

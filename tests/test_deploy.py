@@ -42,9 +42,9 @@ import pytest
 import requests
 import yaml
 
-from gateway.config import ConfigError, Settings, split_listen
-from gateway.config_load import build_settings, read_yaml
-from gateway.safety import refusals
+from gateway.app.safety import refusals
+from gateway.config.load import build_settings, read_yaml
+from gateway.config.settings import ConfigError, Settings, split_listen
 from tests.harness import HoardProcess, s3_client
 
 REPO = Path(__file__).resolve().parent.parent

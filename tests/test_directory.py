@@ -16,8 +16,8 @@ from gateway.cluster.peer_client import PeerClient
 from gateway.cluster.peers import MetadataQuery
 from gateway.cluster.placement import Placement
 from gateway.metadata.codec import info_from, jsonable, page_from
-from gateway.metric_events import PeerMetrics
-from gateway.metrics import Metrics
+from gateway.obs.events import PeerMetrics
+from gateway.obs.metrics import Metrics
 from gateway.origins.base import ListEntry, ListPage, ObjectInfo
 from tests.fakes import Clock
 from tests.harness import free_port

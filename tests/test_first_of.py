@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from gateway import errors
+from gateway.core import errors
 from gateway.origins.resume import Patience, first_of
 
 

@@ -31,12 +31,12 @@ import pytest
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from gateway import hotwire, listener, wiring
-from gateway import request_keys as keys
-from gateway.config_load import build_settings
+from gateway.app import hotwire, listener, wiring
+from gateway.app.server import HIT_PATH, HIT_WIRE, STATE, rejected
+from gateway.config.load import build_settings
+from gateway.obs import request_keys as keys
 from gateway.s3.auth import Authenticator
 from gateway.s3.hits import HitPath
-from gateway.server import HIT_PATH, HIT_WIRE, STATE, rejected
 from tests.conftest import moto_origin
 from tests.harness import ACCESS_KEY, SECRET_KEY
 from tests.origin_proxy import OriginProxy

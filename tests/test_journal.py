@@ -5,7 +5,7 @@ from __future__ import annotations
 import multiprocessing
 from pathlib import Path
 
-from gateway.invalidation import Invalidation
+from gateway.core.invalidation import Invalidation
 from gateway.metadata.journal import EVERYTHING, RING, Journal
 
 

@@ -14,17 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from gateway import errors
-from gateway.blocks import BlockSource
+from gateway.blocks.source import BlockSource
 from gateway.cache.disk import DiskTier
 from gateway.cache.memory import MemoryTier
+from gateway.core import errors
 from gateway.metadata.memory import MetadataCache
-from gateway.metric_events import BlockMetrics
-from gateway.metrics import Metrics
-from gateway.namespace import Mount, Namespace
+from gateway.obs.events import BlockMetrics
+from gateway.obs.metrics import Metrics
 from gateway.origins.base import Origin
 from gateway.origins.memory import MemoryOrigin
-from gateway.reader import Reader
+from gateway.origins.namespace import Mount, Namespace
+from gateway.read.reader import Reader
 from tests.inprocess import read_object
 
 BLOCK = 64 * 1024

@@ -16,8 +16,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from gateway.config import S3OriginConfig
-from gateway.errors import NoSuchKey, OriginThrottled, OriginUnavailable
+from gateway.config.settings import S3OriginConfig
+from gateway.core.errors import NoSuchKey, OriginThrottled, OriginUnavailable
 from gateway.metadata.memory import Aged, Lookup, MetadataCache, Policy
 from gateway.metadata.snapshot import snapshot
 from gateway.origins.base import ListEntry, ListPage, ObjectInfo

@@ -6,7 +6,7 @@ import re
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from gateway.metrics import Metrics
+from gateway.obs.metrics import Metrics
 from tests.harness import REPO
 
 _TYPES = {Counter: "counter", Gauge: "gauge", Histogram: "histogram"}

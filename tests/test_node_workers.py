@@ -19,9 +19,9 @@ import aiohttp
 import pytest
 import requests
 
-from gateway.cli import _parser, load
-from gateway.config import ConfigError
-from gateway.node.cores import available_cores, cgroup_quota
+from gateway.app.cli import _parser, load
+from gateway.app.cores import available_cores, cgroup_quota
+from gateway.config.settings import ConfigError
 from tests.conftest import module_proxy
 from tests.harness import FreshAdmin, HoardProcess, metric
 from tests.test_block_cache import hoard_config

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from gateway import errors, priority
-from gateway.config import PosixOriginConfig, S3OriginConfig
-from gateway.metric_events import OriginGuardMetrics
-from gateway.metrics import Metrics
+from gateway.config.settings import PosixOriginConfig, S3OriginConfig
+from gateway.core import errors, priority
+from gateway.obs.events import OriginGuardMetrics
+from gateway.obs.metrics import Metrics
 from gateway.origins.base import BucketInfo, ListPage, ObjectInfo, Origin
 from gateway.origins.breaker import Ticket
 from gateway.origins.guard import OriginGuard
@@ -394,8 +394,8 @@ async def test_retries_stop_when_the_breaker_opens_meanwhile() -> None:
 
 
 def test_example_config_documents_every_protection_key() -> None:
-    from gateway.config import BreakerConfig, LimitsConfig, RetryConfig
-    from gateway.config_load import build_settings, read_yaml
+    from gateway.config.load import build_settings, read_yaml
+    from gateway.config.settings import BreakerConfig, LimitsConfig, RetryConfig
     from tests.harness import REPO
 
     raw = read_yaml(

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
+from gateway.core.priority import Priority
 from gateway.origins.limits import PriorityGate, TokenBucket
-from gateway.priority import Priority
 from tests.fakes import Clock
 
 pytestmark = pytest.mark.timeout(10)

@@ -21,7 +21,6 @@ import pytest
 from aiohttp import web
 from yarl import URL
 
-from gateway import errors
 from gateway.cluster.peer_client import PeerClient
 from gateway.cluster.peer_server import PeerServer
 from gateway.cluster.peers import (
@@ -33,7 +32,8 @@ from gateway.cluster.peers import (
     PeerUnavailable,
     sign,
 )
-from gateway.invalidation import Invalidation
+from gateway.core import errors
+from gateway.core.invalidation import Invalidation
 from gateway.pieces import FileSegment, Piece
 from gateway.s3.body import BodySender
 from tests.harness import free_port

@@ -9,7 +9,7 @@ import pytest
 
 from gateway.cache.block import HEADER_SIZE, BlockId
 from gateway.cache.disk import DiskTier
-from gateway.config_load import build_settings, read_yaml
+from gateway.config.load import build_settings, read_yaml
 from gateway.warm.spec import Progress, WarmSpec
 from tests.harness import REPO
 

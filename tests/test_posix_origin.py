@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.errors import (
+from gateway.core.errors import (
     InvalidObjectName,
     NoSuchBucket,
     NoSuchKey,

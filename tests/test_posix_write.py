@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.errors import (
+from gateway.core.errors import (
     EntityTooSmall,
     InvalidArgument,
     InvalidObjectName,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from multidict import CIMultiDict
 from pydantic import SecretStr
 
-from gateway.config import Credential
+from gateway.config.settings import Credential
 from gateway.s3.auth import Authenticator
 from gateway.s3.errors import S3Error
 from gateway.s3.signing import parse_amz_date

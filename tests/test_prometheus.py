@@ -30,7 +30,7 @@ import pytest
 import requests
 import yaml
 
-from gateway.metrics import Metrics
+from gateway.obs.metrics import Metrics
 from tests.conftest import ORIGIN_KEY, ORIGIN_SECRET
 from tests.harness import REPO, HoardProcess, free_port
 

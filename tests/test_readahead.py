@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.readahead import ReadAheadPolicy
+from gateway.read.readahead import ReadAheadPolicy
 from tests.fakes import Clock
 
 

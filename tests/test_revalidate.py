@@ -11,7 +11,7 @@ import logging
 
 import pytest
 
-from gateway.errors import OriginUnavailable
+from gateway.core.errors import OriginUnavailable
 from gateway.metadata.memory import Aged, MetadataCache
 from gateway.metadata.revalidate import Revalidator
 from gateway.origins.base import ListEntry

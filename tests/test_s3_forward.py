@@ -19,8 +19,8 @@ import pytest
 from aiohttp import ClientPayloadError, web
 from botocore.config import Config as BotoConfig
 
-from gateway.config import S3OriginConfig
-from gateway.errors import OriginUnavailable
+from gateway.config.settings import S3OriginConfig
+from gateway.core.errors import OriginUnavailable
 from gateway.origins.s3 import S3Origin
 from gateway.origins.s3_forward import (
     ForwardRequest,

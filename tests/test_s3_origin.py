@@ -14,8 +14,8 @@ import boto3
 import pytest
 from aiohttp import web
 
-from gateway.config import S3OriginConfig
-from gateway.errors import (
+from gateway.config.settings import S3OriginConfig
+from gateway.core.errors import (
     AccessDenied,
     NoSuchBucket,
     NoSuchKey,
@@ -24,8 +24,8 @@ from gateway.errors import (
     OriginUnavailable,
     RangeNotSatisfiable,
 )
-from gateway.metric_events import OriginGuardMetrics
-from gateway.metrics import Metrics
+from gateway.obs.events import OriginGuardMetrics
+from gateway.obs.metrics import Metrics
 from gateway.origins.base import ListPage, Origin
 from gateway.origins.guard import OriginGuard
 from gateway.origins.s3 import CHUNK_SIZE, S3Origin

@@ -34,13 +34,13 @@ from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from gateway.accesslog import field
+from gateway.app.safety import ambient_origins, is_loopback, weakness
 from gateway.client.admin import AdminClient, AdminError
-from gateway.config import PrefetchConfig
-from gateway.config_load import build_settings
-from gateway.config_units import parse_umask
+from gateway.config.load import build_settings
+from gateway.config.settings import PrefetchConfig
+from gateway.config.units import parse_umask
+from gateway.obs.access_log import field
 from gateway.prefetch.order import OrderError, manifest_keys
-from gateway.safety import ambient_origins, is_loopback, weakness
 from tests.conftest import ORIGIN_KEY, ORIGIN_SECRET, module_proxy
 from tests.harness import ACCESS_KEY, REPO, SECRET_KEY, HoardProcess, metric, s3_client
 from tests.rawhttp import RawResponse, presign, send, sign_headers, signed_send

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from gateway import errors
+from gateway.core import errors
+from gateway.metadata.pages import SharedPages
 from gateway.node import pages
-from gateway.node.pages import SharedPages
 
 
 def left(directory: Path) -> list[Path]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.tasks import TaskSet
+from gateway.core.tasks import TaskSet
 
 
 async def test_a_task_is_held_until_it_ends_and_settle_waits_for_spawned_ones() -> None:

@@ -18,20 +18,20 @@ from pathlib import Path
 
 import pytest
 
-from gateway.blocks import BlockSource
+from gateway.blocks.source import BlockSource
 from gateway.cache.disk import DiskTier
 from gateway.cache.memory import MemoryTier
-from gateway.capture import Budget, Capture
-from gateway.config import PosixOriginConfig
+from gateway.config.settings import PosixOriginConfig
 from gateway.metadata.memory import MetadataCache
-from gateway.metric_events import BlockMetrics, OriginGuardMetrics
-from gateway.metrics import Metrics
-from gateway.namespace import Mount, Namespace
+from gateway.obs.events import BlockMetrics, OriginGuardMetrics
+from gateway.obs.metrics import Metrics
 from gateway.origins.base import ObjectInfo
 from gateway.origins.guard import OriginGuard
+from gateway.origins.namespace import Mount, Namespace
 from gateway.origins.posix import PosixOrigin
-from gateway.reader import Reader
-from gateway.writer import Attributes, Writer
+from gateway.read.reader import Reader
+from gateway.write.capture import Budget, Capture
+from gateway.write.writer import Attributes, Writer
 from tests.harness import metric, sum_samples
 from tests.inprocess import read_object, threaded_app
 from tests.test_block_cache import hoard_config

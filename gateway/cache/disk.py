@@ -116,7 +116,7 @@ from gateway.cache.disk_removal import Removal
 from gateway.cache.disk_writer import BlockWriter
 from gateway.cache.packed_claims import PackedClaims
 from gateway.cache.segment_sql import Place
-from gateway.tasks import TaskSet
+from gateway.core.tasks import TaskSet
 
 __all__ = ["BlockFile", "BlockWriter", "DiskStats", "DiskTier", "FillAbandoned", "PartFollower"]
 

@@ -54,8 +54,8 @@ from gateway.cache import disk_pins, disk_schema, segment_sql
 from gateway.cache.block import BlockId
 from gateway.cache.disk_schema import Totals
 from gateway.cache.segment_sql import Place, Removed
-from gateway.sqlite_loop import LoopTransactions
-from gateway.sqlite_wal import point_reader, share_pages, use_wal
+from gateway.core.sqlite_loop import LoopTransactions
+from gateway.core.sqlite_wal import point_reader, share_pages, use_wal
 
 T = TypeVar("T")
 

@@ -27,7 +27,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from typing import Any, Generic, TypeVar
 
-from gateway.tasks import TaskSet
+from gateway.core.tasks import TaskSet
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")

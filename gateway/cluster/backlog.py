@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from gateway.invalidation import Invalidation
+from gateway.core.invalidation import Invalidation
 
 
 class Backlog:

@@ -40,10 +40,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from gateway import errors
 from gateway.cluster.peer_client import PeerClient
 from gateway.cluster.peers import MetadataQuery, PeerEvents, PeerNotFound, PeerUnavailable
 from gateway.cluster.placement import Placement
+from gateway.core import errors
 from gateway.metadata import codec
 from gateway.origins.base import ListPage, ObjectInfo
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from gateway.tasks import TaskSet
+from gateway.core.tasks import TaskSet
 
 log = logging.getLogger(__name__)
 

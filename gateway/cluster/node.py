@@ -29,18 +29,18 @@ from typing import Any
 
 import aiohttp
 
-from gateway import tls
 from gateway.cluster.backlog import Backlog
 from gateway.cluster.directory import MetadataRouter
 from gateway.cluster.membership import Membership, NodeShare
 from gateway.cluster.peer_client import PeerClient
 from gateway.cluster.peer_server import PeerServer, PieceSender
 from gateway.cluster.placement import Placement
-from gateway.config import ClusterConfig
-from gateway.invalidation import Invalidation
-from gateway.metric_events import PeerMetrics
-from gateway.metrics import Metrics
-from gateway.tasks import TaskSet
+from gateway.config.settings import ClusterConfig
+from gateway.core import tls
+from gateway.core.invalidation import Invalidation
+from gateway.core.tasks import TaskSet
+from gateway.obs.events import PeerMetrics
+from gateway.obs.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

@@ -48,7 +48,7 @@ from gateway.cluster.peers import (
     PeerUnavailable,
     sign,
 )
-from gateway.invalidation import Invalidation
+from gateway.core.invalidation import Invalidation
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,6 @@ from typing import Any, Protocol
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 
-from gateway import errors
 from gateway.cluster.peers import (
     DATE_HEADER,
     ERROR_HEADER,
@@ -52,7 +51,8 @@ from gateway.cluster.peers import (
     same_digest,
     sign,
 )
-from gateway.invalidation import Invalidation
+from gateway.core import errors
+from gateway.core.invalidation import Invalidation
 from gateway.pieces import CLIENT_GONE, Piece
 
 Pieces = AsyncIterator[Piece]

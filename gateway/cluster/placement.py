@@ -32,7 +32,6 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
-from gateway import errors
 from gateway.cache.singleflight import Flight
 from gateway.cluster.membership import Membership
 from gateway.cluster.peer_client import PeerClient
@@ -45,6 +44,7 @@ from gateway.cluster.peers import (
     PeerUnavailable,
 )
 from gateway.cluster.rendezvous import Ranking
+from gateway.core import errors
 from gateway.pieces import BlockRef
 
 log = logging.getLogger(__name__)

@@ -26,10 +26,10 @@ reader says what a miss may cost at the call site (a HEAD, or the read's own
 first-block GET), and gets one answer. ``codec.py`` is the one JSON codec of
 metadata that leaves a process (store rows, peer answers).
 
-What this package may import: the leaves (``gateway.errors``,
-``gateway.invalidation``, ``gateway.origins.base`` and ``origins.listing``,
+What this package may import: the leaves (``gateway.core.errors``,
+``gateway.core.invalidation``, ``gateway.origins.base`` and ``origins.listing``,
 ``gateway.cache.singleflight`` (the one coalescing primitive: flights here are a ``Group``),
-``gateway.namespace``'s ``Mount``), the cluster's wire value type
+``gateway.origins.namespace``'s ``Mount``), the cluster's wire value type
 ``MetadataQuery`` (``cluster/peers.py``) and itself. Nothing here imports the
 reader, the blocks or the cluster's machinery: the owner node is a protocol
 (``source.OwnerNode``) that ``cluster/directory.py`` implements, with a

@@ -38,7 +38,7 @@ from functools import partial
 from typing import Any
 
 from gateway.cache.singleflight import Group
-from gateway.errors import HoardError
+from gateway.core.errors import HoardError
 
 ConfigKey = tuple[Hashable, str]  # (scope, kind)
 

@@ -34,7 +34,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from gateway.cache.singleflight import Group
-from gateway.errors import OriginUnavailable
+from gateway.core.errors import OriginUnavailable
 from gateway.metadata import lookups
 from gateway.metadata.heads import Entry
 from gateway.metadata.lookups import Lookup, Policy

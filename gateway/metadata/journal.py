@@ -53,8 +53,8 @@ import time
 import zlib
 from pathlib import Path
 
-from gateway.invalidation import Invalidation
-from gateway.mapped import MappedFile
+from gateway.core.invalidation import Invalidation
+from gateway.core.mapped import MappedFile
 
 MAGIC = b"HOARDJ01"
 RING = 4096  # invalidations a worker may fall behind before it drops all

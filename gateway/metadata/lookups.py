@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeGuard, TypeVar
 
-from gateway.errors import NoSuchKey
+from gateway.core.errors import NoSuchKey
 from gateway.metadata.heads import Entry
 from gateway.origins.base import ListPage, ObjectInfo
 

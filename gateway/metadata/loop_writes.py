@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gateway.sqlite_loop import CHECKPOINT_EVERY, LoopTransactions
+from gateway.core.sqlite_loop import CHECKPOINT_EVERY, LoopTransactions
 
 __all__ = ["CHECKPOINT_EVERY", "LoopWriter"]
 

@@ -79,7 +79,7 @@ from collections.abc import Callable, Hashable
 from functools import partial
 from typing import Any
 
-from gateway.errors import NoSuchKey
+from gateway.core.errors import NoSuchKey
 from gateway.metadata import lookups
 from gateway.metadata.bodies import PageBodies
 from gateway.metadata.freshness import Freshness

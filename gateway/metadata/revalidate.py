@@ -41,7 +41,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from gateway import errors
+from gateway.core import errors
 from gateway.metadata.lookups import Aged, FetchPage, Policy, directory_of
 from gateway.metadata.memory import MetadataCache
 from gateway.metadata.snapshot import Snapshot

@@ -32,9 +32,9 @@ import time
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Protocol, TypeVar
 
-from gateway import errors
 from gateway.cluster.peers import MetadataQuery
-from gateway.invalidation import Invalidation
+from gateway.core import errors
+from gateway.core.invalidation import Invalidation
 from gateway.metadata import codec
 from gateway.metadata.bucket_config import BucketConfigs
 from gateway.metadata.journal import EVERYTHING, Journal, SoloJournal
@@ -42,8 +42,8 @@ from gateway.metadata.lookups import Aged, FetchHead, FetchPage, Policy
 from gateway.metadata.memory import MetadataCache
 from gateway.metadata.revalidate import Revalidator
 from gateway.metadata.store import MetadataStore, Stored
-from gateway.namespace import Mount
 from gateway.origins.base import ListPage, ObjectInfo, Origin
+from gateway.origins.namespace import Mount
 
 Scope = tuple[str, str]  # (origin name, origin bucket)
 T = TypeVar("T")

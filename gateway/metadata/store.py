@@ -44,6 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from gateway.core.sqlite_wal import point_reader, share_pages, use_wal
 from gateway.metadata.fetch_locks import FetchLocks
 from gateway.metadata.loop_writes import LoopWriter
 from gateway.metadata.store_rows import (
@@ -61,7 +62,6 @@ from gateway.metadata.store_rows import (
     select,
 )
 from gateway.origins.base import ListEntry, ObjectInfo
-from gateway.sqlite_wal import point_reader, share_pages, use_wal
 
 log = logging.getLogger(__name__)
 _WAL_PAGES = 256  # write-ahead log pages before a checkpoint (1 MiB)

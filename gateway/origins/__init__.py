@@ -2,7 +2,7 @@
 
 An origin answers the S3 reads Hoard needs (``base.py``: ``Origin`` —
 buckets, HEAD, ranged GET, one listing page) and returns plain values
-(``ObjectInfo``, ``ListPage``) and domain errors (``gateway.errors``), never
+(``ObjectInfo``, ``ListPage``) and domain errors (``gateway.core.errors``), never
 a library's exceptions or HTTP. Two origins implement it:
 
 - ``s3.py`` (with ``s3_get.py``): any S3-compatible store; ``s3_forward.py``
@@ -29,8 +29,8 @@ a budget (``retry.py``), a circuit breaker (``breaker.py``), and resumable,
 hedged GET bodies (``resume.py``). Callers above never retry on their own.
 
 What this package may import: the standard library, the client libraries
-(aiobotocore, aiohttp), ``gateway.errors``, ``gateway.config`` (an origin's
-own settings), ``gateway.priority`` and itself. Nothing here knows the
+(aiobotocore, aiohttp), ``gateway.core.errors``, ``gateway.config.settings`` (an origin's
+own settings), ``gateway.core.priority`` and itself. Nothing here knows the
 cache, the cluster, the metadata tiers or the S3 front.
 
 Not guaranteed: an origin is the truth, not a snapshot. A listing of a

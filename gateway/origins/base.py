@@ -2,7 +2,7 @@
 
 An origin is a real store (an S3 endpoint, a posix directory). It knows
 nothing of clients, caching or HTTP status codes: it answers in these value
-types and raises only ``gateway.errors``.
+types and raises only ``gateway.core.errors``.
 """
 
 from __future__ import annotations

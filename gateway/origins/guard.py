@@ -7,7 +7,7 @@ one per configured origin, built in ``wiring.py``. For each request, in order:
    ``OriginUnavailable``, so misses stop waiting on a dead origin while cached
    blocks and stale metadata (stale-if-error) are still served;
 2. a concurrency slot from the priority gate (``limits.py``): client requests
-   queue ahead of background ones (``gateway.priority``: warm jobs, prefetch,
+   queue ahead of background ones (``gateway.core.priority``: warm jobs, prefetch,
    read-ahead). A GET holds its slot until its body is read or closed;
 3. a requests/s token, then the request itself;
 4. on ``OriginUnavailable`` (5xx, SlowDown, timeouts, connection errors) a
@@ -36,7 +36,7 @@ forwarder has its own rules (``s3_forward.py``).
 
 Not guaranteed: limits are per worker process (a node with 4 workers may have
 4 x ``max_concurrency`` requests in flight); a fill started at background
-priority keeps it when a client joins it (see ``gateway.priority``).
+priority keeps it when a client joins it (see ``gateway.core.priority``).
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
-from gateway import errors, priority
-from gateway.config import PosixOriginConfig, S3OriginConfig
+from gateway.config.settings import PosixOriginConfig, S3OriginConfig
+from gateway.core import errors, priority
 from gateway.origins.base import BucketInfo, ListPage, ObjectInfo, ObjectStream, Origin
 from gateway.origins.breaker import CircuitBreaker, State
 from gateway.origins.limits import PriorityGate, TokenBucket

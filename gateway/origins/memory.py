@@ -34,7 +34,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
-from gateway import errors
+from gateway.core import errors
 from gateway.origins.base import BucketInfo, ListEntry, ListPage, ObjectInfo
 from gateway.origins.listing import paginate
 

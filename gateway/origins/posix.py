@@ -62,7 +62,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gateway import errors
+from gateway.core import errors
 from gateway.origins import posix_buckets as buckets
 from gateway.origins.base import BucketInfo, ListPage, ObjectInfo
 from gateway.origins.listing import paginate

@@ -20,7 +20,7 @@ import os
 import re
 from collections.abc import Callable
 
-from gateway import errors
+from gateway.core import errors
 
 _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _IPV4_RE = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+")

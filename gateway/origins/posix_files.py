@@ -51,7 +51,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
-from gateway import errors
+from gateway.core import errors
 from gateway.origins.posix_records import Attrs, Records
 
 TEMP_PREFIX = ".hoard-tmp-"  # names of files being written; reserved, never listed

@@ -9,7 +9,7 @@ origin's second check (``posix.py``): these rules say nothing of symlinks.
 
 from __future__ import annotations
 
-from gateway import errors
+from gateway.core import errors
 from gateway.origins.posix_files import TEMP_PREFIX
 
 

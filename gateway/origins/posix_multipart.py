@@ -45,8 +45,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from gateway import errors
-from gateway.errors import (
+from gateway.core import errors
+from gateway.core.errors import (
     EntityTooSmall,
     InvalidArgument,
     InvalidPart,

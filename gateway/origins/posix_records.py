@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from gateway.errors import MetadataTooLarge
+from gateway.core.errors import MetadataTooLarge
 from gateway.origins.base import ObjectInfo
 
 META_XATTR = "user.hoard.meta"

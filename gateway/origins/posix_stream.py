@@ -23,7 +23,7 @@ import threading
 import weakref
 from collections.abc import AsyncIterator
 
-from gateway import errors
+from gateway.core import errors
 from gateway.origins.base import ObjectInfo
 
 CHUNK_SIZE = 1 << 20

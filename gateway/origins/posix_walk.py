@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from gateway import errors
+from gateway.core import errors
 from gateway.origins.base import ListEntry
 from gateway.origins.listing import common_prefix, prefix_end
 from gateway.origins.posix_keys import is_temp, safe_relpath, utf8

@@ -34,7 +34,7 @@ import hashlib
 import os
 from collections.abc import AsyncIterator
 
-from gateway import errors
+from gateway.core import errors
 from gateway.origins.posix_files import (
     PutResult,
     Target,

@@ -38,7 +38,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from gateway import errors
+from gateway.core import errors
 from gateway.origins.base import ObjectStream
 
 T = TypeVar("T")

@@ -25,7 +25,7 @@ import random
 import time
 from collections.abc import Callable
 
-from gateway import errors
+from gateway.core import errors
 
 _WINDOW = 10.0  # seconds of history a budget looks at
 _SLOTS = 10  # the window's resolution

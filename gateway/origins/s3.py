@@ -1,7 +1,7 @@
 """An origin for any S3-compatible store, through aiobotocore.
 
 This module only translates: each Origin call is one S3 request, each answer
-a value from ``base.py``, each failure a ``gateway.errors`` exception made in
+a value from ``base.py``, each failure a ``gateway.core.errors`` exception made in
 ``_translated`` -- the one place that knows how botocore spells "not found",
 "refused" or "unreachable". No botocore or aiohttp exception leaves it.
 
@@ -46,8 +46,8 @@ from aiobotocore.session import get_session
 from botocore.config import Config as BotoConfig
 from botocore.exceptions import BotoCoreError, ClientError, ParamValidationError
 
-from gateway import errors
-from gateway.config import S3OriginConfig
+from gateway.config.settings import S3OriginConfig
+from gateway.core import errors
 from gateway.origins import s3_get
 from gateway.origins.base import BucketInfo, ListEntry, ListPage, ObjectInfo
 from gateway.origins.s3_forward import ForwardRequest, ForwardResponse, S3Forwarder
@@ -84,7 +84,7 @@ _UNSATISFIED_RANGE = re.compile(r"^bytes \*/(\d+)$")
 
 @contextmanager
 def _translated(bucket: str, key: str | None = None) -> Iterator[None]:
-    """Turn whatever botocore/aiohttp raise into a ``gateway.errors`` exception.
+    """Turn whatever botocore/aiohttp raise into a ``gateway.core.errors`` exception.
 
     ``key`` is None for bucket operations: a 404 there means the bucket.
     """

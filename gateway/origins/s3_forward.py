@@ -74,8 +74,8 @@ from botocore.credentials import ReadOnlyCredentials
 from botocore.exceptions import BotoCoreError
 from yarl import URL
 
-from gateway import errors
-from gateway.config import S3OriginConfig
+from gateway.config.settings import S3OriginConfig
+from gateway.core import errors
 from gateway.origins.s3_sign import EMPTY_SHA256, UNSIGNED_PAYLOAD, Signer
 
 CHUNK_SIZE = 1024 * 1024  # largest piece a response body yields

@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 from botocore.auth import SIGNED_HEADERS_BLACKLIST
 from botocore.credentials import ReadOnlyCredentials
 
-from gateway.sigv4_key import derive_signing_key
+from gateway.core.sigv4_key import derive_signing_key
 
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"

@@ -24,16 +24,16 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from gateway import errors
-from gateway.access import denied, json_error
-from gateway.config import PrefetchConfig
-from gateway.manifests import read_manifest
+from gateway.config.settings import PrefetchConfig
+from gateway.core import errors
 from gateway.prefetch.node import NodePrefetch
 from gateway.prefetch.order import Order, OrderError, manifest_keys, parse_request
+from gateway.read.manifests import read_manifest
+from gateway.s3.access import denied, json_error
 from gateway.s3.auth import Principal
 
 if TYPE_CHECKING:
-    from gateway.reader import Reader
+    from gateway.read.reader import Reader
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.config import PrefetchConfig
-from gateway.config_units import parse_size
+from gateway.config.settings import PrefetchConfig
+from gateway.config.units import parse_size
 
 _STREAM_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 MAX_KEY_BYTES = 1024  # S3's limit on a key's UTF-8 length

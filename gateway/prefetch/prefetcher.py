@@ -31,15 +31,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gateway import priority
-from gateway.config import PrefetchConfig
-from gateway.metrics import Metrics
+from gateway.config.settings import PrefetchConfig
+from gateway.core import priority
+from gateway.core.tasks import TaskSet
+from gateway.obs.metrics import Metrics
 from gateway.prefetch.order import Order, OrderError
 from gateway.prefetch.stream import Stream
-from gateway.tasks import TaskSet
 
 if TYPE_CHECKING:
-    from gateway.blocks import BlockSource
+    from gateway.blocks.source import BlockSource
     from gateway.pieces import BlockRef
 
 # ``Reader.block_refs``: every block of a key, its metadata looked up as a read would

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.mapped import MappedFile
+from gateway.core.mapped import MappedFile
 from gateway.prefetch.order import Order, OrderError
 
 MAGIC = b"HOARDP01"

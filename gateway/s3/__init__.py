@@ -22,10 +22,10 @@ names, and never touch a cache tier or an origin client themselves. Bad input
 is an S3 error (4xx, S3 XML, request id), never a 500.
 
 What this package may import: the standard library, aiohttp,
-``gateway.errors``, ``gateway.config``, ``gateway.pieces``,
+``gateway.core.errors``, ``gateway.config.settings``, ``gateway.pieces``,
 ``gateway.origins.base`` (the values it renders), and the two services it
-fronts, ``gateway.reader`` and ``gateway.writer``. Nothing the reader or
-the writer uses imports it back; ``gateway.server`` mounts it, and the other
+fronts, ``gateway.read.reader`` and ``gateway.write.writer``. Nothing the reader or
+the writer uses imports it back; ``gateway.app.server`` mounts it, and the other
 HTTP faces (``admin.py``, ``access.py``, ``prefetch/``, ``warm/``) reuse its
 caller identity (``auth.Principal``) and its error rendering.
 

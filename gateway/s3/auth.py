@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from gateway.config import Credential
+from gateway.config.settings import Credential
 from gateway.s3 import signing
 from gateway.s3.errors import Code, S3Error
 from gateway.s3.sigv2 import SigV2Verifier, is_sigv2

@@ -6,12 +6,12 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from gateway.reader import Reader
+from gateway.read.reader import Reader
 from gateway.s3.auth import Principal
 from gateway.s3.body import BodySender
 from gateway.s3.chunked import IdleLimited
 from gateway.s3.routing import Route
-from gateway.writer import Writer
+from gateway.write.writer import Writer
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from email.utils import parsedate_to_datetime
 
-from gateway import errors
+from gateway.core import errors
 from gateway.origins.base import ObjectInfo
 
 

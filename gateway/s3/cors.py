@@ -34,7 +34,7 @@ import logging
 from collections.abc import Mapping
 from functools import partial
 
-from gateway import errors
+from gateway.core import errors
 from gateway.s3 import cors_rules
 from gateway.s3.call import Call
 from gateway.s3.chunked import read_whole

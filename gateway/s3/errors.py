@@ -2,7 +2,7 @@
 
 Each code carries its HTTP status and default message, as in the S3 API
 reference ("Error responses"). ``S3Error`` is what the front raises;
-``from_domain`` maps ``gateway.errors`` onto it so nothing below ``s3/``
+``from_domain`` maps ``gateway.core.errors`` onto it so nothing below ``s3/``
 needs to know S3's spelling.
 """
 
@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from email.utils import format_datetime
 from enum import Enum, unique
 
-from gateway import errors
+from gateway.core import errors
 
 
 @unique  # two codes with the same (status, message) would silently become one

@@ -19,9 +19,9 @@ from urllib.parse import parse_qsl
 from aiohttp import web
 from aiohttp.http import HttpVersion11
 
-from gateway import errors
-from gateway import request_keys as keys
-from gateway.reader import Reader
+from gateway.core import errors
+from gateway.obs import request_keys as keys
+from gateway.read.reader import Reader
 from gateway.s3 import buckets, cors, listing, objects, xml
 from gateway.s3.auth import ANONYMOUS, Authenticator
 from gateway.s3.body import BodySender
@@ -30,7 +30,7 @@ from gateway.s3.errors import Code, S3Error, from_domain
 from gateway.s3.passthrough import passthrough
 from gateway.s3.routing import Route, copy_source_bucket, route
 from gateway.s3.sigv4 import RequestView
-from gateway.writer import Writer
+from gateway.write.writer import Writer
 
 log = logging.getLogger(__name__)
 

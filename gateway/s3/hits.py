@@ -72,12 +72,12 @@ from aiohttp import web
 from aiohttp.http import HttpVersion11
 from aiohttp.http_parser import RawRequestMessage
 
-from gateway import errors
-from gateway import request_keys as keys
-from gateway.metrics import Metrics
+from gateway.core import errors
+from gateway.obs import request_keys as keys
+from gateway.obs.metrics import Metrics
 from gateway.origins.base import ObjectInfo
 from gateway.pieces import FileSegment, Piece
-from gateway.reader import Reader
+from gateway.read.reader import Reader
 from gateway.s3.auth import Principal
 from gateway.s3.body import BodySender, sendfile_now
 from gateway.s3.call import Call

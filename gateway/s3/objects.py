@@ -12,11 +12,11 @@ import logging
 
 from aiohttp import web
 
-from gateway import errors
-from gateway import request_keys as keys
-from gateway.object_read import ObjectRead
+from gateway.core import errors
+from gateway.obs import request_keys as keys
 from gateway.origins.base import ObjectInfo
 from gateway.pieces import CLIENT_GONE, FileSegment
+from gateway.read.object_read import ObjectRead
 from gateway.s3 import xml
 from gateway.s3.call import Call
 from gateway.s3.conditionals import Conditions

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from gateway import errors
+from gateway.core import errors
 from gateway.s3.numbers import saturating
 
 # ASCII only: "\d" would read other scripts' digits, IGNORECASE alone would match "\u017f" as "s".

@@ -28,10 +28,10 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from gateway.core.sigv4_key import derive_signing_key
 from gateway.s3.errors import Code, S3Error
 from gateway.s3.signing import RequestView, decode, hex_bytes, iso, query_params, uri_encode, utf8
 from gateway.s3.sigv4_claim import ALGORITHM, PRESIGN_PARAMS, Claim, parse_claim, scope
-from gateway.sigv4_key import derive_signing_key
 
 _MAX_CACHED_KEYS = 1024
 

@@ -16,7 +16,7 @@ from gateway.s3.call import Call
 from gateway.s3.listing import url_encoding_requested
 from gateway.s3.numbers import query_integer
 from gateway.s3.xml import XML_TYPE
-from gateway.writer import UploadInfo
+from gateway.write.writer import UploadInfo
 
 LIST_LIMIT = 1000  # max-parts and max-uploads are capped here, as S3 does
 

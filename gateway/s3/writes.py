@@ -35,7 +35,7 @@ from urllib.parse import parse_qsl, quote, unquote
 
 from aiohttp import web
 
-from gateway import errors
+from gateway.core import errors
 from gateway.origins.base import ObjectInfo
 from gateway.s3 import upload_lists, xml_writes
 from gateway.s3.call import Call
@@ -45,7 +45,7 @@ from gateway.s3.conditionals import Conditions
 from gateway.s3.errors import Code, S3Error, from_domain
 from gateway.s3.numbers import natural
 from gateway.s3.xml import XML_TYPE
-from gateway.writer import Attributes, SourceCheck, WriteCheck
+from gateway.write.writer import Attributes, SourceCheck, WriteCheck
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from datetime import datetime
 from gateway.s3.errors import Code, S3Error
 from gateway.s3.numbers import natural
 from gateway.s3.xml import DECLARATION, NAMESPACE, OWNER_ID, _element, _url, iso8601
-from gateway.writer import PartInfo, UploadInfo
+from gateway.write.writer import PartInfo, UploadInfo
 
 MAX_DELETE_KEYS = 1000  # S3's limit for one DeleteObjects request
 _OWNER = f"<ID>{OWNER_ID}</ID><DisplayName>{OWNER_ID}</DisplayName>"

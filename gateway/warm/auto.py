@@ -57,14 +57,14 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 
-from gateway import errors
-from gateway.config import WarmConfig
+from gateway.config.settings import WarmConfig
+from gateway.core import errors
+from gateway.core.tasks import TaskSet
 from gateway.metadata.lookups import directory_of
 from gateway.metadata.memory import MetadataCache
 from gateway.metadata.source import scope_of
-from gateway.metrics import Metrics
-from gateway.namespace import Mount
-from gateway.tasks import TaskSet
+from gateway.obs.metrics import Metrics
+from gateway.origins.namespace import Mount
 from gateway.warm.listed import Listed, ListedPrefixes
 from gateway.warm.spec import WarmSpec
 

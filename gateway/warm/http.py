@@ -30,8 +30,8 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway import errors
-from gateway.access import denied, json_error
+from gateway.core import errors
+from gateway.s3.access import denied, json_error
 from gateway.s3.auth import Principal
 from gateway.warm.jobs import PinRefused, WarmJobs
 from gateway.warm.spec import WarmSpec

@@ -15,7 +15,7 @@ the reason. A share interrupted by a shutdown stays "running" on disk, so the
 next start resumes it. A job's other shares run on their own nodes and keep
 going while this one restarts.
 
-Shares run at background priority (``gateway.priority``), at most
+Shares run at background priority (``gateway.core.priority``), at most
 ``warm.max_running`` at once per node; the others wait, queued.
 
 Not guaranteed: that a block is fetched once when the nodes' views of the live
@@ -32,11 +32,11 @@ import os
 import time
 from typing import Any
 
-from gateway import priority
-from gateway.config import WarmConfig
-from gateway.metrics import Metrics
-from gateway.reader import Reader
-from gateway.tasks import TaskSet
+from gateway.config.settings import WarmConfig
+from gateway.core import priority
+from gateway.core.tasks import TaskSet
+from gateway.obs.metrics import Metrics
+from gateway.read.reader import Reader
 from gateway.warm.fanout import ShareClient
 from gateway.warm.share import ShareRun, WarmTiers, list_prefix
 from gateway.warm.spec import FINISHED, STATES, Progress, WarmSpec

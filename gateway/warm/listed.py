@@ -32,8 +32,8 @@ from pathlib import Path
 
 from gateway.metadata.lookups import covering, directory_of
 from gateway.metadata.source import scope_of
-from gateway.namespace import Mount
 from gateway.node.shared import SharedDocument
+from gateway.origins.namespace import Mount
 
 log = logging.getLogger(__name__)
 

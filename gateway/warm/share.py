@@ -27,14 +27,14 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
-from gateway import errors
-from gateway.blocks import BlockSource
+from gateway.blocks.source import BlockSource
 from gateway.cache.disk import DiskTier
-from gateway.manifests import read_manifest
+from gateway.core import errors
 from gateway.metadata.store import MetadataStore
-from gateway.metrics import Metrics
+from gateway.obs.metrics import Metrics
 from gateway.pieces import BlockRef
-from gateway.reader import Reader
+from gateway.read.manifests import read_manifest
+from gateway.read.reader import Reader
 from gateway.warm.spec import Progress, WarmSpec
 from gateway.warm.store import JobStore
 

@@ -12,8 +12,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from gateway.config_units import parse_duration
-from gateway.metrics import WARM_STATES as STATES
+from gateway.config.units import parse_duration
+from gateway.obs.metrics import WARM_STATES as STATES
 
 __all__ = ["FINISHED", "STATES", "Progress", "WarmSpec"]
 FINISHED = ("done", "failed", "cancelled")

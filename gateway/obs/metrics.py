@@ -36,8 +36,8 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from gateway.metric_tally import PerRequestSeries
-from gateway.metrics_process import ProcessTreeCollector, render_node
+from gateway.obs.process import ProcessTreeCollector, render_node
+from gateway.obs.tally import PerRequestSeries
 
 # Tiers an object byte can come from, and outcomes of a metadata lookup.
 SOURCES = ("memory", "disk", "origin", "peer")

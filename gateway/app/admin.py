@@ -27,13 +27,13 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway import errors
-from gateway.access import denied
-from gateway.blocks import BlockSource
-from gateway.invalidator import Invalidator
+from gateway.blocks.source import BlockSource
+from gateway.coherence.invalidator import Invalidator
+from gateway.core import errors
 from gateway.metadata.memory import MetadataCache
-from gateway.metrics import Metrics
+from gateway.obs.metrics import Metrics
 from gateway.prefetch.api import PrefetchApi
+from gateway.s3.access import denied
 from gateway.s3.auth import Authenticator, Principal
 from gateway.s3.errors import S3Error, from_domain
 from gateway.s3.front import request_view

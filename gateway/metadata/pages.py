@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from gateway import errors
+from gateway.core import errors
 from gateway.metadata import codec
 from gateway.metadata.store import MetadataStore
 from gateway.origins.base import ListPage

@@ -41,12 +41,12 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Protocol
 
-from gateway import errors
 from gateway.cache.disk import BlockWriter, DiskTier, FillAbandoned
 from gateway.cache.memory import MemoryTier
 from gateway.cache.singleflight import Flight
 from gateway.cache.staging import Staging
 from gateway.cluster.placement import Placement
+from gateway.core import errors
 from gateway.origins.base import ObjectStream
 from gateway.pieces import BlockRef
 

@@ -16,7 +16,7 @@ import os
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from gateway import errors
+from gateway.core import errors
 from gateway.origins.base import ObjectInfo
 from gateway.pieces import FileSegment, Piece
 

@@ -19,34 +19,35 @@ from pathlib import Path
 
 from aiohttp import web
 
-from gateway import errors, tls
-from gateway.accesslog import AccessLog
-from gateway.admin import Admin, worker_stats
-from gateway.blocks import BlockSource
+from gateway.app.admin import Admin, worker_stats
+from gateway.app.server import build_app
+from gateway.blocks.source import BlockSource
 from gateway.cache.admission import Doorkeeper
 from gateway.cache.disk import DiskTier
 from gateway.cache.memory import MemoryTier
 from gateway.cluster.node import ClusterNode
 from gateway.cluster.peers import BlockRequest, MetadataQuery
-from gateway.config import (
+from gateway.config.settings import (
     ConfigError,
     S3OriginConfig,
     Settings,
     split_listen,
 )
-from gateway.invalidation import Invalidation
+from gateway.core import errors, tls
+from gateway.core.invalidation import Invalidation
 from gateway.metadata.journal import Journal
 from gateway.metadata.memory import MetadataCache
+from gateway.metadata.pages import SharedPages
 from gateway.metadata.store import MetadataStore
-from gateway.metric_events import BlockMetrics, OriginGuardMetrics
-from gateway.metrics import Metrics
-from gateway.namespace import Namespace
 from gateway.node.leader import Leadership
-from gateway.node.pages import SharedPages
 from gateway.node.shared import LeaderDocument
 from gateway.node.stats import WorkerStats
+from gateway.obs.access_log import AccessLog
+from gateway.obs.events import BlockMetrics, OriginGuardMetrics
+from gateway.obs.metrics import Metrics
 from gateway.origins.base import Origin
 from gateway.origins.guard import OriginGuard
+from gateway.origins.namespace import Namespace
 from gateway.origins.posix import PosixOrigin
 from gateway.origins.s3 import S3Origin
 from gateway.pieces import BlockRef, Piece
@@ -54,12 +55,11 @@ from gateway.prefetch.api import PrefetchApi
 from gateway.prefetch.node import NodePrefetch
 from gateway.prefetch.prefetcher import Prefetcher
 from gateway.prefetch.registry import Registry
-from gateway.readahead import ReadAheadPolicy
-from gateway.reader import Reader
+from gateway.read.readahead import ReadAheadPolicy
+from gateway.read.reader import Reader
 from gateway.s3.auth import Authenticator
 from gateway.s3.body import BodySender
 from gateway.s3.front import S3Front
-from gateway.server import build_app
 from gateway.warm.auto import AutoWarm
 from gateway.warm.fanout import ShareClient
 from gateway.warm.http import WarmHttp
@@ -67,7 +67,7 @@ from gateway.warm.jobs import WarmJobs
 from gateway.warm.listed import ListedPrefixes
 from gateway.warm.share import WarmTiers
 from gateway.warm.store import JobStore
-from gateway.writer import Writer
+from gateway.write.writer import Writer
 
 log = logging.getLogger("hoard")
 TLS_CONTEXT = web.AppKey("tls_context", ssl.SSLContext)  # HTTPS on the listen address

@@ -23,9 +23,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gateway.config import Settings
-from gateway.listener import bind
-from gateway.metrics_process import forget_process
+from gateway.app.listener import bind
+from gateway.config.settings import Settings
+from gateway.obs.process import forget_process
 
 log = logging.getLogger("hoard")
 CHECK_EVERY = 0.2  # seconds between the supervisor's looks at its workers

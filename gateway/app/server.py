@@ -30,13 +30,13 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from gateway import request_keys as keys
-from gateway.accesslog import AccessLog
-from gateway.admin import Admin
+from gateway.app.admin import Admin
+from gateway.app.hotwire import wire_answer
 from gateway.cluster.peer_server import PeerServer
 from gateway.cluster.peers import PREFIX as PEER_PREFIX
-from gateway.hotwire import wire_answer
-from gateway.metrics import Metrics
+from gateway.obs import request_keys as keys
+from gateway.obs.access_log import AccessLog
+from gateway.obs.metrics import Metrics
 from gateway.s3 import xml
 from gateway.s3.front import S3Front, send_continue
 from gateway.s3.hits import HitPath

@@ -27,7 +27,7 @@ import ipaddress
 import os
 from pathlib import Path
 
-from gateway.config import S3OriginConfig, Settings, split_listen
+from gateway.config.settings import S3OriginConfig, Settings, split_listen
 
 MIN_SECRET_LENGTH = 16
 # Values shipped as examples in config/, docker-compose.yml and deploy/: never real.

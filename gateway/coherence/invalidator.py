@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import logging
 
-from gateway.blocks import BlockSource
-from gateway.invalidation import Broadcast, Invalidation
+from gateway.blocks.source import BlockSource
+from gateway.core.invalidation import Broadcast, Invalidation
+from gateway.core.tasks import TaskSet
 from gateway.metadata.journal import Journal, SoloJournal
 from gateway.metadata.source import MetadataSource
-from gateway.namespace import Namespace
-from gateway.tasks import TaskSet
-from gateway.write_through import WriteThrough
+from gateway.origins.namespace import Namespace
+from gateway.write.through import WriteThrough
 
 log = logging.getLogger(__name__)
 

@@ -47,8 +47,8 @@ from aiohttp.http_parser import RawRequestMessage
 from aiohttp.streams import EMPTY_PAYLOAD
 from aiohttp.web_protocol import _ErrInfo
 
-from gateway.config import split_listen
-from gateway.hotwire import HitConnection, WireAnswer
+from gateway.app.hotwire import HitConnection, WireAnswer
+from gateway.config.settings import split_listen
 
 EXIT_BIND = 1
 log = logging.getLogger("hoard")

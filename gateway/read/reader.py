@@ -24,25 +24,25 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable
 from typing import TypeVar
 
-from gateway import errors
-from gateway.blocks import BlockSource
+from gateway.blocks.source import BlockSource
 from gateway.cache.block import BlockId, block_bounds, block_plan
 from gateway.cluster.directory import MetadataRouter
 from gateway.cluster.peers import MetadataQuery
-from gateway.invalidation import Broadcast, Invalidation
-from gateway.invalidator import Invalidator
+from gateway.coherence.invalidator import Invalidator
+from gateway.core import errors
+from gateway.core.invalidation import Broadcast, Invalidation
 from gateway.metadata.journal import Journal, SoloJournal
 from gateway.metadata.memory import MetadataCache
 from gateway.metadata.source import MetadataSource, NoOwner, SharedAnswers, origin_named, scope_of
 from gateway.metadata.store import MetadataStore
-from gateway.metrics import Metrics
-from gateway.namespace import Mount, Namespace
-from gateway.object_read import ObjectRead, Precondition
+from gateway.obs.metrics import Metrics
 from gateway.origins.base import BucketInfo, ListPage, ObjectInfo
+from gateway.origins.namespace import Mount, Namespace
 from gateway.pieces import BlockRef, FileSegment, Piece
-from gateway.readahead import ReadAheadPolicy, Streams, Window
+from gateway.read.object_read import ObjectRead, Precondition
+from gateway.read.readahead import ReadAheadPolicy, Streams, Window
 from gateway.s3.ranges import RangeSpec
-from gateway.write_through import Watch, WriteThrough
+from gateway.write.through import Watch, WriteThrough
 
 T = TypeVar("T")
 

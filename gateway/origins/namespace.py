@@ -18,9 +18,9 @@ import dataclasses
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from gateway import errors
-from gateway.config import PosixOriginConfig, Settings
-from gateway.invalidation import Invalidation
+from gateway.config.settings import PosixOriginConfig, Settings
+from gateway.core import errors
+from gateway.core.invalidation import Invalidation
 from gateway.origins.base import BucketInfo, ListPage, Origin
 
 # The metric label shared by buckets that no mount names (passed through or unknown).

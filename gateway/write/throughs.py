@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import logging
 
-from gateway import errors
-from gateway.capture import Budget, Capture
-from gateway.namespace import Mount
-from gateway.reader import Reader
-from gateway.tasks import TaskSet
+from gateway.core import errors
+from gateway.core.tasks import TaskSet
+from gateway.origins.namespace import Mount
+from gateway.read.reader import Reader
+from gateway.write.capture import Budget, Capture
 
 log = logging.getLogger(__name__)
 

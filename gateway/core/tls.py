@@ -23,7 +23,7 @@ import logging
 import ssl
 from pathlib import Path
 
-from gateway.config import ConfigError
+from gateway.config.settings import ConfigError
 
 log = logging.getLogger(__name__)
 

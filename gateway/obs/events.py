@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 
-from gateway.metrics import (
+from gateway.obs.metrics import (
     BREAKER_STATES,
     LIMITS,
     ORIGIN_OPERATIONS,

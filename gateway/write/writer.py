@@ -39,17 +39,17 @@ import dataclasses
 from collections.abc import AsyncIterator, Callable, Mapping
 from urllib.parse import quote, unquote
 
-from gateway import errors
-from gateway.capture import Budget, Capture
-from gateway.invalidation import Broadcast
-from gateway.namespace import Mount, Namespace
+from gateway.core import errors
+from gateway.core.invalidation import Broadcast
 from gateway.origins.base import ObjectInfo
+from gateway.origins.namespace import Mount, Namespace
 from gateway.origins.posix_files import PutResult
 from gateway.origins.posix_multipart import PartInfo, UploadInfo
 from gateway.origins.s3_forward import ForwardRequest, ForwardResponse
 from gateway.origins.writable import Capability, Writable
-from gateway.reader import Reader
-from gateway.write_caching import WriteThroughs
+from gateway.read.reader import Reader
+from gateway.write.capture import Budget, Capture
+from gateway.write.throughs import WriteThroughs
 
 __all__ = ["Budget", "Capture", "ForwardResponse", "PartInfo", "PutResult", "UploadInfo", "Writer"]
 

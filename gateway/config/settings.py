@@ -27,7 +27,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from gateway.config_units import Duration, Size, Umask, parse_size
+from gateway.config.units import Duration, Size, Umask, parse_size
 
 log = logging.getLogger(__name__)
 

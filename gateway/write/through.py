@@ -23,11 +23,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
-from gateway.blocks import BlockSource
+from gateway.blocks.source import BlockSource
 from gateway.cache.block import BlockId
 from gateway.metadata.source import MetadataSource, scope_of
-from gateway.namespace import Mount
 from gateway.origins.base import same_etag
+from gateway.origins.namespace import Mount
 
 WatchKey = tuple[str, str, str]  # (origin, origin bucket, origin key)
 

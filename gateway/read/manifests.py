@@ -7,7 +7,7 @@ the reader, cached like any object, bounded in size because it is held whole.
 
 from __future__ import annotations
 
-from gateway.reader import Reader
+from gateway.read.reader import Reader
 
 
 async def read_manifest(reader: Reader, bucket: str, key: str, limit: int) -> bytes:

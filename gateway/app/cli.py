@@ -32,25 +32,26 @@ from typing import Any
 import urllib3
 from aiohttp import web
 
-from gateway import listener, tls
+from gateway.app import listener
+from gateway.app.cores import available_cores
+from gateway.app.listener import bind
+from gateway.app.safety import ambient_origins, private_cache, refusals
+from gateway.app.server import HIT_PATH, HIT_WIRE, rejected
+from gateway.app.supervisor import supervise
+from gateway.app.wiring import TLS_CONTEXT, build
 from gateway.cache.disk_open import raise_fd_limit
 from gateway.client import commands as commands_
 from gateway.client.admin import AdminClient, AdminError
-from gateway.config import (
+from gateway.config.load import load_settings
+from gateway.config.settings import (
     ConfigError,
     Credential,
     PosixOriginConfig,
     Settings,
     split_listen,
 )
-from gateway.config_load import load_settings
-from gateway.listener import bind
-from gateway.metrics_process import enable_multiprocess
-from gateway.node.cores import available_cores
-from gateway.node.supervisor import supervise
-from gateway.safety import ambient_origins, private_cache, refusals
-from gateway.server import HIT_PATH, HIT_WIRE, rejected
-from gateway.wiring import TLS_CONTEXT, build
+from gateway.core import tls
+from gateway.obs.process import enable_multiprocess
 
 EXIT_CONFIG = 2
 _YOUNG_COLLECTION = 10_000  # allocations between the collector's youngest passes (Python: 700)

@@ -35,8 +35,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from gateway import priority
-from gateway.block_fill import Filler
+from gateway.blocks.fill import Filler
 from gateway.cache.admission import Doorkeeper
 from gateway.cache.block import BlockId
 from gateway.cache.disk import BlockFile, DiskTier
@@ -45,9 +44,10 @@ from gateway.cache.singleflight import Flight, FlightGroup
 from gateway.cache.staging import Staging
 from gateway.cluster.peers import PeerNotCached
 from gateway.cluster.placement import Placement
+from gateway.core import priority
+from gateway.core.tasks import TaskSet
 from gateway.origins.base import ObjectStream
 from gateway.pieces import BlockRef, FileSegment, Piece
-from gateway.tasks import TaskSet
 
 
 class BlockEvents(Protocol):

@@ -37,7 +37,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gateway.sqlite_wal import share_pages
+from gateway.core.sqlite_wal import share_pages
 
 T = TypeVar("T")
 
