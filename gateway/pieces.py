@@ -1,7 +1,7 @@
 """The values a read is made of: block references, and pieces of bytes to send.
 
 Value types with nothing above them to import, so that the block source
-(``blocks.py``), the cluster's placement and peer wire (``cluster/``), the
+(``blocks/source.py``), the cluster's placement and peer wire (``cluster/``), the
 S3 front's body sender and the reader all name them without importing one
 another: what was an import circle (blocks → placement → peers → blocks) is a
 shared leaf.

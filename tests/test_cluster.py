@@ -27,9 +27,10 @@ from gateway.cluster.peers import (
     DATE_HEADER,
     SIGNATURE_HEADER,
     BlockRequest,
-    MetadataQuery,
+    metadata_target,
     sign,
 )
+from gateway.metadata.query import MetadataQuery
 from tests.conftest import module_proxy, moto_origin
 from tests.harness import HoardProcess, metric
 from tests.origin_proxy import OriginProxy
@@ -224,7 +225,7 @@ def test_peer_endpoint_needs_the_cluster_signature(cluster, origin_client, bucke
     right = requests.get(url, timeout=5, headers={DATE_HEADER: date, SIGNATURE_HEADER: good})
     assert right.status_code == 200 and right.content == data
     # The metadata endpoint too: no size or ETag without the signature.
-    meta = MetadataQuery("head", "moto", bucket, "secret", 60.0, 10.0).target()
+    meta = metadata_target(MetadataQuery("head", "moto", bucket, "secret", 60.0, 10.0))
     for headers in ({}, {DATE_HEADER: date, SIGNATURE_HEADER: sign("wrong", "GET", meta, date)}):
         answer = requests.get(cluster[1].endpoint + meta, timeout=5, headers=headers)
         assert answer.status_code == 403 and etag.strip('"') not in answer.text

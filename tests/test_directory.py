@@ -13,9 +13,9 @@ import pytest
 from gateway.cluster.directory import MetadataRouter
 from gateway.cluster.membership import Membership
 from gateway.cluster.peer_client import PeerClient
-from gateway.cluster.peers import MetadataQuery
 from gateway.cluster.placement import Placement
 from gateway.metadata.codec import info_from, jsonable, page_from
+from gateway.metadata.query import MetadataQuery
 from gateway.obs.events import PeerMetrics
 from gateway.obs.metrics import Metrics
 from gateway.origins.base import ListEntry, ListPage, ObjectInfo

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.app.wiring import read_and_write
 from gateway.blocks.source import BlockSource
 from gateway.cache.disk import DiskTier
 from gateway.cache.memory import MemoryTier
@@ -80,7 +81,7 @@ async def _wired(
     disk = disk or DiskTier(tmp_path / "cache", 64 * 1024 * 1024)
     await disk.start()
     blocks = BlockSource(MemoryTier(8 * 1024 * 1024, 16 * 1024), disk, BlockMetrics(metrics))
-    return Reader(Namespace([mount]), blocks, MetadataCache(), metrics, BLOCK), disk
+    return read_and_write(Namespace([mount]), blocks, MetadataCache(), metrics, BLOCK).reader, disk
 
 
 async def test_64_readers_held_at_a_cold_origin_cost_one_get_per_block(tmp_path) -> None:

@@ -25,15 +25,17 @@ from gateway.cluster.peer_client import PeerClient
 from gateway.cluster.peer_server import PeerServer
 from gateway.cluster.peers import (
     BlockRequest,
-    MetadataQuery,
     PeerChanged,
     PeerNotCached,
     PeerNotFound,
     PeerUnavailable,
+    metadata_target,
+    parse_metadata_query,
     sign,
 )
 from gateway.core import errors
 from gateway.core.invalidation import Invalidation
+from gateway.metadata.query import MetadataQuery
 from gateway.pieces import FileSegment, Piece
 from gateway.s3.body import BodySender
 from tests.harness import free_port
@@ -362,7 +364,7 @@ def test_queries_roundtrip_through_their_query_strings() -> None:
     cached = dataclasses.replace(REQUEST, cached_only=True)
     assert BlockRequest.from_query(cached.target().partition("?")[2]) == cached
     query = MetadataQuery("list", "aws", "data", "a b/&ü", math.inf, 10.0, "/", "a b/x", 7)
-    assert MetadataQuery.from_query(query.target().partition("?")[2]) == query
+    assert parse_metadata_query(metadata_target(query).partition("?")[2]) == query
     with pytest.raises(ValueError):
         MetadataQuery("drop", "aws", "data", "k", 1.0, 1.0)
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.app.wiring import ReadWrite, read_and_write
 from gateway.blocks.source import BlockSource
 from gateway.cache.disk import DiskTier
 from gateway.cache.memory import MemoryTier
@@ -31,7 +32,7 @@ from gateway.origins.namespace import Mount, Namespace
 from gateway.origins.posix import PosixOrigin
 from gateway.read.reader import Reader
 from gateway.write.capture import Budget, Capture
-from gateway.write.writer import Attributes, Writer
+from gateway.write.writer import Attributes
 from tests.harness import metric, sum_samples
 from tests.inprocess import read_object, threaded_app
 from tests.test_block_cache import hoard_config
@@ -126,6 +127,13 @@ class GatedPosix(PosixOrigin):
 
 
 async def _wired(tmp_path: Path, block_size: int = 64 * 1024, buffer: int = 8 * MiB):
+    origin, core, metrics = await _wired_core(tmp_path, block_size, buffer)
+    return origin, core.reader, core.writer, metrics
+
+
+async def _wired_core(
+    tmp_path: Path, block_size: int = 64 * 1024, buffer: int = 8 * MiB
+) -> tuple[GatedPosix, ReadWrite, Metrics]:
     root = tmp_path / "root"
     (root / "data").mkdir(parents=True)
     origin = GatedPosix("disk", root)
@@ -138,8 +146,7 @@ async def _wired(tmp_path: Path, block_size: int = 64 * 1024, buffer: int = 8 * 
     disk = DiskTier(tmp_path / "cache", 64 * MiB)
     await disk.start()
     blocks = BlockSource(MemoryTier(8 * MiB, 16 * 1024), disk, BlockMetrics(metrics))
-    reader = Reader(namespace, blocks, MetadataCache(), metrics, block_size)
-    return origin, reader, Writer(namespace, reader), metrics
+    return origin, read_and_write(namespace, blocks, MetadataCache(), metrics, block_size), metrics
 
 
 async def _read(reader: Reader, key: str, sources: Counter[str] | None = None) -> bytes:
@@ -190,13 +197,14 @@ async def test_a_later_write_wins_over_an_earlier_write_through(tmp_path) -> Non
 
 
 async def test_an_invalidated_prefix_stops_a_write_through_too(tmp_path) -> None:
-    origin, reader, writer, metrics = await _wired(tmp_path)
+    origin, core, metrics = await _wired_core(tmp_path)
+    reader, writer = core.reader, core.writer
     origin.gate = asyncio.Event()
     data = os.urandom(70_000)
     await writer.put_object("b", "dir/k", _body(data), Attributes(), length=len(data))
     while origin.heads < 1:
         await asyncio.sleep(0.001)
-    await reader.changes.drop("b", "dir/")
+    await core.invalidator.drop("b", "dir/")
     origin.gate.set()
     await writer.settle()
     assert _count(metrics, "hoard_write_through_bytes_total") == 0

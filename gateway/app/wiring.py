@@ -1,7 +1,9 @@
 """Wiring: the only place that builds Hoard's objects, in dependency order.
 
 ``build(settings)`` turns one settings object into the application: origins
-behind their guards, the tiers, the metadata tiers, the reader and the writer,
+behind their guards, the tiers, the metadata tiers, coherence (the watches and
+the invalidator), then the reader and the writer as siblings over them
+(``read_and_write``),
 the cluster node, warm jobs and prefetch, the admin endpoints, and the S3 front,
 each given what it needs and nothing global. The process around it (the
 command line, workers, signals, the listening socket) is ``cli.py``'s.
@@ -10,6 +12,7 @@ command line, workers, signals, the listening socket) is ``cli.py``'s.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import signal
@@ -25,8 +28,11 @@ from gateway.blocks.source import BlockSource
 from gateway.cache.admission import Doorkeeper
 from gateway.cache.disk import DiskTier
 from gateway.cache.memory import MemoryTier
+from gateway.cluster.directory import MetadataRouter
 from gateway.cluster.node import ClusterNode
-from gateway.cluster.peers import BlockRequest, MetadataQuery
+from gateway.cluster.peers import BlockRequest
+from gateway.coherence.invalidator import Invalidator
+from gateway.coherence.watch import Watches
 from gateway.config.settings import (
     ConfigError,
     S3OriginConfig,
@@ -34,10 +40,12 @@ from gateway.config.settings import (
     split_listen,
 )
 from gateway.core import errors, tls
-from gateway.core.invalidation import Invalidation
-from gateway.metadata.journal import Journal
+from gateway.core.invalidation import Broadcast, Invalidation
+from gateway.metadata.journal import Journal, SoloJournal
 from gateway.metadata.memory import MetadataCache
 from gateway.metadata.pages import SharedPages
+from gateway.metadata.query import MetadataQuery
+from gateway.metadata.source import MetadataSource, NoOwner, SharedAnswers, origin_named
 from gateway.metadata.store import MetadataStore
 from gateway.node.leader import Leadership
 from gateway.node.shared import LeaderDocument
@@ -67,6 +75,7 @@ from gateway.warm.jobs import WarmJobs
 from gateway.warm.listed import ListedPrefixes
 from gateway.warm.share import WarmTiers
 from gateway.warm.store import JobStore
+from gateway.write.through import WriteThrough, WriteThroughs
 from gateway.write.writer import Writer
 
 log = logging.getLogger("hoard")
@@ -144,10 +153,13 @@ def build(
     journal = Journal(cache.dir / "journal")  # what sibling workers invalidated
     router = cluster.directory if cluster is not None else None
     read_ahead = ReadAheadPolicy(cache.read_ahead, cache.read_ahead_max, cache.read_ahead_idle)
-    reader = Reader(namespace, blocks, metadata, metrics, cache.block_size, read_ahead, store,
-                    router, journal=journal,
-                    pages=SharedPages(cache.dir / "node" / "pages", store) if shared else None,
-                    broadcast=cluster.broadcast if cluster is not None else None)  # fmt: skip
+    broadcast = cluster.broadcast if cluster is not None else None
+    core = read_and_write(
+        namespace, blocks, metadata, metrics, cache.block_size, read_ahead=read_ahead,
+        store=store, router=router, journal=journal, broadcast=broadcast,
+        pages=SharedPages(cache.dir / "node" / "pages", store) if shared else None,
+    )  # fmt: skip
+    reader, writer, invalidator = core.reader, core.writer, core.invalidator
     prefetcher = Prefetcher(settings.prefetch, reader.block_refs, blocks, metrics, cache.block_size)
     registry = Registry(cache.dir / "prefetch", settings.prefetch.max_streams)
     node_prefetch = NodePrefetch(registry, prefetcher, leadership)  # the node's streams
@@ -158,7 +170,6 @@ def build(
     auth = Authenticator(
         settings.credentials, settings.allow_anonymous, domains=settings.virtual_host_domains
     )
-    writer = Writer(namespace, reader, cluster.broadcast if cluster is not None else None)
     front = S3Front(reader, writer, auth, settings.virtual_host_domains, body,
                     settings.body_timeout)  # fmt: skip
     access = AccessLog(as_json=settings.log_format == "json", enabled=settings.access_log)
@@ -177,11 +188,11 @@ def build(
         functools.partial(worker_stats, blocks, metadata),
     )
     admin = Admin(
-        reader.changes, auth, metrics, stats.node, cluster.snapshot if cluster is not None else None,
+        invalidator, auth, metrics, stats.node, cluster.snapshot if cluster is not None else None,
         prefetch_api, warm_http,
     )  # fmt: skip
     if cluster is not None:
-        cluster.server.serve(PeerAnswers(namespace, blocks, reader, prefetch_api))
+        cluster.server.serve(PeerAnswers(namespace, blocks, core, prefetch_api))
         cluster.server.mount("warm", warm_http.peer)
     app = build_app(
         front, metrics, settings.virtual_host_domains, admin, access,
@@ -238,7 +249,7 @@ def build(
         await warm.close()
         await writer.close()  # pending write-throughs, before the tiers they write to
         await node_prefetch.close()
-        await reader.changes.close()  # origin changes still being told to other nodes
+        await invalidator.close()  # origin changes still being told to other nodes
         if cluster is not None:
             await cluster.close()
         await blocks.close()
@@ -247,7 +258,7 @@ def build(
         await store.close()
         journal.close()
         await metadata.aclose()
-        await reader.source.buckets.aclose()
+        await core.source.buckets.aclose()
         body.close()
         await leadership.close()
 
@@ -292,15 +303,62 @@ def _cluster(
     return ClusterNode(settings.cluster, port, metrics, body, node=node_view)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReadWrite:
+    """The read path and the write path, siblings over one metadata source and coherence."""
+
+    source: MetadataSource
+    invalidator: Invalidator
+    reader: Reader
+    writer: Writer
+
+
+def read_and_write(
+    namespace: Namespace,
+    blocks: BlockSource,
+    metadata: MetadataCache,
+    metrics: Metrics,
+    block_size: int,
+    *,
+    read_ahead: ReadAheadPolicy | None = None,
+    store: MetadataStore | None = None,
+    router: MetadataRouter | None = None,
+    journal: Journal | None = None,
+    pages: SharedAnswers | None = None,
+    broadcast: Broadcast | None = None,
+) -> ReadWrite:
+    """The metadata source, the watches and the invalidator, then the reader and the writer
+    over them (a single worker and a single node where ``journal`` and ``router`` are None).
+
+    ``router``: in a cluster, metadata misses go to their owner node; ``journal``: the
+    node's invalidations, shared with sibling workers; ``pages``: origin answers shared
+    with sibling workers asking at once; ``broadcast``: the cluster's other nodes.
+    """
+    node_journal = journal if journal is not None else SoloJournal()
+    owner = router if router is not None else NoOwner()
+    source = MetadataSource(metadata, store, owner, node_journal, metrics.revalidated, pages)
+    watches = Watches()
+    invalidator = Invalidator(namespace, source, blocks, watches, node_journal, broadcast)
+    through = WriteThrough(
+        source, blocks, block_size, invalidator, watches, metrics.write_through_bytes.inc
+    )
+    throughs = WriteThroughs(namespace, through, namespace.write_through_buffer)
+    reader = Reader(namespace, blocks, source, invalidator, metrics, block_size, read_ahead)
+    writer = Writer(namespace, invalidator, throughs, broadcast)
+    return ReadWrite(source, invalidator, reader, writer)
+
+
 class PeerAnswers:
     """What this node answers other nodes with (``cluster.peer_server.NodeAnswers``)."""
 
     def __init__(
-        self, namespace: Namespace, blocks: BlockSource, reader: Reader, prefetch: PrefetchApi
+        self, namespace: Namespace, blocks: BlockSource, core: ReadWrite, prefetch: PrefetchApi
     ) -> None:
+        self._namespace = namespace
         self._origins = {origin.name: origin for origin in namespace.origins()}
         self._blocks = blocks
-        self._reader = reader
+        self._source = core.source
+        self._invalidator = core.invalidator
         self._prefetch = prefetch
 
     async def read_block(self, request: BlockRequest) -> AsyncIterator[Piece]:
@@ -316,13 +374,16 @@ class PeerAnswers:
             yield piece
 
     async def invalidate(self, items: list[Invalidation]) -> None:
-        await self._reader.changes.invalidate_origin(items)
+        await self._invalidator.invalidate_origin(items)
 
     async def metadata(self, query: MetadataQuery) -> dict[str, object]:
-        return await self._reader.answer_peer(query)
+        """Another node's metadata miss, answered as the owner (``MetadataSource``)."""
+        self._invalidator.catch_up()
+        origin = origin_named(self._namespace.origins(), query.origin)
+        return await self._source.answer_peer(query, origin)
 
     async def drop_all(self) -> None:
-        await self._reader.changes.forget_metadata()
+        await self._invalidator.forget_metadata()
 
     async def on_message(self, name: str, body: bytes) -> None:
         await self._prefetch.on_peer(name, body)

@@ -7,7 +7,7 @@ origin request per block, owned by the ``FlightGroup`` rather than by the
 client that caused it, streamed to every waiter as it arrives and written to
 the disk tier at the same time. What runs inside a fill's flight (the disk
 re-checked, the claim taken or a sibling worker's part file tailed, handoff,
-the origin, the commit), and why, is ``block_fill.py``'s; fills are bounded
+the origin, the commit), and why, is ``fill.py``'s; fills are bounded
 by ``fill_slots``. Read-ahead and preloads run at background priority
 (``priority.py``).
 
@@ -25,7 +25,7 @@ owner and kept in the memory tier only, never on disk. ``local=True`` (a peer
 asking this node) always takes the owner's path: tiers, then the origin;
 ``cached_only=True`` (a new owner asking) stops after the tiers. An owner's
 fill asks the nodes ranked after it before the origin (handoff, in
-``block_fill.py``), so growing the cluster does not re-download the dataset.
+``fill.py``), so growing the cluster does not re-download the dataset.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ The tiers, fastest first, each one concept:
   bytes streamed to every waiter as they arrive.
 
 Which tier serves a read, and where a miss goes (owner node, origin), is
-decided above this package, in ``gateway/blocks.py``.
+decided above this package, in ``gateway/blocks/``.
 
 What this package may import: the standard library, ``gateway.core.tasks`` and
 itself. It knows no origins, no HTTP, no S3, no cluster: a block is bytes and

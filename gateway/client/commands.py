@@ -2,7 +2,7 @@
 
 Each takes parsed arguments and an ``AdminClient`` and returns the exit code:
 0 when the job is done (or the call succeeded), 1 when a job failed or was
-cancelled or a call was refused. ``cli.py`` builds the client and prints
+cancelled or a call was refused. ``app/cli.py`` builds the client and prints
 refusals; nothing here reads the environment.
 """
 

@@ -23,9 +23,9 @@ On top of them, each a small module:
   the handoff from the nodes ranked after it (scale-out without refetch).
 - ``directory.py``: LIST and HEAD misses asked of their metadata owner.
 - ``backlog.py``: invalidations a peer missed, replayed when it is back.
-- ``node.py``: this node's part, built once by ``wiring.py``.
+- ``node.py``: this node's part, built once by ``app/wiring.py``.
 
-The read path (``reader.py``) combines them with the peer client, the way
+The read path (``read/reader.py``) combines them with the peer client, the way
 groupcache's ``groupcache.go`` combines its consistent hash and its peers.
 
 Not guaranteed:

@@ -41,10 +41,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from gateway.cluster.peer_client import PeerClient
-from gateway.cluster.peers import MetadataQuery, PeerEvents, PeerNotFound, PeerUnavailable
+from gateway.cluster.peers import PeerEvents, PeerNotFound, PeerUnavailable
 from gateway.cluster.placement import Placement
 from gateway.core import errors
 from gateway.metadata import codec
+from gateway.metadata.query import MetadataQuery
 from gateway.origins.base import ListPage, ObjectInfo
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """This node's part in a cluster: membership, peer client and server, placement.
 
-``wiring.py`` builds one ``ClusterNode`` per process when ``cluster.self`` is set
+``app/wiring.py`` builds one ``ClusterNode`` per process when ``cluster.self`` is set
 with ``peers`` or ``dns``; the server routes ``/_hoard/peer/`` to ``server``,
 ``BlockSource`` ranks blocks through ``placement``, the reader routes metadata
 misses through ``directory`` and the writer calls ``broadcast`` after each

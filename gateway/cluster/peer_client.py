@@ -41,14 +41,15 @@ from gateway.cluster.peers import (
     READ_BUFFER,
     SIGNATURE_HEADER,
     BlockRequest,
-    MetadataQuery,
     PeerChanged,
     PeerNotCached,
     PeerNotFound,
     PeerUnavailable,
+    metadata_target,
     sign,
 )
 from gateway.core.invalidation import Invalidation
+from gateway.metadata.query import MetadataQuery
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ class PeerClient:
         Raises ``PeerNotFound`` (the owner's origin said NoSuchKey) or
         ``PeerUnavailable`` (``answered`` when the peer answered with an error).
         """
-        url, headers = self._signed("GET", peer_url, query.target())
+        url, headers = self._signed("GET", peer_url, metadata_target(query))
         try:
             async with self._client().get(
                 url, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)

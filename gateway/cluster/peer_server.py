@@ -45,14 +45,15 @@ from gateway.cluster.peers import (
     READ_BUFFER,
     SIGNATURE_HEADER,
     BlockRequest,
-    MetadataQuery,
     PeerNotCached,
     parse_date,
+    parse_metadata_query,
     same_digest,
     sign,
 )
 from gateway.core import errors
 from gateway.core.invalidation import Invalidation
+from gateway.metadata.query import MetadataQuery
 from gateway.pieces import CLIENT_GONE, Piece
 
 Pieces = AsyncIterator[Piece]
@@ -286,7 +287,7 @@ class PeerServer:
         self, request: web.Request, answers: NodeAnswers
     ) -> web.StreamResponse:
         try:
-            query = MetadataQuery.from_query(request.raw_path.partition("?")[2])
+            query = parse_metadata_query(request.raw_path.partition("?")[2])
         except (ValueError, KeyError) as exc:
             return _error(400, "InvalidRequest", f"bad metadata query: {exc!r}")
         try:

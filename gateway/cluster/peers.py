@@ -16,7 +16,8 @@ the status: a 404 from a node without this endpoint is "unavailable", not "no ke
 ``cached_only=1`` asks only for what the peer holds in its tiers: it answers 404
 ``NotCached`` rather than fill from its origin (a new owner asking a previous one).
 ``GET /_hoard/peer/meta?kind=head|list&origin=&bucket=&key=&…`` asks the owner of
-a key (HEAD) or a prefix (LIST) for its metadata answer (see ``MetadataQuery``):
+a key (HEAD) or a prefix (LIST) for its metadata answer (see ``gateway/metadata/query.py``; its URL form is
+``metadata_target`` and ``parse_metadata_query`` here):
 200 with JSON, 404 ``NoSuchKey``, 503 ``Unavailable``.
 ``POST /_hoard/peer/invalidate?sha256={hex of body}`` with a JSON list of ``{origin,
 bucket, key}`` or ``{origin, bucket, prefix}`` drops them → 204; with ``all=1``
@@ -53,6 +54,7 @@ from typing import Protocol
 from urllib.parse import parse_qsl, quote
 
 from gateway.cache.block import BlockId
+from gateway.metadata.query import MetadataQuery
 
 PREFIX = "/_hoard/peer/"
 DATE_HEADER = "X-Hoard-Date"
@@ -143,43 +145,21 @@ class BlockRequest:
         return cls(**texts, **ints, cached_only=values.get("cached_only") == "1")
 
 
-@dataclass(frozen=True, slots=True)
-class MetadataQuery:
-    """A HEAD (``key``) or a LIST page (``key`` is the prefix) asked of its owner.
+def metadata_target(query: MetadataQuery) -> str:
+    """The path and query that ask a key's owner for ``query``."""
+    pairs = "&".join(f"{f.name}={_quote(str(getattr(query, f.name)))}" for f in fields(query))
+    return f"{PREFIX}meta?{pairs}"
 
-    ``ttl`` and ``negative_ttl`` are the asking node's mount policy, so the owner
-    caches the answer as the asker would (``inf``: forever).
-    """
 
-    kind: str  # "head" | "list"
-    origin: str
-    bucket: str
-    key: str
-    ttl: float
-    negative_ttl: float
-    delimiter: str = ""
-    start_after: str = ""
-    max_keys: int = 1000
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("head", "list") or self.max_keys < 1:
-            raise ValueError(f"bad metadata query {self}")
-        if not (self.ttl >= 0 and self.negative_ttl >= 0):  # also refuses NaN
-            raise ValueError(f"bad metadata query {self}")
-
-    def target(self) -> str:
-        query = "&".join(f"{f.name}={_quote(str(getattr(self, f.name)))}" for f in fields(self))
-        return f"{PREFIX}meta?{query}"
-
-    @classmethod
-    def from_query(cls, query: str) -> MetadataQuery:
-        """Parse a raw query; ``ValueError`` or ``KeyError`` if it is not one of ours."""
-        values = dict(parse_qsl(query, keep_blank_values=True, strict_parsing=True,
-                                encoding="utf-8", errors="surrogatepass"))  # fmt: skip
-        texts = {f.name: values[f.name] for f in fields(cls)}
-        floats = {n: float(texts.pop(n)) for n in ("ttl", "negative_ttl")}
-        max_keys = _int(texts.pop("max_keys"))
-        return cls(**texts, **floats, max_keys=max_keys)
+def parse_metadata_query(query: str) -> MetadataQuery:
+    """A raw query as ``metadata_target`` wrote it; ``ValueError`` or ``KeyError`` if it
+    is not one of ours."""
+    values = dict(parse_qsl(query, keep_blank_values=True, strict_parsing=True,
+                            encoding="utf-8", errors="surrogatepass"))  # fmt: skip
+    texts = {f.name: values[f.name] for f in fields(MetadataQuery)}
+    floats = {n: float(texts.pop(n)) for n in ("ttl", "negative_ttl")}
+    max_keys = _int(texts.pop("max_keys"))
+    return MetadataQuery(**texts, **floats, max_keys=max_keys)
 
 
 def sign(secret: str, method: str, target: str, date: str) -> str:

@@ -1,6 +1,6 @@
 """Where one node gets the blocks it does not own: from their owners, then the origin.
 
-``Placement`` joins the three cluster mechanisms for ``blocks.py``: it ranks the
+``Placement`` joins the three cluster mechanisms for ``blocks/source.py``: it ranks the
 live members of ``Membership`` for a block digest (a new ``Ranking`` only when
 the membership version moved), says whether this node is among the first
 ``replicas`` (an owner, which serves from its tiers and fills from the origin),

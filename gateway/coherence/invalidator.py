@@ -5,8 +5,8 @@ seen by every request that starts after it. On this node a change of a key (or
 of everything under a prefix) must reach, before the writer answers:
 
   * this worker's memory of the key's metadata and listings, and the
-    write-throughs under way for it (``write_through.py``: they must not store
-    what the change made stale);
+    write-throughs under way for it (their watches, ``watch.py``: they must
+    not store what the change made stale);
   * the sibling workers, through the node's journal (``metadata/journal.py``):
     each applies what it missed as its next request starts (``catch_up``);
   * the node's metadata store (``metadata/store.py``);
@@ -29,12 +29,12 @@ from __future__ import annotations
 import logging
 
 from gateway.blocks.source import BlockSource
+from gateway.coherence.watch import Watches
 from gateway.core.invalidation import Broadcast, Invalidation
 from gateway.core.tasks import TaskSet
 from gateway.metadata.journal import Journal, SoloJournal
-from gateway.metadata.source import MetadataSource
-from gateway.origins.namespace import Namespace
-from gateway.write.through import WriteThrough
+from gateway.metadata.source import MetadataSource, scope_of
+from gateway.origins.namespace import Mount, Namespace
 
 log = logging.getLogger(__name__)
 
@@ -43,12 +43,12 @@ class Invalidator:
     """Forgets what a change made stale, in every tier of this node."""
 
     def __init__(self, namespace: Namespace, source: MetadataSource, blocks: BlockSource,
-                 writes: WriteThrough, journal: Journal | SoloJournal,
+                 watches: Watches, journal: Journal | SoloJournal,
                  broadcast: Broadcast | None = None) -> None:  # fmt: skip
         self._namespace = namespace
         self._source = source
         self._blocks = blocks
-        self._writes = writes
+        self._watches = watches
         self._journal = journal
         self._broadcast = broadcast  # a cluster's other nodes, told of what ``heal`` forgets
         self._telling = TaskSet()
@@ -77,7 +77,7 @@ class Invalidator:
         """Drop every metadata entry, in memory and on disk, in every worker (this node
         missed more invalidations than another node could remember for it). Blocks
         stay: they are named by ETag, and fresh metadata names the right ones."""
-        self._writes.all_changed()
+        self._watches.all_changed()
         await self._source.forget_all()
 
     def catch_up(self) -> None:
@@ -88,7 +88,7 @@ class Invalidator:
         """
         news = self._journal.news()
         if news is None:  # more than the journal remembers: forget everything
-            self._writes.all_changed()
+            self._watches.all_changed()
             self._source.forget_memory()
             return
         for item in news:
@@ -103,9 +103,10 @@ class Invalidator:
             return  # blocks are named by ETag: new metadata names new blocks
         await self._blocks.drop_object(*item.scope, item.key)
 
-    async def heal(self, item: Invalidation) -> None:
-        """The origin refused a fill of ``item``'s version (a 412: it changed there): forget
+    async def heal(self, mount: Mount, okey: str) -> None:
+        """The origin refused a fill of ``okey``'s version (a 412: it changed there): forget
         it on this node, and have the other nodes of a cluster forget it (background)."""
+        item = Invalidation(*scope_of(mount), key=okey)
         await self.apply(item)
         if self._broadcast is not None:
             self._telling.spawn(self._tell_others([item]))
@@ -122,5 +123,5 @@ class Invalidator:
             log.exception("could not tell the cluster of an origin change")
 
     def _forget_locally(self, item: Invalidation) -> None:
-        self._writes.changed(item.scope, item.key or item.prefix or "", prefix=item.key is None)
+        self._watches.changed(item.scope, item.key or item.prefix or "", prefix=item.key is None)
         self._source.forget_locally(item)

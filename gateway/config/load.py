@@ -3,7 +3,7 @@
 ``load_settings`` is the only entry point a process uses. It reads the YAML
 file, expands ``${VAR}`` references, lets ``HOARD_...`` environment variables
 (nested with ``__``) override any key, validates everything strictly
-(``config.py``'s models: unknown keys are an error) and checks
+(``settings.py``'s models: unknown keys are an error) and checks
 cross-references (a mount naming an unknown origin). A bad config raises
 ``ConfigError``, one line per problem.
 """

@@ -6,7 +6,7 @@ validated strictly (unknown keys are an error). Quantities are
 ``forever``); reading a file, ``${VAR}`` references and ``HOARD_...``
 environment overrides are ``config_load.py``'s, whose ``load_settings`` is the
 only entry point. A bad config raises ``ConfigError`` whose message is one line
-per problem, each naming the key, so ``cli.py`` can print it and exit 2 without
+per problem, each naming the key, so ``app/cli.py`` can print it and exit 2 without
 a traceback.
 """
 

@@ -30,8 +30,9 @@ What this package may import: the leaves (``gateway.core.errors``,
 ``gateway.core.invalidation``, ``gateway.origins.base`` and ``origins.listing``,
 ``gateway.cache.singleflight`` (the one coalescing primitive: flights here are a ``Group``),
 ``gateway.origins.namespace``'s ``Mount``), the cluster's wire value type
-``MetadataQuery`` (``cluster/peers.py``) and itself. Nothing here imports the
-reader, the blocks or the cluster's machinery: the owner node is a protocol
+and itself. ``query.py`` is the question one node asks a key's owner
+(``MetadataQuery``), whose URL form is the cluster's wire. Nothing here imports the
+reader, the blocks or the cluster: the owner node is a protocol
 (``source.OwnerNode``) that ``cluster/directory.py`` implements, with a
 single-node null object (``source.NoOwner``).
 

@@ -20,7 +20,7 @@ only when nothing about the key is known — a refresh needs no bytes.
 
 Invalidation reaches this module's tiers through ``forget_locally`` (this
 worker's memory), ``drop_stored`` (the node's store) and the journal
-(``publish``/``news``: sibling workers); ``Invalidator.apply`` (``invalidator.py``) is the one
+(``publish``/``news``: sibling workers); ``Invalidator.apply`` (``coherence/invalidator.py``) is the one
 place that names every tier a change reaches, blocks included.
 """
 
@@ -32,7 +32,6 @@ import time
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Protocol, TypeVar
 
-from gateway.cluster.peers import MetadataQuery
 from gateway.core import errors
 from gateway.core.invalidation import Invalidation
 from gateway.metadata import codec
@@ -40,6 +39,7 @@ from gateway.metadata.bucket_config import BucketConfigs
 from gateway.metadata.journal import EVERYTHING, Journal, SoloJournal
 from gateway.metadata.lookups import Aged, FetchHead, FetchPage, Policy
 from gateway.metadata.memory import MetadataCache
+from gateway.metadata.query import MetadataQuery
 from gateway.metadata.revalidate import Revalidator
 from gateway.metadata.store import MetadataStore, Stored
 from gateway.origins.base import ListPage, ObjectInfo, Origin

@@ -32,7 +32,7 @@ What is shared, and how (each mechanism in its own module):
 - Views: ``/_hoard/stats`` sums each worker's part (``stats.py``);
   ``/metrics`` is prometheus-client's multiprocess mode over a directory the
   supervisor owns and clears at start, each gauge with the mode that keeps
-  it meaningful (``metrics.py``).
+  it meaningful (``obs/metrics.py``).
 
 What stays per worker, and why: the event loop and its connections; the
 memory tiers of blocks and metadata (a dict lookup is the hit path's budget:

@@ -1,6 +1,6 @@
 """Every Prometheus metric Hoard exports, defined in this one place.
 
-Metrics live on a registry owned by one ``Metrics`` object that ``wiring.py``
+Metrics live on a registry owned by one ``Metrics`` object that ``app/wiring.py``
 builds and passes down: no module-level collectors, so tests can build as
 many independent gateways as they like. Labels are bounded sets (operation,
 status, source, origin and mount names from config) — never a key, bucket or
@@ -12,7 +12,7 @@ With ``workers: N`` every worker writes its values to the node's multiprocess
 directory and a scrape of any worker sums them (``render``). Each gauge says
 how: ``livesum`` for what each live worker holds (origin requests in flight,
 its memory tier) and for what is the node's and set by the leader worker
-alone (disk bytes, pins, warm jobs: ``wiring.py``'s ``tier_levels``), so it is
+alone (disk bytes, pins, warm jobs: ``app/wiring.py``'s ``tier_levels``), so it is
 counted once; ``max`` where every worker sees the same value (the cluster's
 live members, an open breaker).
 

@@ -1,7 +1,7 @@
 """Origin protection: one wrapper that every read request to an origin goes through.
 
 ``OriginGuard`` implements the Origin protocol around any origin (s3, posix),
-one per configured origin, built in ``wiring.py``. For each request, in order:
+one per configured origin, built in ``app/wiring.py``. For each request, in order:
 
 1. the circuit breaker (``breaker.py``): open means fail fast with
    ``OriginUnavailable``, so misses stop waiting on a dead origin while cached

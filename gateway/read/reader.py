@@ -5,11 +5,13 @@ combines singleflight, hashing and peers. The S3 front calls it with gateway
 bucket names and client keys and gets back values (``ObjectInfo``,
 ``ListPage``) or an ``ObjectRead`` to stream; how the bytes are obtained stays
 behind this seam. Metadata comes from ``metadata/source.py`` (its tiers),
-bytes from ``blocks.py`` (its tiers), acknowledged writes are cached by
-``write_through.py``; what is left here is the order of things.
+bytes from ``blocks/source.py`` (its tiers), what other workers invalidated
+from ``coherence/`` (caught up as every read starts); what is left here is the
+order of things. The reader builds none of them: the wiring hands them in, and
+the writer is a sibling over the same coherence, never reached from here.
 
 A cold GET costs one origin round trip before bytes flow: the metadata miss is
-answered by a ranged GET of the first block the client needs, whose response
+answered by a ranged GET of the first block the client needs (``first_block.py``), whose response
 carries the size and ETag (Content-Range, ETag); that same response then fills
 the block. Later blocks are fetched with If-Match on that ETag, so an object
 that changes mid-read fails the read (and drops its metadata) instead of
@@ -21,28 +23,22 @@ from __future__ import annotations
 import dataclasses
 import sqlite3
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from typing import TypeVar
 
 from gateway.blocks.source import BlockSource
-from gateway.cache.block import BlockId, block_bounds, block_plan
-from gateway.cluster.directory import MetadataRouter
-from gateway.cluster.peers import MetadataQuery
+from gateway.cache.block import BlockId, block_plan
 from gateway.coherence.invalidator import Invalidator
 from gateway.core import errors
-from gateway.core.invalidation import Broadcast, Invalidation
-from gateway.metadata.journal import Journal, SoloJournal
-from gateway.metadata.memory import MetadataCache
-from gateway.metadata.source import MetadataSource, NoOwner, SharedAnswers, origin_named, scope_of
-from gateway.metadata.store import MetadataStore
+from gateway.core.ranges import RangeSpec
+from gateway.metadata.source import MetadataSource, scope_of
 from gateway.obs.metrics import Metrics
 from gateway.origins.base import BucketInfo, ListPage, ObjectInfo
 from gateway.origins.namespace import Mount, Namespace
 from gateway.pieces import BlockRef, FileSegment, Piece
+from gateway.read.first_block import FirstBlock, block_ref
 from gateway.read.object_read import ObjectRead, Precondition
 from gateway.read.readahead import ReadAheadPolicy, Streams, Window
-from gateway.s3.ranges import RangeSpec
-from gateway.write.through import Watch, WriteThrough
 
 T = TypeVar("T")
 
@@ -50,26 +46,18 @@ T = TypeVar("T")
 class Reader:
     """Answers reads for gateway buckets from the cache, filling it from origins."""
 
-    def __init__(self, namespace: Namespace, blocks: BlockSource, metadata: MetadataCache,
-                 metrics: Metrics, block_size: int, read_ahead: ReadAheadPolicy | None = None,
-                 store: MetadataStore | None = None, router: MetadataRouter | None = None,
-                 journal: Journal | SoloJournal | None = None,
-                 pages: SharedAnswers | None = None,
-                 broadcast: Broadcast | None = None) -> None:  # fmt: skip
-        """``router``: in a cluster, metadata misses go to their owner node;
-        ``journal``: the node's invalidations, shared with sibling workers;
-        ``pages``: origin answers shared with sibling workers asking at once;
-        ``broadcast``: the cluster's other nodes, told of an origin change a fill met."""
+    def __init__(self, namespace: Namespace, blocks: BlockSource, source: MetadataSource,
+                 coherence: Invalidator, metrics: Metrics, block_size: int,
+                 read_ahead: ReadAheadPolicy | None = None) -> None:  # fmt: skip
+        """``source``: the metadata tiers; ``coherence``: what this node's writes (any
+        worker's) made stale, caught up as every read starts."""
         self.namespace = namespace
-        self.journal = journal or SoloJournal()
-        self.store = store
         self.blocks = blocks
-        self.metadata = metadata
+        self._source = source
+        self.metadata = source.memory  # this worker's metadata, looked up without an await
+        self._coherence = coherence
         self.metrics = metrics
         self.block_size = block_size
-        owner = router if router is not None else NoOwner()
-        self.source = MetadataSource(metadata, store, owner, self.journal,
-                                     metrics.revalidated, pages)  # fmt: skip
         self.streams = Streams(read_ahead or ReadAheadPolicy(4, 4, 10.0))
         # Told ``(bucket, key)`` of every object GET: epoch-order prefetch subscribes
         # (it looks keys up through this reader, so it is built after it).
@@ -79,10 +67,6 @@ class Reader:
         self.cold_reads: list[Callable[[Mount, str], None]] = []
         # Told ``(mount, origin prefix)`` of every listing page served to a client.
         self.client_listings: list[Callable[[Mount, str], None]] = []
-        self._writes = WriteThrough(self.source, blocks, block_size, self.catch_up,
-                                    metrics.write_through_bytes.inc)  # fmt: skip
-        self.changes = Invalidator(namespace, self.source, blocks, self._writes, self.journal,
-                                   broadcast)  # fmt: skip
 
     async def list_buckets(self) -> list[BucketInfo]:
         return await self.namespace.list_buckets()
@@ -101,12 +85,12 @@ class Reader:
         mount's metadata TTL, forgotten by a write of the bucket through Hoard (any
         worker's: caught up first); a miss costs one ``fetch`` for every caller."""
         self.catch_up()
-        return await self.source.bucket_config(self.namespace.resolve(bucket), kind, fetch)
+        return await self._source.bucket_config(self.namespace.resolve(bucket), kind, fetch)
 
     async def head_object(self, bucket: str, key: str) -> ObjectInfo:
         self.catch_up()
         mount = self.namespace.resolve(bucket)
-        info = await self.source.head(mount, mount.origin_key(key))
+        info = await self._source.head(mount, mount.origin_key(key))
         return dataclasses.replace(info, key=key)
 
     async def open_object(
@@ -190,14 +174,14 @@ class Reader:
         found = self.blocks.cached_held(self._ref(mount, okey, info, 0), 0, info.size)
         if found is None:
             return True
-        read = self.source.held_for_read(mount, okey)
+        read = self._source.held_for_read(mount, okey)
         return self._held_answer(bucket, key, info, read, found) or True
 
     async def _stored_entry(self, bucket: str, key: str) -> tuple[Mount, str, ObjectInfo] | None:
         """``_held_entry`` for a key this worker's memory holds nothing of but the node's
         store does (a sibling worker learned it): it is held in memory from now on."""
         mount = self.namespace.resolve(bucket)
-        if await self.source.held_in_store(mount, mount.origin_key(key)) is None:
+        if await self._source.held_in_store(mount, mount.origin_key(key)) is None:
             return None
         return self._held_entry(bucket, key)
 
@@ -205,7 +189,7 @@ class Reader:
         """``_stored_entry`` on the loop alone; raises ``sqlite3.OperationalError`` if
         the store is busy."""
         mount = self.namespace.resolve(bucket)
-        if self.source.held_in_store_now(mount, mount.origin_key(key)) is None:
+        if self._source.held_in_store_now(mount, mount.origin_key(key)) is None:
             return None
         return self._held_entry(bucket, key)
 
@@ -243,7 +227,7 @@ class Reader:
         self.catch_up()
         mount = self.namespace.resolve(bucket)
         query = mount.origin_query(prefix, delimiter, start_after, max_keys)
-        page = await self.source.listing(mount, *query)
+        page = await self._source.listing(mount, *query)
         return mount.client_page(page) if mount.prefix else page
 
     async def list_objects_body(
@@ -263,7 +247,7 @@ class Reader:
             return render(mount.client_page(page) if mount.prefix else page)
 
         origin_query = mount.origin_query(*query)
-        body = await self.source.listing_body(mount, origin_query, render_page, (bucket, variant))
+        body = await self._source.listing_body(mount, origin_query, render_page, (bucket, variant))
         for listed in self.client_listings:
             listed(mount, origin_query[0])
         return body
@@ -281,12 +265,6 @@ class Reader:
         count = (info.size + self.block_size - 1) // self.block_size
         return [self._ref(mount, okey, info, index) for index in range(count)]
 
-    async def answer_peer(self, query: MetadataQuery) -> dict[str, object]:
-        """Another node's metadata miss, answered as the owner (``MetadataSource``)."""
-        self.catch_up()
-        origin = origin_named(self.namespace.origins(), query.origin)
-        return await self.source.answer_peer(query, origin)
-
     def _observed(self, bucket: str, key: str) -> None:
         for observe in self.observers:
             observe(bucket, key)
@@ -295,22 +273,8 @@ class Reader:
         return self.namespace.label(bucket)
 
     def catch_up(self) -> None:
-        """Apply what sibling workers invalidated (``invalidator.py``): every read starts so."""
-        self.changes.catch_up()
-
-    # -- write-through -------------------------------------------------------------------
-
-    def watch(self, bucket: str, key: str) -> Watch:
-        """Start noticing invalidations of ``key`` (see ``write_through``)."""
-        mount = self.namespace.resolve(bucket)
-        return self._writes.watch(mount, mount.origin_key(key))
-
-    async def write_through(
-        self, bucket: str, key: str, etag: str, data: Iterable[bytes], size: int, watch: Watch
-    ) -> int:
-        """Cache the bytes a write just stored at the origin (``write_through.py``)."""
-        mount = self.namespace.resolve(bucket)
-        return await self._writes.store(mount, mount.origin_key(key), etag, data, size, watch)
+        """Apply what sibling workers invalidated (``coherence/``): every read starts so."""
+        self._coherence.catch_up()
 
     # -- metadata and bytes --------------------------------------------------------------
 
@@ -321,34 +285,13 @@ class Reader:
         too, unless the size must be known first (a suffix range) or, in a cluster, the
         block may be owned elsewhere: then a HEAD."""
         if (byte_range is not None and byte_range.suffix is not None) or self.blocks.clustered:
-            return await self.source.for_read(mount, okey, None)
+            return await self._source.for_read(mount, okey, None)
         index = (byte_range.first or 0) // self.block_size if byte_range else 0
-        return await self.source.for_read(
-            mount, okey, lambda: self._first_block(mount, okey, index, admit)
-        )
-
-    async def _first_block(
-        self, mount: Mount, okey: str, index: int, admit: bool | None = None
-    ) -> ObjectInfo:
-        """A metadata miss answered by the block the client needs: one round trip, not two."""
-        first = index * self.block_size
-        try:
-            stream = await mount.origin.get_object(
-                mount.origin_bucket, okey, (first, first + self.block_size - 1)
-            )
-        except errors.RangeNotSatisfiable:
-            return await self.source.origin_head(mount, okey)  # empty, or a range past the end
-        ref = self._ref(mount, okey, stream.info, index)
-        if (stream.start, stream.end) != (ref.first, ref.last):
-            await stream.aclose()  # the origin ignored the range; fetch blocks normally
-        else:
-            await self.blocks.adopt(ref, stream, admit)
-        return stream.info
+        miss = FirstBlock(self.blocks, self._source, self.block_size, mount, okey, index, admit)
+        return await self._source.for_read(mount, okey, miss)
 
     def _ref(self, mount: Mount, okey: str, info: ObjectInfo, index: int) -> BlockRef:
-        block = BlockId(mount.origin.name, mount.origin_bucket, okey, info.etag, index)
-        first, last = block_bounds(index, self.block_size, info.size)
-        return BlockRef(block, mount.origin, first, last)
+        return block_ref(mount, okey, info, index, self.block_size)
 
     async def _pieces(
         self, mount: Mount, okey: str, info: ObjectInfo, start: int, end: int, sources: Counter[str]
@@ -382,7 +325,7 @@ class Reader:
                     self.metrics.read_ahead_window.observe(self.streams.policy.caught_up(window))
         except errors.OriginChanged:
             # Every tier at once: the next read (or this one's retry) sees the new version.
-            await self.changes.heal(Invalidation(*scope_of(mount), key=okey))
+            await self._coherence.heal(mount, okey)
             raise
 
     def _stream_window(

@@ -16,8 +16,8 @@ preflights passed on and the CORS headers of Hoard's own answers, whose rules
 ``cors_rules.py`` reads and evaluates. ``body.py`` sends an
 object body: bytes as they are, file segments with sendfile.
 
-Handlers translate and delegate: they call the reader (``gateway/reader.py``)
-for reads and the writer (``gateway/writer.py``) for writes, with gateway
+Handlers translate and delegate: they call the reader (``gateway/read/reader.py``)
+for reads and the writer (``gateway/write/writer.py``) for writes, with gateway
 names, and never touch a cache tier or an origin client themselves. Bad input
 is an S3 error (4xx, S3 XML, request id), never a 500.
 

@@ -2,72 +2,68 @@
 
 A client that writes a shard and reads it back (a checkpoint, a shuffled
 copy) should not pay an origin GET for bytes that passed through Hoard a
-moment ago. The writer tees a write's body (``writer.py``, bounded by
-``write_through_max`` and a node-wide buffer) and, once the origin has
-acknowledged it, hands the pieces here.
+moment ago. A PutObject's body (up to the mount's ``write_through_max``) is
+teed as it streams to the origin into a ``Capture`` (``capture.py``), within
+one ``Budget`` per process that refuses rather than waits. After the origin's
+2xx and the write's invalidation, and after the client has its answer, a
+background task (``WriteThroughs.later``) hands the bytes to
+``WriteThrough.store``.
 
 An S3 PUT answer carries no Last-Modified or Content-Type, so one origin
 HEAD learns the metadata. Nothing is cached when that HEAD shows another
-version (a write landed in between) or a ``Watch`` saw the key invalidated
-meanwhile (a later write through Hoard, in this worker or a sibling: the
-node's journal is read before each check). Blocks go first and metadata
-last, so a reader that finds the metadata finds the blocks; a reader that
-comes earlier fills from the origin as usual.
+version (a write landed in between) or the key's ``Watch``
+(``gateway/coherence/watch.py``) saw it invalidated meanwhile (a later write
+through Hoard, in this worker or a sibling: the node's journal is caught up
+before each check). The watch starts before the task's HEAD, so a later
+write of the key through this process is noticed (one between the two shows
+in the HEAD's ETag). Blocks go first and metadata last, so a reader that
+finds the metadata finds the blocks; a reader that comes earlier fills from
+the origin as usual.
 
-A ``Watch`` is what a per-key generation counter would tell ("bumped since
-I looked?"), kept only for keys someone watches: bounded by the
-write-throughs in flight, not by every key ever written.
+A write-through is an optimisation: a failure is logged and costs a cold
+read later, never the write.
+
+Not guaranteed: bytes held by write-throughs under way count against the
+budget until they end; a process stopped meanwhile drops them (``close``).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Iterator
 
 from gateway.blocks.source import BlockSource
 from gateway.cache.block import BlockId
+from gateway.coherence.invalidator import Invalidator
+from gateway.coherence.watch import Watch, Watches
+from gateway.core import errors
+from gateway.core.tasks import TaskSet
 from gateway.metadata.source import MetadataSource, scope_of
 from gateway.origins.base import same_etag
-from gateway.origins.namespace import Mount
+from gateway.origins.namespace import Mount, Namespace
+from gateway.write.capture import Budget, Capture
 
-WatchKey = tuple[str, str, str]  # (origin, origin bucket, origin key)
-
-
-class Watch:
-    """Whether a key was invalidated since watching began (``changed``); ``close()`` when done."""
-
-    __slots__ = ("_registry", "changed", "key")
-
-    def __init__(self, key: WatchKey, registry: dict[WatchKey, set[Watch]]) -> None:
-        self.key = key
-        self.changed = False
-        self._registry = registry
-        registry.setdefault(key, set()).add(self)
-
-    def close(self) -> None:
-        watching = self._registry.get(self.key)
-        if watching is not None:
-            watching.discard(self)
-            if not watching:
-                del self._registry[self.key]
+log = logging.getLogger(__name__)
 
 
 class WriteThrough:
     """Caches acknowledged writes' bytes, unless a later change overtook them."""
 
     def __init__(self, source: MetadataSource, blocks: BlockSource, block_size: int,
-                 catch_up: Callable[[], None], on_cached: Callable[[int], None]) -> None:  # fmt: skip
-        """``catch_up``: apply what sibling workers invalidated (it reaches the watches);
-        ``on_cached(bytes)``: bytes a write-through stored."""
+                 coherence: Invalidator, watches: Watches,
+                 on_cached: Callable[[int], None]) -> None:  # fmt: skip
+        """``coherence``: catches up with what sibling workers invalidated (it reaches
+        ``watches``); ``on_cached(bytes)``: bytes a write-through stored."""
         self._source = source
         self._blocks = blocks
         self._block_size = block_size
-        self._catch_up = catch_up
+        self._coherence = coherence
+        self._watches = watches
         self._on_cached = on_cached
-        self._watches: dict[WatchKey, set[Watch]] = {}
 
     def watch(self, mount: Mount, okey: str) -> Watch:
         """Start noticing invalidations of ``okey`` (see ``store``)."""
-        return Watch((*scope_of(mount), okey), self._watches)
+        return self._watches.watch(scope_of(mount), okey)
 
     async def store(
         self, mount: Mount, okey: str, etag: str, data: Iterable[bytes], size: int, watch: Watch
@@ -95,25 +91,61 @@ class WriteThrough:
         self._source.remember(mount, okey, info, learned)
         return cached
 
-    def changed(self, scope: tuple[str, str], okey: str, *, prefix: bool = False) -> None:
-        """Tell every watch on ``okey`` (or, with ``prefix``, under it) that it changed."""
-        if prefix:
-            found = [w for k, ws in self._watches.items() if k[:2] == scope and
-                     k[2].startswith(okey) for w in ws]  # fmt: skip
-        else:
-            found = list(self._watches.get((*scope, okey), ()))
-        for watch in found:
-            watch.changed = True
-
-    def all_changed(self) -> None:
-        for watches in self._watches.values():
-            for watch in watches:
-                watch.changed = True
-
     def _changed_since(self, watch: Watch) -> bool:
         """Whether ``watch``'s key was invalidated by any worker of the node since it began."""
-        self._catch_up()
+        self._coherence.catch_up()
         return watch.changed
+
+
+class WriteThroughs:
+    """The write-throughs of one process: captures within one budget, tasks under way."""
+
+    def __init__(self, namespace: Namespace, through: WriteThrough, buffer: int) -> None:
+        self._namespace = namespace
+        self._through = through
+        self.budget = Budget(buffer)
+        self._tasks = TaskSet()
+
+    def capture(self, mount: Mount, length: int | None) -> Capture | None:
+        """A capture of an upload to ``mount`` if it may be written through and has room."""
+        if mount.write_through_max <= 0 or length == 0:
+            return None
+        capture = Capture(self.budget, mount.write_through_max, length)
+        return capture if capture.keeping else None
+
+    def later(self, bucket: str, key: str, etag: str, capture: Capture) -> None:
+        """Cache the captured upload in the background; the task now owns ``capture``.
+
+        Called after the write's own invalidation (see the module docstring).
+        """
+        pieces = capture.pieces()
+        if pieces is None or capture.size == 0:
+            capture.release()
+            return
+        mount = self._namespace.resolve(bucket)
+        okey = mount.origin_key(key)
+        watch = self._through.watch(mount, okey)
+
+        async def run() -> None:
+            try:
+                await self._through.store(mount, okey, etag, pieces, capture.size, watch)
+            except errors.HoardError as exc:
+                log.info("write-through of a %d-byte object skipped: %s", capture.size, exc)
+            except Exception:
+                log.exception("write-through of a %d-byte object failed", capture.size)
+            finally:
+                watch.close()
+                capture.release()
+
+        self._tasks.spawn(run())
+
+    async def settle(self) -> None:
+        """Wait until the write-throughs under way have ended."""
+        await self._tasks.settle()
+
+    async def close(self) -> None:
+        """Stop the write-throughs under way (at shutdown)."""
+        await self._tasks.cancel()
 
 
 def _blocks(pieces: Iterable[bytes], block_size: int) -> Iterator[bytes]:

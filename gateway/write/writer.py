@@ -17,7 +17,7 @@ the forwarder does, and return plain values (``PutResult``, ``PartInfo``,
 ``UploadInfo``) for ``s3/writes.py`` to answer with. Read-only mounts are
 refused before a byte of a body is read; invalidation follows each success.
 
-Write-through (``write_caching.py``): the bytes of a PutObject (up to the
+Write-through (``through.py``): the bytes of a PutObject (up to the
 mount's ``write_through_max``) are teed off as they stream to the origin and,
 after the origin's 2xx and the invalidation, handed to the read path in the
 background. Which of the two ways an origin is written is its capability
@@ -39,6 +39,7 @@ import dataclasses
 from collections.abc import AsyncIterator, Callable, Mapping
 from urllib.parse import quote, unquote
 
+from gateway.coherence.invalidator import Invalidator
 from gateway.core import errors
 from gateway.core.invalidation import Broadcast
 from gateway.origins.base import ObjectInfo
@@ -47,9 +48,8 @@ from gateway.origins.posix_files import PutResult
 from gateway.origins.posix_multipart import PartInfo, UploadInfo
 from gateway.origins.s3_forward import ForwardRequest, ForwardResponse
 from gateway.origins.writable import Capability, Writable
-from gateway.read.reader import Reader
 from gateway.write.capture import Budget, Capture
-from gateway.write.throughs import WriteThroughs
+from gateway.write.through import WriteThroughs
 
 __all__ = ["Budget", "Capture", "ForwardResponse", "PartInfo", "PutResult", "UploadInfo", "Writer"]
 
@@ -80,13 +80,19 @@ class Attributes:
 
 
 class Writer:
+    """Sends writes to their origins and has ``coherence`` forget what they touched."""
+
     def __init__(
-        self, namespace: Namespace, reader: Reader, broadcast: Broadcast | None = None
+        self,
+        namespace: Namespace,
+        coherence: Invalidator,
+        write_throughs: WriteThroughs,
+        broadcast: Broadcast | None = None,
     ) -> None:
         self.namespace = namespace
-        self.reader = reader
+        self._coherence = coherence
         self._broadcast = broadcast  # a cluster: tell the other nodes, bounded wait
-        self.write_throughs = WriteThroughs(reader, namespace.write_through_buffer)
+        self.write_throughs = write_throughs
         self.budget = self.write_throughs.budget
 
     async def settle(self) -> None:
@@ -369,12 +375,12 @@ class Writer:
 
     async def _invalidate(self, bucket: str, key: str | None, touched: list[str]) -> None:
         if key is None and not touched:
-            await self.reader.changes.invalidate_prefix(bucket, "")  # a bucket-level change
+            await self._coherence.invalidate_prefix(bucket, "")  # a bucket-level change
             items = [self.namespace.resolve(bucket).invalidation(None)]
         else:
             names = ([key] if key is not None else []) + touched
             for name in names:
-                await self.reader.changes.invalidate(bucket, name)
+                await self._coherence.invalidate(bucket, name)
             items = [self.namespace.resolve(bucket).invalidation(name) for name in names]
         if self._broadcast is not None:
             await self._broadcast(items)
