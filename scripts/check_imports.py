@@ -38,8 +38,7 @@ MARKERS = ("<!-- layers: made by scripts/check_imports.py --write-architecture -
 LAYERS: list[tuple[tuple[str, ...], str]] = [
     (("config",), "the settings: one object, built once, passed down"),
     (("core", "obs"), "values and rules every layer shares; metrics and the access log"),
-    (("origins", "cache", "node"), "the edges: origins and their guard, the block tiers, "
-                                   "a node's workers"),  # fmt: skip
+    (("origins", "cache", "node"), "the edges: origins, the block tiers, a node's workers"),
     (("metadata", "pieces"), "what objects and listings are; the value types of a read"),
     (("cluster",), "placement, membership and the peer wire"),
     (("blocks",), "where a block's bytes come from: tiers, owner, origin"),
@@ -170,7 +169,9 @@ def layer_table() -> str:
     """``LAYERS`` as ``ARCHITECTURE.md`` prints it."""
     lines = ["| Layer | Packages | What it holds |", "|---|---|---|"]
     for level, (packages, what) in reversed(list(enumerate(LAYERS))):
-        names = ", ".join(f"`{p}/`" if (ROOT / PACKAGE / p).is_dir() else f"`{p}`" for p in packages)
+        names = ", ".join(
+            f"`{p}/`" if (ROOT / PACKAGE / p).is_dir() else f"`{p}`" for p in packages
+        )
         lines.append(f"| {level} | {names} | {what} |")
     return "\n".join(lines)
 
