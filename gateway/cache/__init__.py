@@ -15,8 +15,8 @@ The tiers, fastest first, each one concept:
   python-diskcache: ``disk_files.py`` (a block as a file: claim, seal,
   tail, open and verify), ``disk_index.py`` (the SQLite index, eviction; its
   tables and their layout in ``disk_schema.py``),
-  ``disk_packed.py``, ``segment_files.py`` and ``segment_sql.py`` (small
-  blocks packed into segment files), ``disk_claims.py`` (a fill's claim
+  ``disk_packed.py``, ``segment_files.py``, ``segment_kept.py`` and
+  ``segment_sql.py`` (small blocks packed into segment files), ``disk_claims.py`` (a fill's claim
   that asks the index), ``disk_open.py`` (hot descriptors kept open),
   ``disk_writer.py`` (one fill in progress), ``disk_pins.py`` (blocks warm
   jobs keep), ``disk_space.py`` (a file system that fills first),

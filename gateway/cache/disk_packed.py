@@ -41,7 +41,7 @@ commit, what an eviction or a lost segment drops). A segment as a file
 a packed block's row and whole-segment eviction, ``segment_sql.py``; a fill's
 claim that asks the index, since a packed block has no file of its own to
 find, ``disk_claims.py``; the places this process remembers, by segment too,
-``packed_places.py``.
+``packed_places.py``; the segment descriptors it keeps open, ``segment_kept.py``.
 
 A crash leaves at worst a torn tail: records appended whose rows never
 committed. No row points at them, so they are dead bytes until their
@@ -91,6 +91,7 @@ from gateway.cache.block import HEADER_SIZE, BlockId, encode_header
 from gateway.cache.disk_index import DiskIndex
 from gateway.cache.packed_places import Places
 from gateway.cache.segment_files import SUFFIX, Bad, PackedFile, Segment
+from gateway.cache.segment_kept import KeptSegments
 from gateway.cache.segment_sql import Place, Removed
 from gateway.cache.segment_trust import SegmentTrust
 
@@ -153,7 +154,7 @@ class PackedBlocks:
         self._on_corrupt = on_corrupt
         self._on_failed = on_failed
         self._places = Places(_PLACES)
-        self._segments: dict[str, Segment] = {}
+        self._segments = KeptSegments(directory)
         self._trust = SegmentTrust(partial(index.read_now, segment_sql.written_of))
         self._active: _Active | None = None
         self._pending: list[_Pending] = []
@@ -230,7 +231,7 @@ class PackedBlocks:
         """
         segment = self._segments.get(place.segment)
         if segment is None:
-            segment = await self._open_segment(place.segment)
+            segment = await self._segments.open(place.segment)
             if segment is None:
                 return None
         stat = self._linked(segment, place)
@@ -260,7 +261,7 @@ class PackedBlocks:
             self._places.remember(block.digest, place)
         if not isinstance(place, Place):
             return None
-        segment = self._segments.get(place.segment) or self._open_segment_now(place.segment)
+        segment = self._segments.get(place.segment) or self._segments.open_now(place.segment)
         if segment is None:
             return None
         try:
@@ -315,13 +316,8 @@ class PackedBlocks:
 
     def sweep(self) -> None:
         """Close descriptors of segments unlinked by sibling workers."""
-        for name, segment in list(self._segments.items()):
-            try:
-                gone = os.fstat(segment.fd).st_nlink == 0
-            except OSError:
-                gone = True
-            if gone:
-                self._drop_segment(name)
+        for name in self._segments.unlinked():
+            self._drop_segment(name)
 
     # -- storing a block ---------------------------------------------------------
 
@@ -365,7 +361,7 @@ class PackedBlocks:
         if self._committing is not None:
             await asyncio.gather(self._committing, return_exceptions=True)
         self._retire()
-        for name in list(self._segments):
+        for name in self._segments.names():
             self._drop_segment(name)
 
     async def _commit_batches(self) -> None:
@@ -475,32 +471,7 @@ class PackedBlocks:
             os.close(self._active.fd)
             self._active = None
 
-    def _open_segment_now(self, name: str) -> Segment | None:
-        """The segment opened on the loop (a local file: as cheap as the claims made
-        there); None if it is gone, or cannot be opened here (``_open_segment`` tells)."""
-        try:
-            fd = os.open(self.directory / name, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            return None
-        segment = self._segments[name] = Segment(fd)
-        return segment
-
-    async def _open_segment(self, name: str) -> Segment | None:
-        try:
-            fd = await asyncio.to_thread(os.open, self.directory / name, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return None
-        if name in self._segments:  # opened meanwhile by a concurrent hit
-            os.close(fd)
-            return self._segments[name]
-        segment = self._segments[name] = Segment(fd)
-        return segment
-
     def _drop_segment(self, name: str) -> None:
         self._trust.forget(name)
-        segment = self._segments.pop(name, None)
-        if segment is not None:
-            segment.kept = False
-            if segment.users == 0:
-                os.close(segment.fd)
+        self._segments.close(name)
         self._places.forget_segment(name)
