@@ -6,8 +6,8 @@ import asyncio
 from pathlib import Path
 
 from gateway.core import errors
+from gateway.metadata import pages
 from gateway.metadata.pages import SharedPages
-from gateway.node import pages
 
 
 def left(directory: Path) -> list[Path]:
