@@ -67,14 +67,14 @@ from gateway.origins import posix_buckets as buckets
 from gateway.origins.base import BucketInfo, ListPage, ObjectInfo
 from gateway.origins.listing import paginate
 from gateway.origins.posix_buckets import valid_bucket_name
-from gateway.origins.posix_files import PutResult, Target
+from gateway.origins.posix_files import Target
 from gateway.origins.posix_keys import check_key, is_temp, safe_relpath
-from gateway.origins.posix_multipart import STAGING_DIR, PartInfo, PosixUploads, UploadInfo
+from gateway.origins.posix_multipart import STAGING_DIR, PosixUploads
 from gateway.origins.posix_records import Attrs, Records, object_info
 from gateway.origins.posix_stream import Fd, PosixObjectStream, span
 from gateway.origins.posix_walk import list_entries
 from gateway.origins.posix_write import PosixWriter
-from gateway.origins.writable import Capability
+from gateway.origins.writable import Capability, PartInfo, PutResult, UploadInfo
 
 _MISSING = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ENAMETOOLONG, errno.ELOOP, errno.EISDIR})
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC

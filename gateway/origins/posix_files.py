@@ -49,7 +49,6 @@ import threading
 import weakref
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from datetime import datetime
 
 from gateway.core import errors
 from gateway.origins.posix_records import Attrs, Records
@@ -61,13 +60,6 @@ CHUNK = 1 << 20
 _KERNEL_COPY_UNSUPPORTED = frozenset(
     {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL}
 )
-
-
-@dataclass(frozen=True, slots=True)
-class PutResult:
-    etag: str  # quoted, as S3 sends it
-    last_modified: datetime
-    size: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,7 +42,6 @@ import shutil
 import stat
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from gateway.core import errors
@@ -56,7 +55,6 @@ from gateway.core.errors import (
 from gateway.origins.base import same_etag
 from gateway.origins.posix_files import (
     TEMP_PREFIX,
-    PutResult,
     Target,
     TempFile,
     commit_to,
@@ -67,6 +65,7 @@ from gateway.origins.posix_files import (
     undo,
 )
 from gateway.origins.posix_records import Attrs, Records, last_modified
+from gateway.origins.writable import PartInfo, PutResult, UploadInfo
 
 STAGING_DIR = ".hoard-uploads"  # at the root; never a bucket, a key or a prefix
 
@@ -81,21 +80,6 @@ _TRAILER_SIZE = 16 + len(_TRAILER_MAGIC)  # MD5 digest + magic
 _UPLOAD_ID_RE = re.compile(r"[A-Za-z0-9_-]{16,128}")
 
 _PART_RE = re.compile(r"part-(\d{5})")
-
-
-@dataclass(frozen=True, slots=True)
-class PartInfo:
-    part_number: int
-    etag: str
-    size: int
-    last_modified: datetime
-
-
-@dataclass(frozen=True, slots=True)
-class UploadInfo:
-    key: str
-    upload_id: str
-    initiated: datetime
 
 
 class PosixUploads:

@@ -36,7 +36,6 @@ from collections.abc import AsyncIterator
 
 from gateway.core import errors
 from gateway.origins.posix_files import (
-    PutResult,
     Target,
     commit_to,
     domain_errors,
@@ -47,6 +46,7 @@ from gateway.origins.posix_files import (
     undo,
 )
 from gateway.origins.posix_records import Attrs, Records, last_modified
+from gateway.origins.writable import PutResult
 
 
 class PosixWriter:

@@ -21,12 +21,39 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Protocol
 
 from gateway.origins.base import ObjectInfo
-from gateway.origins.posix_files import PutResult
-from gateway.origins.posix_multipart import PartInfo, UploadInfo
 from gateway.origins.s3_forward import ForwardRequest, ForwardResponse
+
+
+@dataclass(frozen=True, slots=True)
+class PutResult:
+    """A write stored by an origin's own write API."""
+
+    etag: str  # quoted, as S3 sends it
+    last_modified: datetime
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class PartInfo:
+    """One part of a multipart upload in progress."""
+
+    part_number: int
+    etag: str
+    size: int
+    last_modified: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class UploadInfo:
+    """A multipart upload in progress."""
+
+    key: str
+    upload_id: str
+    initiated: datetime
 
 
 class Forwarding(Protocol):

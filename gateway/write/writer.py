@@ -44,10 +44,8 @@ from gateway.core import errors
 from gateway.core.invalidation import Broadcast
 from gateway.origins.base import ObjectInfo
 from gateway.origins.namespace import Mount, Namespace
-from gateway.origins.posix_files import PutResult
-from gateway.origins.posix_multipart import PartInfo, UploadInfo
 from gateway.origins.s3_forward import ForwardRequest, ForwardResponse
-from gateway.origins.writable import Capability, Writable
+from gateway.origins.writable import Capability, PartInfo, PutResult, UploadInfo, Writable
 from gateway.write.capture import Budget, Capture
 from gateway.write.through import WriteThroughs
 
