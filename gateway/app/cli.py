@@ -88,13 +88,15 @@ def _workers_arg(text: str) -> int | str:
 
 def run_client(args: argparse.Namespace) -> int:
     """``hoard warm`` / ``hoard cache``: signed calls to a running gateway."""
-    client = AdminClient(args.endpoint, args.access_key, args.secret_key,
-                         ca_bundle=args.ca_bundle)  # fmt: skip
     command = commands_.warm if args.command == "warm" else commands_.cache
     try:
+        client = AdminClient(args.endpoint, args.access_key, args.secret_key,
+                             ca_bundle=args.ca_bundle)  # fmt: skip
         return command(args, client)
     except AdminError as exc:
         print(f"hoard: {exc}", file=sys.stderr)
+        if exc.status in (401, 403):
+            print(f"hoard: {commands_.CREDENTIALS_HELP}", file=sys.stderr)
     except (ValueError, OSError, urllib3.exceptions.HTTPError) as exc:
         print(f"hoard: {exc}", file=sys.stderr)
     return commands_.EXIT_FAILED
