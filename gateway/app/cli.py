@@ -9,8 +9,9 @@ posix origin on 127.0.0.1:9000 and generates a credential pair on first start,
 kept in the cache directory so it survives restarts. A bad config prints one
 line per problem and exits 2, with no traceback; so do a weak secret on a
 port other hosts can reach (``safety.py``) and a posix origin's missing folder
-(``posix_roots.py``, which also names the folders served as no bucket). The port is bound before anything
-is printed: a busy port is one line and exit status 1, and no secret is shown.
+(``posix_roots.py``, which also names the folders served that are no bucket).
+The port is bound before anything is printed: a busy port is one line and exit
+status 1, and no secret is shown.
 """
 
 from __future__ import annotations
