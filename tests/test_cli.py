@@ -48,7 +48,30 @@ def run_hoard(
             "credentials.0.secret_key: environment variable HOARD_TEST_UNSET_VAR is not set",
         ),
         ("listen: nowhere\n", "listen: invalid listen address"),
-        ("cache: [1, 2\n", "invalid YAML"),
+        # Where the file breaks, as file:line:column, and what is wrong there.
+        (
+            "cache: [1, 2\n",
+            "bad.yaml:2:1: invalid YAML: expected ',' or ']', but got '<stream end>' "
+            "(while parsing a flow sequence that starts at 1:8)",
+        ),
+        (
+            "cache:\n  size: 1GiB\n  size: 2GiB\n",
+            "bad.yaml:3:3: invalid YAML: key 'size' appears twice",
+        ),
+        # A posix origin's folder that is not there is refused at start (it was a 503 to
+        # every request), naming the key, the path as written and where it lands.
+        (
+            "origins:\n  d: {type: posix, path: ./nope}\ndefault_origin: d\n",
+            "origins.d.path: 'nope' (",
+        ),
+        (
+            "origins:\n  d: {type: posix, path: ./bad.yaml}\ndefault_origin: d\n",
+            "is not a directory",
+        ),
+        (
+            "origins:\n  d: {type: posix, path: .}\nmounts:\n  - {bucket: abc, origin: d, origin_bucket: My_Data}\n",
+            "mounts.0.origin_bucket: 'My_Data' has characters other than lowercase letters",
+        ),
         # Nothing to serve: say what to add rather than answer NoSuchBucket to everything.
         ("cache:\n  size: 1GiB\n", "default_origin: nothing is served; add an origin"),
     ],
@@ -62,6 +85,48 @@ def test_bad_config_exits_2_with_one_line(tmp_path, yaml_text, expected):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("hoard: config error: ")
     assert expected in lines[0]
+
+
+def test_a_missing_origin_folder_is_named_with_where_it_would_be(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("origins:\n  d: {type: posix, path: ./nope}\ndefault_origin: d\n")
+    result = run_hoard(["serve", "--config", str(config)], tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"hoard: config error: origins.d.path: 'nope' ({str(tmp_path / 'nope')!r}) "
+        "does not exist (create it, or fix the path)"
+    )
+
+
+def test_folders_that_are_no_bucket_name_are_named_at_start(tmp_path):
+    data = tmp_path / "data"
+    for name in ("My_Data", "ab", "ok-bucket", ".hidden", "line\nbreak"):
+        (data / name).mkdir(parents=True)
+    (data / "ok-bucket" / "k").write_bytes(b"served")
+    node = HoardProcess(tmp_path, {
+        "origins": {"disk": {"type": "posix", "path": str(data)}}, "default_origin": "disk",
+    }).start()  # fmt: skip
+    try:
+        assert [b["Name"] for b in node.client().list_buckets()["Buckets"]] == ["ok-bucket"]
+        warnings = [line for line in node.log().splitlines() if "is not served" in line]
+    finally:
+        node.stop()
+    assert len(warnings) == 3, warnings  # not ok-bucket, not the hidden folder
+    assert all(" WARNING " in line and f"in {str(data)!r}" in line for line in warnings)
+    assert "folder 'My_Data' " in warnings[0] and "other than lowercase letters" in warnings[0]
+    assert "folder 'ab' " in warnings[1] and "has 2 characters, not 3 to 63" in warnings[1]
+    assert "folder 'line\\nbreak' " in warnings[2]  # escaped: one line, not a forged second
+
+
+def test_embedded_default_makes_its_data_dir_and_refuses_a_file_in_its_place(tmp_path):
+    proc, exports = _start_default(tmp_path, free_port())
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(20) == 0
+    assert "AWS_ENDPOINT_URL" in exports and (tmp_path / "data").is_dir()
+    (tmp_path / "file").write_text("not a folder")
+    result = run_hoard(["serve", "--data-dir", "file"], tmp_path, env={"HOME": str(tmp_path)})
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.startswith("hoard: config error: --data-dir: 'file': ")
 
 
 def test_environment_overrides_config(tmp_path):
@@ -112,8 +177,8 @@ def test_embedded_default_serves_data_dir_with_generated_credentials(tmp_path):
         )  # fmt: skip
         assert [b["Name"] for b in client.list_buckets()["Buckets"]] == ["datasets"]
         assert client.get_object(Bucket="datasets", Key="a.txt")["Body"].read() == b"hello"
-        cli = subprocess.run(
-            ["aws", "s3", "ls", "s3://datasets/", "--endpoint-url", exports["AWS_ENDPOINT_URL"]],
+        cli = subprocess.run(  # as the README has it: the endpoint from AWS_ENDPOINT_URL
+            ["aws", "s3", "ls", "s3://datasets/"],
             capture_output=True, text=True, timeout=60,
             env={**os.environ, **exports, "HOME": str(tmp_path)},
         )  # fmt: skip

@@ -7,9 +7,11 @@ clients of a running one (``gateway/client/commands.py``).
 ``hoard serve`` with no config serves ``--data-dir`` (default ``./data``) as a
 posix origin on 127.0.0.1:9000 and generates a credential pair on first start,
 kept in the cache directory so it survives restarts. A bad config prints one
-line per problem and exits 2, with no traceback; so does a weak secret on a
-port other hosts can reach (``safety.py``). The port is bound before anything
-is printed: a busy port is one line and exit status 1, and no secret is shown.
+line per problem and exits 2, with no traceback; so do a weak secret on a
+port other hosts can reach (``safety.py``) and a posix origin's missing folder
+(``posix_roots.py``, which also names the folders served that are no bucket).
+The port is bound before anything is printed: a busy port is one line and exit
+status 1, and no secret is shown.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from aiohttp import web
 from gateway.app import listener
 from gateway.app.cores import available_cores
 from gateway.app.listener import bind
+from gateway.app.posix_roots import root_problems, skipped_folders
 from gateway.app.safety import ambient_origins, private_cache, refusals
 from gateway.app.server import HIT_PATH, HIT_WIRE, rejected
 from gateway.app.supervisor import supervise
@@ -86,13 +89,15 @@ def _workers_arg(text: str) -> int | str:
 
 def run_client(args: argparse.Namespace) -> int:
     """``hoard warm`` / ``hoard cache``: signed calls to a running gateway."""
-    client = AdminClient(args.endpoint, args.access_key, args.secret_key,
-                         ca_bundle=args.ca_bundle)  # fmt: skip
     command = commands_.warm if args.command == "warm" else commands_.cache
     try:
+        client = AdminClient(args.endpoint, args.access_key, args.secret_key,
+                             ca_bundle=args.ca_bundle)  # fmt: skip
         return command(args, client)
     except AdminError as exc:
         print(f"hoard: {exc}", file=sys.stderr)
+        if exc.status in (401, 403):
+            print(f"hoard: {commands_.CREDENTIALS_HELP}", file=sys.stderr)
     except (ValueError, OSError, urllib3.exceptions.HTTPError) as exc:
         print(f"hoard: {exc}", file=sys.stderr)
     return commands_.EXIT_FAILED
@@ -128,7 +133,10 @@ def _overrides(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
 
 def load(args: argparse.Namespace) -> Settings:
     if args.config is None:
-        args.data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            args.data_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:  # a file of that name, or no permission: say so, no traceback
+            raise ConfigError(f"--data-dir: {str(args.data_dir)!r}: {err.strerror}") from None
         settings = load_settings(None, embedded_defaults(args.data_dir.resolve()))
     else:
         settings = load_settings(args.config)
@@ -257,6 +265,9 @@ def main(argv: list[str] | None = None) -> int:
         return run_client(args)
     try:
         settings = load(args)
+        problems = root_problems(settings)  # a posix origin's folder missing: refused here
+        if problems:
+            raise ConfigError("\n".join(problems))
         if settings.tls.cert is not None and settings.tls.key is not None:
             tls.server_context(settings.tls.cert, settings.tls.key)  # unusable files: exit 2
     except ConfigError as exc:
@@ -280,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     for line in warned:
         log.warning("INSECURE, allowed only because Hoard listens on loopback: %s", line)
     for line in ambient_origins(settings):
+        log.warning("%s", line)
+    for line in skipped_folders(settings):
         log.warning("%s", line)
     serve(settings, reload=functools.partial(reloaded, args))
     return 0

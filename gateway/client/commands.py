@@ -2,8 +2,11 @@
 
 Each takes parsed arguments and an ``AdminClient`` and returns the exit code:
 0 when the job is done (or the call succeeded), 1 when a job failed or was
-cancelled or a call was refused. ``app/cli.py`` builds the client and prints
-refusals; nothing here reads the environment.
+cancelled, found nothing to warm, or a call was refused. A prefix that matches
+no key is almost always a typo, so a job that finished with no object is not
+"done 0/0, exit 0" but a message saying nothing matched, and status 1.
+``app/cli.py`` builds the client and prints refusals (with ``CREDENTIALS_HELP``
+when the credentials were refused); nothing here reads the environment.
 """
 
 from __future__ import annotations
@@ -21,6 +24,11 @@ from gateway.client.progress import describe, follow
 
 EXIT_OK = 0
 EXIT_FAILED = 1
+CREDENTIALS_HELP = (
+    "set the key Hoard accepts as AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (the export "
+    "lines `hoard serve` prints), or AWS_PROFILE naming a profile in ~/.aws/credentials, "
+    "or pass --access-key and --secret-key"
+)
 
 
 def split_s3_url(url: str) -> tuple[str, str]:
@@ -66,7 +74,23 @@ def warm(args: argparse.Namespace, client: AdminClient) -> int:
         print(f"\nstopped watching; the job goes on: hoard warm --status {job['id']}")
         return 130
     print(describe(final))
+    if final["state"] == "done" and final.get("objects_total") == 0:
+        print(f"hoard: nothing to warm: {_nothing_matched(args)}", file=sys.stderr)
+        return EXIT_FAILED
     return EXIT_OK if final["state"] == "done" else EXIT_FAILED
+
+
+def _nothing_matched(args: argparse.Namespace) -> str:
+    """Why a finished job had no object, in the terms the user gave."""
+    bucket, prefix = split_s3_url(args.url)
+    if args.manifest is not None:
+        return f"the manifest s3://{bucket}/{args.manifest} lists no key"
+    if args.keys_from is not None:
+        return f"{args.keys_from} lists no key"
+    return (
+        f"no key in bucket {bucket!r} starts with {prefix!r} (keys are case-sensitive; "
+        f"`aws s3 ls s3://{bucket}/` shows what is there)"
+    )
 
 
 def cache(args: argparse.Namespace, client: AdminClient) -> int:

@@ -5,7 +5,10 @@ file, expands ``${VAR}`` references, lets ``HOARD_...`` environment variables
 (nested with ``__``) override any key, validates everything strictly
 (``settings.py``'s models: unknown keys are an error) and checks
 cross-references (a mount naming an unknown origin). A bad config raises
-``ConfigError``, one line per problem.
+``ConfigError``, one line per problem. A file that is not YAML is reported as
+``file:line:column: problem``, as a compiler would, and a key given twice in
+one mapping is an error there too: PyYAML would keep the last one silently,
+so ``cache.size`` set twice would leave a reader of the file guessing.
 """
 
 from __future__ import annotations
@@ -21,6 +24,29 @@ from pydantic import ValidationError
 from gateway.config.settings import ConfigError, Settings
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (YAML forbids it)."""
+
+
+def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    first_seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == _MERGE_TAG or not isinstance(key_node, yaml.ScalarNode):
+            continue  # merges (<<) and complex keys: left to PyYAML's own rules
+        key = loader.construct_object(key_node)
+        if key in first_seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key!r} appears twice (first on line {first_seen[key]})",
+                key_node.start_mark,
+            )  # fmt: skip
+        first_seen[key] = key_node.start_mark.line + 1
+    return loader.construct_mapping(node)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
 
 
 def _expand(value: Any, path: str, environ: dict[str, str]) -> Any:
@@ -46,15 +72,37 @@ def _expand(value: Any, path: str, environ: dict[str, str]) -> Any:
 def read_yaml(path: Path, environ: dict[str, str] | None = None) -> dict[str, Any]:
     """Read a config file into a plain dict with ``${VAR}`` references expanded."""
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        # A SafeLoader: plain data only, no Python objects from tags.
+        raw = yaml.load(path.read_text(), Loader=_UniqueKeyLoader) or {}
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     except yaml.YAMLError as exc:
-        first_line = str(exc).splitlines()[0] if str(exc) else "invalid YAML"
-        raise ConfigError(f"{path}: invalid YAML: {first_line}") from None
+        raise ConfigError(_yaml_problem(path, exc)) from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of keys")
     return _expand(raw, "", dict(os.environ if environ is None else environ))
+
+
+def _yaml_problem(path: Path, exc: yaml.YAMLError) -> str:
+    """``file:line:column: invalid YAML: problem`` (1-based, as editors count), one line.
+
+    PyYAML's own text spreads over several lines with a snippet of the file; the
+    mark and the problem are what a reader needs to find it.
+    """
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None)
+    if mark is None or problem is None:  # not a parse error (e.g. bytes that are not text)
+        first_line = str(exc).splitlines()[0] if str(exc) else "unreadable"
+        return f"{path}: invalid YAML: {first_line}"
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}"
+    context, start = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context and start is not None and (start.line, start.column) != (mark.line, mark.column):
+        problem += f" ({context} that starts at {start.line + 1}:{start.column + 1})"
+    elif context:
+        problem += f" ({context})"
+    return f"{where}: invalid YAML: {problem}"
 
 
 def _describe(error: dict[str, Any]) -> str:

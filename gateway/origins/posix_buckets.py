@@ -1,7 +1,9 @@
 """Buckets of a posix origin: CreateBucket makes a top-level directory, DeleteBucket removes one.
 
 A bucket is a directory of the root whose name follows S3's naming rules
-(``posix.valid_bucket_name``). Creating one is one ``mkdir``; a name that is
+(``valid_bucket_name``); a directory whose name breaks them is no bucket, and
+``hoard serve`` names each such folder at start with the rule it breaks
+(``why_not_a_bucket``, ``gateway/app/posix_roots.py``). Creating one is one ``mkdir``; a name that is
 already a bucket is no error (S3 in us-east-1 answers the owner 200), a name
 taken by a file is ``BucketAlreadyExists``. Deleting one removes it and the
 empty directories below it, which S3 would not even show; a file anywhere
@@ -24,6 +26,7 @@ from gateway.core import errors
 
 _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _IPV4_RE = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+")
+_BAD_CHAR = re.compile(r"[^a-z0-9.-]")
 # Resolves a bucket name to its real directory, or raises NoSuchBucket.
 BucketDir = Callable[[str], str]
 
@@ -31,6 +34,25 @@ BucketDir = Callable[[str], str]
 def valid_bucket_name(name: str) -> bool:
     """S3's rules: 3-63 of ``a-z0-9.-``, alphanumeric ends, no ``..``, not an IPv4 address."""
     return bool(_BUCKET_RE.fullmatch(name)) and ".." not in name and not _IPV4_RE.fullmatch(name)
+
+
+def why_not_a_bucket(name: str) -> str | None:
+    """Which of S3's naming rules ``name`` breaks (None: it is a valid bucket name).
+
+    For messages only (a folder that is no bucket, named at start); requests
+    ask ``valid_bucket_name``, which this agrees with.
+    """
+    if valid_bucket_name(name):
+        return None
+    if not 3 <= len(name) <= 63:
+        return f"has {len(name)} characters, not 3 to 63"
+    if _BAD_CHAR.search(name):
+        return "has characters other than lowercase letters, digits, '.' and '-'"
+    if ".." in name:
+        return "has two dots in a row"
+    if _IPV4_RE.fullmatch(name):
+        return "is an IPv4 address"
+    return "does not start and end with a lowercase letter or digit"
 
 
 def create(root: str, bucket: str, bucket_dir: BucketDir) -> bool:
