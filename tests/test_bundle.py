@@ -8,6 +8,7 @@ the origin is counted; a directory origin and several workers are covered too.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import io
@@ -22,11 +23,13 @@ from botocore.config import Config
 from tigris_boto3_ext import BUNDLE_ON_ERROR_FAIL, BundleError, bundle_objects
 from urllib3.exceptions import ProtocolError
 
+from gateway.app.server import HIT_PATH
 from tests.conftest import moto_origin, seed
 from tests.harness import ACCESS_KEY, SECRET_KEY, HoardProcess, metric
 from tests.inprocess import threaded_app
 from tests.origin_proxy import Fault, OriginProxy
 from tests.rawhttp import presign, send, sign_headers, signed_send
+from tests.test_cluster import start_cluster
 
 BLOCK = 64 * 1024  # the smallest block size: multi-block objects stay small
 
@@ -49,18 +52,20 @@ def tigris(endpoint: str, access_key: str = ACCESS_KEY, secret_key: str = SECRET
 def read_bundle(client, bucket: str, keys: list[str], **options):
     """(members as (name, bytes), the errors entry or None) of one bundle."""
     members, errors = [], None
-    with bundle_objects(client, bucket, keys, **options) as answer:
+    with contextlib.ExitStack() as stack:
+        answer = stack.enter_context(bundle_objects(client, bucket, keys, **options))
         assert answer.status_code == 200
-        stream = gzip.open(answer, "rb") if options.get("compression") == "gzip" else answer
-        with tarfile.open(fileobj=stream, mode="r|") as archive:
-            for member in archive:
-                assert member.isreg()
-                data = archive.extractfile(member).read()
-                if member.name == "__bundle_errors.json":
-                    errors = json.loads(data)
-                else:
-                    assert member.size == len(data)
-                    members.append((member.name, data))
+        gzipped = options.get("compression") == "gzip"
+        stream = stack.enter_context(gzip.open(answer, "rb")) if gzipped else answer
+        archive = stack.enter_context(tarfile.open(fileobj=stream, mode="r|"))
+        for member in archive:
+            assert member.isreg()
+            data = archive.extractfile(member).read()
+            if member.name == "__bundle_errors.json":
+                errors = json.loads(data)
+            else:
+                assert member.size == len(data)
+                members.append((member.name, data))
     return members, errors
 
 
@@ -272,3 +277,37 @@ def test_two_workers_answer_bundles_and_log_their_key_count(
         assert lines and all(line["objects"] == len(keys) for line in lines)
     finally:
         assert node.stop() == 0, node.log()
+
+
+def test_a_bundle_counts_for_prefetch_and_auto_warm_as_its_gets_would(
+    tmp_path: Path, proxy: OriginProxy, bucket: str, data: dict[str, bytes]
+):
+    keys = ["img/001.jpg", "img/002.jpg", "big/multi.bin"]
+    with threaded_app(tmp_path, config(proxy)) as hoard:
+        reader = hoard.app[HIT_PATH]._reader
+        observed, cold = [], []
+        reader.observers.append(lambda b, k: observed.append(k))
+        reader.cold_reads.append(lambda mount, okey: cold.append(okey))
+        read_bundle(tigris(hoard.endpoint), bucket, keys)  # cold
+        assert observed == keys and cold == keys
+        read_bundle(tigris(hoard.endpoint), bucket, keys)  # warm: held hits observed too
+        assert observed == keys * 2 and cold == keys
+
+
+def test_a_cluster_of_three_fills_each_block_once_and_streams_peers_blocks(
+    tmp_path: Path, proxy: OriginProxy, bucket: str, data: dict[str, bytes]
+):
+    nodes = start_cluster(tmp_path, proxy, cache={"block_size": "64KiB"})
+    try:
+        keys = sorted(data)
+        proxy.reset()
+        for node in nodes:
+            members, errors = read_bundle(tigris(node.endpoint), bucket, keys)
+            assert members == [(k, data[k]) for k in keys] and errors is None
+        blocks = sum(max(1, -(-len(body) // BLOCK)) for body in data.values() if body)
+        assert proxy.counts["GetObject"] == blocks, proxy.listed_gets()
+        peer = [metric(n.endpoint, 'hoard_bytes_served_total{source="peer"}') for n in nodes]
+        assert sum(peer) > 0
+    finally:
+        for node in nodes:
+            assert node.stop() == 0, node.log()
