@@ -5,8 +5,8 @@ defined, answered by Hoard: ``gateway/s3/bundle``) and yields ``(key, bytes)``
 per key, in request order, as the TAR streams in: the first object is
 usable while the last is still on its way. It needs no torch (the dataset
 in ``client/torch.py`` is built on it) and nothing Tigris ships: credentials,
-region and endpoint come from boto3's chain as ``boto3.client("s3")`` finds
-them (arguments, environment, ``~/.aws``, ``AWS_ENDPOINT_URL``), the
+region and endpoint come from the chain ``boto3.client("s3")`` uses (botocore's
+session: arguments, environment, ``~/.aws``, ``AWS_ENDPOINT_URL``), the
 request is signed with botocore's ``SigV4Auth`` over the exact body bytes,
 and urllib3 carries it over a pool of connections kept by ``BundleClient``
 (one per process: a client is not shared across ``fork``).
@@ -31,13 +31,31 @@ import tarfile
 from collections.abc import Iterator
 from typing import Any
 
-import boto3
+import botocore.session
 import urllib3
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 
 ERRORS_ENTRY = "__bundle_errors.json"
 _CODE = re.compile(r"<Code>(.*?)</Code>")
+
+
+def aws_session(*, aws_access_key_id: str | None = None, aws_secret_access_key: str | None = None,
+                aws_session_token: str | None = None, region_name: str | None = None,
+                profile_name: str | None = None) -> botocore.session.Session:  # fmt: skip
+    """botocore's session as ``boto3.Session(...)`` would make it (its credential chain;
+    boto3 is not a dependency of Hoard, botocore is)."""
+    session = botocore.session.Session(profile=profile_name)
+    if aws_access_key_id is not None:
+        session.set_credentials(aws_access_key_id, aws_secret_access_key, aws_session_token)
+    if region_name is not None:
+        session.set_config_variable("region", region_name)
+    return session
+
+
+def s3_client(endpoint: str | None = None, **credentials: Any) -> Any:
+    """An S3 client as ``boto3.client("s3", endpoint_url=endpoint, **credentials)``."""
+    return aws_session(**credentials).create_client("s3", endpoint_url=endpoint)
 
 
 class BundleError(Exception):
@@ -55,8 +73,8 @@ class BundleClient:
                  timeout: float = 60.0, **credentials: Any) -> None:  # fmt: skip
         """``credentials``: boto3.Session's arguments (``aws_access_key_id``,
         ``aws_secret_access_key``, ``aws_session_token``, ``region_name``, ``profile_name``)."""
-        session = boto3.Session(**credentials)
-        probe = session.client("s3", endpoint_url=endpoint)  # the chain's endpoint and region
+        session = aws_session(**credentials)
+        probe = session.create_client("s3", endpoint_url=endpoint)  # the chain's endpoint, region
         self.endpoint = probe.meta.endpoint_url.rstrip("/")
         self.region = probe.meta.region_name or "us-east-1"
         self._credentials = session.get_credentials()

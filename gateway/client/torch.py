@@ -29,10 +29,9 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import boto3
 from torch.utils.data import Dataset
 
-from gateway.client.bundle import BundleClient
+from gateway.client.bundle import BundleClient, s3_client
 
 Transform = Callable[[str, bytes], Any]
 
@@ -55,7 +54,7 @@ class BundleDataset(Dataset):
     def from_prefix(cls, bucket: str, prefix: str = "", endpoint: str | None = None,
                     transform: Transform | None = None, **credentials: Any) -> BundleDataset:  # fmt: skip
         """Every key under ``prefix``, in listing order, from one listing."""
-        client = boto3.Session(**credentials).client("s3", endpoint_url=endpoint)
+        client = s3_client(endpoint, **credentials)
         pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
         keys = [entry["Key"] for page in pages for entry in page.get("Contents", [])]
         return cls(bucket, keys, endpoint, transform, **credentials)
