@@ -127,7 +127,7 @@ def measure(reader: str, origin: Origin, keys: list[str], args: argparse.Namespa
                 "objects_per_s": round(len(keys) / elapsed),
                 "hoard_cpu_us_per_object": round((cpu_seconds(pids) - cpu) * 1e6 / len(keys))
                 if proc is not None else None,
-                "origin_gets": diff_counts(origin.counts(), before).get("GetObject", 0),
+                "origin_gets": diff_counts(origin.counts(), before).get("GET", 0),
             }  # fmt: skip
     finally:
         stop_process(proc, 15)
