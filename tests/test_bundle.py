@@ -311,3 +311,18 @@ def test_a_cluster_of_three_fills_each_block_once_and_streams_peers_blocks(
     finally:
         for node in nodes:
             assert node.stop() == 0, node.log()
+
+
+def test_warm_keys_from_the_disk_tier_go_out_with_sendfile_as_chunks_of_their_own(
+    tmp_path: Path, proxy: OriginProxy, bucket: str, data: dict[str, bytes]
+):
+    keys = ["img/001.jpg", "big/multi.bin", "img/002.jpg", "empty", "img/001.jpg"]
+    cfg = config(proxy)
+    cfg["cache"]["memory_item_max"] = "1KiB"  # no block stays in memory: hits are disk segments
+    with threaded_app(tmp_path, cfg) as hoard:
+        client = tigris(hoard.endpoint)
+        expected = [(k, data[k]) for k in keys]
+        assert read_bundle(client, bucket, keys) == (expected, None)  # cold
+        for options in ({}, {"compression": "gzip"}):  # warm, from disk, plain and gzip
+            assert read_bundle(client, bucket, keys, **options) == (expected, None)
+        assert metric(hoard.endpoint, 'hoard_bytes_served_total{source="disk"}') > 0
