@@ -105,7 +105,7 @@ def account(
     error = f"cut:{cut}" if cut is not None else request.get(keys.ERROR_CODE, "-")
     state["access_log"].record(
         request[keys.REQUEST_ID], request.method, request.path, operation, request.get(keys.BUCKET, ""),
-        status, sent, elapsed, request.get(keys.SOURCE, "-"), error,
+        status, sent, elapsed, request.get(keys.SOURCE, "-"), error, request.get(keys.OBJECTS),
     )  # fmt: skip
 
 
@@ -163,6 +163,8 @@ def _body_bytes(request: web.Request, response: web.StreamResponse) -> int:
     """
     if request.method == "HEAD" or response.status in (204, 304):
         return 0
+    if keys.SENT in request:  # counted by the handler (a bundle's sendfile bytes too)
+        return request[keys.SENT]
     if response.prepared:
         return response.content_length or response.body_length
     body = getattr(response, "body", None)

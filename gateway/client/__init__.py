@@ -4,6 +4,7 @@ They are synchronous on purpose: the CLI and a data loader's sampler call them
 from plain Python, outside any event loop.
 """
 
+from gateway.client.bundle import bundle
 from gateway.client.prefetch import prefetch
 
-__all__ = ["prefetch"]
+__all__ = ["bundle", "prefetch"]

@@ -70,7 +70,9 @@ class AccessLog:
         seconds: float,
         source: str = "-",
         error: str = "-",
+        objects: int | None = None,
     ) -> None:
+        """One line; ``objects``: the keys a batch GET asked for (a last field, on its lines only)."""
         if not self.enabled:
             return
         if self._json:
@@ -78,11 +80,14 @@ class AccessLog:
                 "time": self._now(), "pid": self._pid, "request_id": request_id, "method": method,
                 "path": path, "operation": operation, "bucket": bucket, "status": status,
                 "bytes": sent, "duration": round(seconds, 6), "source": source, "error": error,
+                **({"objects": objects} if objects is not None else {}),
             })  # fmt: skip
         else:
             line = (f"{self._now()} {self._pid} {field(request_id)} {field(method)} {field(path)} "
                     f"{field(operation)} {field(bucket)} {status} {sent} {seconds:.4f} "
                     f"{field(source)} {field(error)}")  # fmt: skip
+            if objects is not None:
+                line += f" objects={objects}"
         self._lines.append(line)
         if len(self._lines) >= self._batch:
             self.flush()

@@ -116,6 +116,23 @@ class Metrics(PerRequestSeries):
             ["source"],
             registry=self.registry,
         )
+        self.bundles = Counter(
+            "hoard_bundles_total",
+            "Batch GETs (POST ?bundle) answered with an archive, whole or cut.",
+            registry=self.registry,
+        )
+        self.bundle_keys = Counter(
+            "hoard_bundle_keys_total",
+            "Keys of batch GETs, by outcome: sent as an archive member, or skipped "
+            "(missing, refused or not readable; listed in __bundle_errors.json).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.bundle_bytes = Counter(
+            "hoard_bundle_object_bytes_total",
+            "Object bytes sent in batch GET archives (TAR headers and padding not counted).",
+            registry=self.registry,
+        )
         self.origin_requests = Counter(
             "hoard_origin_requests_total",
             "Requests Hoard sent to an origin, by origin name and S3 operation (a hedge and "
@@ -401,6 +418,8 @@ class Metrics(PerRequestSeries):
             self.cache_evictions.labels(tier)
         for reason in CUT_REASONS:
             self.responses_cut.labels(reason)
+        for outcome in ("sent", "skipped"):
+            self.bundle_keys.labels(outcome)
         for how in ("fetched", "cached"):
             self.warm_bytes.labels(how)
         for state in WARM_STATES:
@@ -446,6 +465,13 @@ class Metrics(PerRequestSeries):
         for source, count in tally.items():
             if count:
                 self._tally.add(self._child(self.bytes_served, source, mount), count)
+
+    def bundle(self, sent: int, skipped: int, object_bytes: int) -> None:
+        """Count one batch GET: its keys sent and skipped, and its object bytes."""
+        self._tally.add(self._child(self.bundles))
+        self._tally.add(self._child(self.bundle_keys, "sent"), sent)
+        self._tally.add(self._child(self.bundle_keys, "skipped"), skipped)
+        self._tally.add(self._child(self.bundle_bytes), object_bytes)
 
     def hit(self, source: str) -> None:
         """Count one GET answered by the hit path, by the tier it came from."""

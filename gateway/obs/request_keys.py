@@ -23,6 +23,7 @@ SERVED = web.RequestKey("served", Mapping)  # bytes served, by tier (metrics.SOU
 CUT = web.RequestKey("cut", str)  # why a body was cut short, if it was
 SENT = web.RequestKey("sent", int)  # the body bytes sent before a cut
 CORS = web.RequestKey("cors", Mapping)  # the CORS headers of Hoard's own answer (s3/cors.py)
+OBJECTS = web.RequestKey("objects", int)  # the keys a bundle asked for (BundleObjects)
 CONTINUED = web.RequestKey("continued", bool)  # "100 Continue" was sent (Expect: 100-continue)
 # The caller this request's signature was verified as (an ``auth.Principal``): a request the
 # hit path admitted, then handed on, is not verified again (``S3Front.admit``).

@@ -56,6 +56,37 @@ class BodySender:
         finally:
             release.unless_handed()
 
+    async def send_chunk(
+        self, request: web.Request, writer: AbstractStreamWriter, piece: Piece
+    ) -> None:
+        """``send`` into an answer in chunked transfer coding (RFC 9112 §7.1), as a bundle's is.
+
+        The writer frames bytes as chunks itself; a segment sent with sendfile goes
+        around it, so that chunk's size line and closing CRLF are written here, on the
+        transport, around the segment (``_send_segment`` flushes the transport before
+        its sendfile, so the size line leaves first). Over TLS a segment is copied
+        through the writer, which frames it. An empty piece is not sent: a chunk of
+        size 0 ends the answer.
+        """
+        transport = request.transport
+        if not isinstance(piece, FileSegment):
+            if len(piece):
+                await writer.write(piece)
+            return
+        if piece.count == 0:
+            piece.release()
+            return
+        if _tls(transport):
+            await self.send(request, writer, piece)
+            return
+        send_headers = getattr(writer, "send_headers", None)
+        if send_headers is not None:
+            send_headers()  # headers aiohttp holds for the first write must precede this
+        if transport is not None and not transport.is_closing():
+            transport.write(b"%x\r\n" % piece.count)
+        await self.send(request, writer, piece)
+        transport.write(b"\r\n")  # type: ignore[union-attr]  # send raised if it is gone
+
     async def _send_segment(
         self,
         request: web.Request,
@@ -150,6 +181,10 @@ class _Release:
     def unless_handed(self) -> None:
         if not self._handed:
             self._action()
+
+
+def _tls(transport: asyncio.BaseTransport | None) -> bool:
+    return transport is not None and transport.get_extra_info("sslcontext") is not None
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop, action: Callable[[], None]) -> None:

@@ -25,7 +25,7 @@ import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass
 
 from gateway.s3.numbers import natural
-from gateway.s3.xml_writes import _local, _root
+from gateway.s3.xml_writes import local_name, root_element
 
 # What S3 names in ``Vary`` of an answer a rule matched: a cache between the
 # browser and S3 must not answer another origin (or a preflight) with it.
@@ -49,14 +49,14 @@ NO_RULES: CorsRules = ()
 def parse_configuration(body: bytes) -> CorsRules:
     """The rules of a GetBucketCors answer's ``<CORSConfiguration>`` (the S3 namespace
     optional); ``S3Error(MalformedXML)`` for a body that is not one."""
-    root = _root(body, "CORSConfiguration")
-    return tuple(_rule(element) for element in root if _local(element.tag) == "CORSRule")
+    root = root_element(body, "CORSConfiguration")
+    return tuple(_rule(element) for element in root if local_name(element.tag) == "CORSRule")
 
 
 def _rule(element: ElementTree.Element) -> CorsRule:
     found: dict[str, list[str]] = {}
     for child in element:
-        found.setdefault(_local(child.tag), []).append((child.text or "").strip())
+        found.setdefault(local_name(child.tag), []).append((child.text or "").strip())
     max_age = next(iter(found.get("MaxAgeSeconds", [])), None)
     return CorsRule(
         allowed_origins=tuple(found.get("AllowedOrigin", ())),

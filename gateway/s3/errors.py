@@ -24,6 +24,8 @@ class Code(Enum):
     AuthorizationQueryParametersError = (400, "Error parsing the X-Amz-Credential parameter.")
     BadRequest = (400, "Bad Request")
     BadDigest = (400, "The Content-MD5 you specified did not match what we received.")
+    # Tigris' bundle dialect: fail mode, a key missing (its <MissingKeys> lists them).
+    BundleKeyNotFound = (404, "One or more keys could not be resolved")
     BucketAlreadyExists = (409, "The requested bucket name is not available.")
     BucketNotEmpty = (409, "The bucket you tried to delete is not empty")
     CORSResponse = (403, "CORS is not enabled for this bucket.")
@@ -50,10 +52,12 @@ class Code(Enum):
     )
     InvalidRange = (416, "The requested range is not satisfiable")
     InvalidRequest = (400, "Invalid Request")
+    KeyTooLongError = (400, "Your key is too long")
     MalformedXML = (
         400,
         "The XML you provided was not well-formed or did not validate against our published schema.",
     )
+    MaxMessageLengthExceeded = (400, "Your request was too big.")
     MetadataTooLarge = (400, "Your metadata headers exceed the maximum allowed metadata size.")
     MethodNotAllowed = (405, "The specified method is not allowed against this resource.")
     MissingContentLength = (411, "You must provide the Content-Length HTTP header.")
@@ -101,7 +105,8 @@ class S3Error(Exception):
     """An error answered to the client as S3 XML (or a bare status for HEAD).
 
     ``fields`` are extra elements S3 adds for some codes (``BucketName``,
-    ``Key``, ``Condition``, ``ActualObjectSize``...), rendered in order.
+    ``Key``, ``Condition``, ``ActualObjectSize``...), rendered in order; a list
+    of keys is one element of ``<Key>`` children (``MissingKeys``).
     ``headers`` go onto the response (a 304 keeps ETag and Last-Modified).
     """
 
@@ -110,7 +115,7 @@ class S3Error(Exception):
         code: Code,
         message: str | None = None,
         *,
-        fields: dict[str, str] | None = None,
+        fields: dict[str, str | list[str]] | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message or code.default_message)

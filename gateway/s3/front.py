@@ -25,10 +25,11 @@ from gateway.read.reader import Reader
 from gateway.s3 import buckets, cors, listing, objects, xml
 from gateway.s3.auth import ANONYMOUS, Authenticator
 from gateway.s3.body import BodySender
+from gateway.s3.bundle.operation import bundle_objects
 from gateway.s3.call import Call
 from gateway.s3.errors import Code, S3Error, from_domain
 from gateway.s3.passthrough import passthrough
-from gateway.s3.routing import Route, copy_source_bucket, route
+from gateway.s3.routing import READS, Route, copy_source_bucket, route
 from gateway.s3.sigv4 import RequestView
 from gateway.write.writer import Writer
 
@@ -48,6 +49,7 @@ HANDLERS: dict[str, Handler] = {
     "ListObjects": listing.list_objects_v1,
     "HeadObject": objects.head_object,
     "GetObject": objects.get_object,
+    "BundleObjects": bundle_objects,
 }
 
 
@@ -142,7 +144,8 @@ class S3Front:
                 # Anonymous reads are object reads and listings Hoard answers itself, never
                 # an ACL, version, upload or tagging read fetched with Hoard's credentials.
                 raise S3Error(Code.AccessDenied)
-            principal.authorize(found.bucket, mutating=request.method in ("PUT", "POST", "DELETE"))
+            mutating = request.method in ("PUT", "POST", "DELETE") and found.operation not in READS
+            principal.authorize(found.bucket, mutating=mutating)
         if copy_source is not None:  # a copy also reads its source: may this caller?
             principal.authorize(copy_source_bucket(copy_source), mutating=False)
         # What Hoard does not answer itself goes to the origin as it is.

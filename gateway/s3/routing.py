@@ -40,6 +40,7 @@ _BUCKET_SUBRESOURCES: dict[str, dict[str, str]] = {
     "uploads": {"GET": "ListMultipartUploads"},
     "versions": {"GET": "ListObjectVersions"},
     "delete": {"POST": "DeleteObjects"},
+    "bundle": {"POST": "BundleObjects"},  # Tigris's batch GET: a TAR of many keys
     "accelerate": {"GET": "GetBucketAccelerateConfiguration", "PUT": "PutBucketAccelerateConfiguration"},
     "acl": {"GET": "GetBucketAcl", "PUT": "PutBucketAcl"},
     "analytics": _configuration("BucketAnalytics"),
@@ -88,7 +89,11 @@ _COPIES = {"PutObject": "CopyObject", "UploadPart": "UploadPartCopy"}
 _NOT_CACHED = ("partNumber", "versionId")
 # What Hoard answers itself; every other operation goes to the origin.
 SERVED = frozenset({"ListBuckets", "HeadBucket", "GetBucketLocation", "ListObjects",
-                    "ListObjectsV2", "HeadObject", "GetObject"})  # fmt: skip
+                    "ListObjectsV2", "HeadObject", "GetObject", "BundleObjects"})  # fmt: skip
+# Operations named by a sub-resource that Hoard answers all the same.
+_SERVED_NAMED = frozenset({"GetBucketLocation", "BundleObjects"})
+# What reads although its method is one that writes: a bundle POSTs its key list.
+READS = frozenset({"BundleObjects"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +153,7 @@ def route(
         if copy_source and method == "PUT":
             operation = _COPIES.get(operation, operation)
     plain = not any(name in query for name in _NOT_CACHED)
-    served = operation in SERVED and plain and (not named or operation == "GetBucketLocation")
+    served = operation in SERVED and plain and (not named or operation in _SERVED_NAMED)
     return Route(bucket, key, operation, served)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from email.utils import format_datetime
 from urllib.parse import quote
@@ -59,8 +60,15 @@ def _url(value: str, encode: bool) -> str:
     return quote(value, safe="/") if encode else value
 
 
-def error(code: str, message: str, request_id: str, fields: dict[str, str]) -> bytes:
-    extra = "".join(_element(name, value) for name, value in fields.items())
+def _field(name: str, value: str | list[str]) -> str:
+    """One extra element of an error; a list of keys as ``<Key>`` children (``MissingKeys``)."""
+    if isinstance(value, str):
+        return _element(name, value)
+    return f"<{name}>{''.join(_element('Key', key) for key in value)}</{name}>"
+
+
+def error(code: str, message: str, request_id: str, fields: Mapping[str, str | list[str]]) -> bytes:
+    extra = "".join(_field(name, value) for name, value in fields.items())
     body = (
         f"<Error>{_element('Code', code)}{_element('Message', message)}{extra}"
         f"{_element('RequestId', request_id)}{_element('HostId', request_id)}</Error>"

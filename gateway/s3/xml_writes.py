@@ -29,13 +29,15 @@ _OWNER = f"<ID>{OWNER_ID}</ID><DisplayName>{OWNER_ID}</DisplayName>"
 # -- request bodies --------------------------------------------------------------------
 
 
-def _root(body: bytes, name: str) -> ElementTree.Element:
+def root_element(body: bytes, name: str) -> ElementTree.Element:
+    """The root of a small XML request body named ``name`` (any namespace); MalformedXML
+    for anything else, a document type declaration included (``_refuse_dtd``)."""
     _refuse_dtd(body)
     try:
         root = ElementTree.fromstring(body)
     except ElementTree.ParseError:
         raise S3Error(Code.MalformedXML) from None
-    if _local(root.tag) != name:
+    if local_name(root.tag) != name:
         raise S3Error(Code.MalformedXML)
     return root
 
@@ -65,13 +67,13 @@ def _refuse_dtd(body: bytes) -> None:
         raise S3Error(Code.MalformedXML) from None
 
 
-def _local(tag: str) -> str:
+def local_name(tag: str) -> str:
     return tag.rpartition("}")[2]
 
 
-def _child_text(element: ElementTree.Element, name: str) -> str | None:
+def child_text(element: ElementTree.Element, name: str) -> str | None:
     for child in element:
-        if _local(child.tag) == name:
+        if local_name(child.tag) == name:
             return child.text or ""
     return None
 
@@ -84,16 +86,16 @@ class DeleteRequest:
 
 def parse_delete(body: bytes) -> DeleteRequest:
     """``<Delete><Quiet>true</Quiet><Object><Key>k</Key><VersionId>v</VersionId></Object>…``."""
-    root = _root(body, "Delete")
-    quiet = (_child_text(root, "Quiet") or "").strip().lower() == "true"
+    root = root_element(body, "Delete")
+    quiet = (child_text(root, "Quiet") or "").strip().lower() == "true"
     objects = []
     for element in root:
-        if _local(element.tag) != "Object":
+        if local_name(element.tag) != "Object":
             continue
-        key = _child_text(element, "Key")
+        key = child_text(element, "Key")
         if key is None:
             raise S3Error(Code.MalformedXML)
-        objects.append((key, _child_text(element, "VersionId")))
+        objects.append((key, child_text(element, "VersionId")))
     if not objects or len(objects) > MAX_DELETE_KEYS:
         raise S3Error(Code.MalformedXML)
     return DeleteRequest(quiet, objects)
@@ -104,12 +106,12 @@ def parse_complete(body: bytes) -> list[tuple[int, str]]:
 
     Part checksums (``<ChecksumCRC32>``…) are accepted and not checked.
     """
-    root = _root(body, "CompleteMultipartUpload")
+    root = root_element(body, "CompleteMultipartUpload")
     parts = []
     for element in root:
-        if _local(element.tag) != "Part":
+        if local_name(element.tag) != "Part":
             continue
-        number, etag = _child_text(element, "PartNumber"), _child_text(element, "ETag")
+        number, etag = child_text(element, "PartNumber"), child_text(element, "ETag")
         part_number = natural(number.strip(), 5) if number is not None else None
         if part_number is None or etag is None:
             raise S3Error(Code.MalformedXML)

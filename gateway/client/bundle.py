@@ -1,0 +1,144 @@
+"""A batch GET client: many keys in one signed request, their bytes back in order.
+
+``bundle(bucket, keys)`` sends ``POST /{bucket}?bundle`` (the dialect Tigris
+defined, answered by Hoard: ``gateway/s3/bundle``) and yields ``(key, bytes)``
+per key, in request order, as the TAR streams in: the first object is
+usable while the last is still on its way. It needs no torch (the dataset
+in ``client/torch.py`` is built on it) and nothing Tigris ships: credentials,
+region and endpoint come from the chain ``boto3.client("s3")`` uses (botocore's
+session: arguments, environment, ``~/.aws``, ``AWS_ENDPOINT_URL``), the
+request is signed with botocore's ``SigV4Auth`` over the exact body bytes,
+and urllib3 carries it over a pool of connections kept by ``BundleClient``
+(one per process: a client is not shared across ``fork``).
+
+``on_error`` is ``fail`` by default here (a key missing is ``BundleError``
+404 ``BundleKeyNotFound``, before any byte): a training sample that is not
+there is a bug to hear about. With ``skip`` the missing keys are left out
+of what is yielded and listed in ``BundleClient.skipped`` once the archive
+is read.
+
+Not guaranteed: a connection cut mid-archive raises urllib3's
+``ProtocolError`` (or ``tarfile.ReadError``) from the iterator, after the
+objects before the cut were yielded; nothing is retried here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import tarfile
+from collections.abc import Iterator
+from typing import Any
+
+import botocore.session
+import urllib3
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+
+ERRORS_ENTRY = "__bundle_errors.json"
+_CODE = re.compile(r"<Code>(.*?)</Code>")
+
+
+def aws_session(*, aws_access_key_id: str | None = None, aws_secret_access_key: str | None = None,
+                aws_session_token: str | None = None, region_name: str | None = None,
+                profile_name: str | None = None) -> botocore.session.Session:  # fmt: skip
+    """botocore's session as ``boto3.Session(...)`` would make it (its credential chain;
+    boto3 is not a dependency of Hoard, botocore is)."""
+    session = botocore.session.Session(profile=profile_name)
+    if aws_access_key_id is not None:
+        session.set_credentials(aws_access_key_id, aws_secret_access_key, aws_session_token)
+    if region_name is not None:
+        session.set_config_variable("region", region_name)
+    return session
+
+
+def s3_client(endpoint: str | None = None, **credentials: Any) -> Any:
+    """An S3 client as ``boto3.client("s3", endpoint_url=endpoint, **credentials)``."""
+    return aws_session(**credentials).create_client("s3", endpoint_url=endpoint)
+
+
+class BundleError(Exception):
+    """The bundle was refused: its HTTP status, S3 error code and body."""
+
+    def __init__(self, status: int, code: str | None, body: str) -> None:
+        super().__init__(f"bundle refused (HTTP {status} {code}): {body}")
+        self.status, self.code, self.body = status, code, body
+
+
+class BundleClient:
+    """Batch GETs against one endpoint, with one boto3 session's credentials and a pool."""
+
+    def __init__(self, endpoint: str | None = None, *, pool_size: int = 4,
+                 timeout: float = 60.0, **credentials: Any) -> None:  # fmt: skip
+        """``credentials``: boto3.Session's arguments (``aws_access_key_id``,
+        ``aws_secret_access_key``, ``aws_session_token``, ``region_name``, ``profile_name``)."""
+        session = aws_session(**credentials)
+        probe = session.create_client("s3", endpoint_url=endpoint)  # the chain's endpoint, region
+        self.endpoint = probe.meta.endpoint_url.rstrip("/")
+        self.region = probe.meta.region_name or "us-east-1"
+        self._credentials = session.get_credentials()
+        if self._credentials is None:
+            raise ValueError("no AWS credentials found for the bundle client")
+        self._pool = urllib3.PoolManager(maxsize=pool_size, retries=False,
+                                         timeout=urllib3.Timeout(connect=10, read=timeout))  # fmt: skip
+        self.skipped: list[dict[str, str]] = []
+
+    def bundle(
+        self, bucket: str, keys: list[str], on_error: str = "fail"
+    ) -> Iterator[tuple[str, bytes]]:
+        """``(key, bytes)`` of each present key of ``bucket``, in the order asked."""
+        if not keys:
+            return
+        answer = self._send(bucket, keys, on_error)
+        self.skipped = []
+        whole = False
+        try:
+            with tarfile.open(fileobj=answer, mode="r|") as archive:
+                for member in archive:
+                    data = archive.extractfile(member)
+                    body = data.read() if data is not None else b""
+                    if member.name == ERRORS_ENTRY:
+                        self.skipped = json.loads(body)["skipped"]
+                    else:
+                        yield member.name, body
+            whole = True
+        finally:
+            if whole:  # the archive's end blocks read too: the connection goes back to the pool
+                answer.drain_conn()
+                answer.release_conn()
+            else:  # stopped early: what is left of the answer is not read, the connection goes
+                answer.close()
+
+    def _send(self, bucket: str, keys: list[str], on_error: str) -> urllib3.BaseHTTPResponse:
+        body = json.dumps({"keys": keys}).encode()
+        headers = {"Content-Type": "application/json", "X-Tigris-Bundle-Format": "tar",
+                   "X-Tigris-Bundle-Compression": "none", "X-Tigris-Bundle-On-Error": on_error,
+                   "X-Amz-Content-Sha256": hashlib.sha256(body).hexdigest()}  # fmt: skip
+        url = f"{self.endpoint}/{bucket}?bundle"
+        request = AWSRequest(method="POST", url=url, data=body, headers=headers)
+        SigV4Auth(self._credentials.get_frozen_credentials(), "s3", self.region).add_auth(request)
+        answer = self._pool.request("POST", url, body=body, headers=dict(request.headers.items()),
+                                    preload_content=False, decode_content=False)  # fmt: skip
+        if answer.status >= 400:
+            text = answer.read().decode("utf-8", "replace")
+            answer.release_conn()
+            found = _CODE.search(text)
+            raise BundleError(answer.status, found.group(1) if found else None, text)
+        return answer
+
+    def close(self) -> None:
+        self._pool.clear()
+
+
+def bundle(bucket: str, keys: list[str], endpoint: str | None = None, *, on_error: str = "fail",
+           **credentials: Any) -> Iterator[tuple[str, bytes]]:  # fmt: skip
+    """``(key, bytes)`` of ``keys`` in ``bucket``, in order, from one batch GET.
+
+    A client (and its pool) per call; for many calls keep a ``BundleClient``.
+    """
+    client = BundleClient(endpoint, **credentials)
+    try:
+        yield from client.bundle(bucket, keys, on_error)
+    finally:
+        client.close()

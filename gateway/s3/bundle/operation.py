@@ -1,0 +1,165 @@
+"""The ``BundleObjects`` operation: a checked request in, a streaming TAR out.
+
+Order of things: options from the headers (a bad one refused before the body
+is read), the body read whole under its 5 MiB limit and verified against the
+signed payload hash (``RequestBody``, as every body), the keys checked. In
+fail mode every key is then looked up as a read would (``Reader.block_refs``:
+a cold key's lookup is the GET of its first block, which fills it, so the
+stream that follows reads it from the cache), and a missing one is a 404
+``BundleKeyNotFound`` listing them all, before any byte; the count and bytes
+are then known, and go out as leading ``x-tigris-bundle-*`` headers.
+
+Then the 200 goes out, chunked, and each key in request order: its TAR
+header, its bytes, its padding. A key that could not be opened (missing,
+refused, its origin down) is left out and listed, at the end, in a
+``__bundle_errors.json`` entry (skip mode; written only when something was
+skipped). Once an object's header is out, its bytes must all follow: a
+failure mid-object (the origin gone for good, the object changed) cuts the
+connection (``objects.cut_short``: the log line and ``hoard_responses_cut_total``),
+as a GET's body is cut, so no client ever reads an entry with wrong bytes or
+a wrong length; without the last chunk the client's HTTP layer reports the
+cut. In fail mode a key found missing mid-stream (deleted since the check)
+is such a failure too.
+
+NOTE (departure from Tigris's docs): the ``x-tigris-bundle-count``,
+``-bytes`` and ``-skipped`` trailers are not sent. aiohttp writes no chunked
+trailers, and the one client of the dialect (``tigris-boto3-ext``, over
+urllib3) discards trailers unread; its ``object_count`` & co. read leading
+headers, which this sends in fail mode, where the values are known first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+
+from aiohttp import web
+
+from gateway.core import errors
+from gateway.obs import request_keys as keys
+from gateway.pieces import FileSegment
+from gateway.read.object_read import ObjectRead
+from gateway.s3.bundle import request as bundle_request
+from gateway.s3.bundle import tar
+from gateway.s3.bundle.ahead import AHEAD, Ahead, Held, Skipped, close
+from gateway.s3.bundle.sink import GzipSink, Sink
+from gateway.s3.call import Call
+from gateway.s3.chunked import RequestBody, read_whole
+from gateway.s3.errors import Code, S3Error
+from gateway.s3.objects import cut_short
+
+ERRORS_ENTRY = "__bundle_errors.json"
+_TYPES = {"none": "application/x-tar", "gzip": "application/gzip"}
+
+
+class _Broken(Exception):
+    """An object whose bytes could not all be sent after its header was."""
+
+
+async def bundle_objects(call: Call) -> web.StreamResponse:
+    options = bundle_request.options(call.request.headers)
+    declared = call.request.content_length
+    if declared is not None and declared > bundle_request.MAX_BODY:
+        raise bundle_request.too_large()
+    body = RequestBody(call.body_source(), call.request.headers, call.principal.context)
+    try:
+        raw = await read_whole(body, bundle_request.MAX_BODY)
+    except S3Error as exc:
+        raise (bundle_request.too_large() if exc.code is Code.MalformedXML else exc) from None
+    wanted = bundle_request.parse_keys(raw)
+    call.request[keys.OBJECTS] = len(wanted)
+    headers = {"Content-Type": _TYPES[options.compression]}
+    if options.on_error == "fail":
+        headers.update(await _all_present(call, wanted))
+    response = web.StreamResponse(status=200, headers=headers)
+    response.enable_chunked_encoding()
+    writer = await response.prepare(call.request)
+    assert writer is not None
+    sink = (GzipSink if options.compression == "gzip" else Sink)(call.request, writer, call.body)
+    await _stream(call, response, sink, wanted, strict=options.on_error == "fail")
+    return response
+
+
+async def _all_present(call: Call, wanted: list[str]) -> dict[str, str]:
+    """Fail mode: 404 ``BundleKeyNotFound`` unless every key is there; else the totals."""
+    unique = list(dict.fromkeys(wanted))
+    slots = asyncio.Semaphore(AHEAD)  # as many lookups at once as the stream opens keys
+
+    async def size_of(key: str) -> int | None:
+        async with slots:
+            try:
+                refs = await call.reader.block_refs(call.bucket, key)
+            except errors.NoSuchKey:
+                return None
+        return sum(ref.length for ref in refs)
+
+    found = await asyncio.gather(*(size_of(key) for key in unique))
+    sizes = dict(zip(unique, found, strict=True))
+    missing = [key for key in unique if sizes[key] is None]
+    if missing:
+        raise S3Error(Code.BundleKeyNotFound, fields={"MissingKeys": missing})
+    total = sum(sizes[key] or 0 for key in wanted)
+    return {"x-tigris-bundle-count": str(len(wanted)), "x-tigris-bundle-bytes": str(total),
+            "x-tigris-bundle-skipped": "0"}  # fmt: skip
+
+
+async def _stream(
+    call: Call, response: web.StreamResponse, sink: Sink, wanted: list[str], strict: bool
+) -> None:
+    served: Counter[str] = Counter()
+    skipped: list[dict[str, str]] = []
+    count = size = 0
+    ahead = Ahead(call.reader, call.bucket, wanted)
+    try:
+        async for key, opened in ahead:
+            if isinstance(opened, Skipped):
+                if strict:
+                    raise _Broken(f"{key!r} is gone since it was checked: {opened.reason}")
+                skipped.append({"key": key, "reason": opened.reason})
+                continue
+            size += await _entry(sink, key, opened, served)
+            count += 1
+        if skipped:
+            data = json.dumps({"skipped": skipped}).encode()
+            await sink.write(tar.member(ERRORS_ENTRY, len(data), 0) + data + tar.padding(len(data)))
+        await sink.write(tar.END)
+        await sink.finish()
+        await response.write_eof()
+    except Exception as exc:
+        cut_short(call, exc, sink.sent, None)
+    finally:
+        await ahead.aclose()
+        call.request[keys.SENT] = sink.sent
+        call.request[keys.SERVED] = served
+        call.request[keys.SOURCE] = "+".join(sorted(t for t, n in served.items() if n)) or "-"
+        call.reader.metrics.bundle(count, len(skipped), size)
+
+
+async def _entry(sink: Sink, key: str, opened: Held | ObjectRead, served: Counter[str]) -> int:
+    """One object's member: header, bytes (all of them, or ``_Broken``), padding."""
+    try:
+        if isinstance(opened, Held):
+            length = opened.info.size
+            await sink.write(tar.member(key, length, _mtime(opened)))
+            piece, opened.piece = opened.piece, b""  # the sink releases a segment it sends
+            await sink.piece(piece)
+            served[opened.tier] += length
+        else:
+            length = opened.length
+            await sink.write(tar.member(key, length, _mtime(opened)))
+            done = 0
+            async for piece in opened.chunks():  # an origin failure here cuts the answer
+                done += piece.count if isinstance(piece, FileSegment) else len(piece)
+                await sink.piece(piece)
+            if done != length:
+                raise _Broken(f"{key!r} ended after {done} of {length} bytes")
+            served.update(opened.sources)
+        await sink.write(tar.padding(length))
+        return length
+    finally:
+        await close(opened)
+
+
+def _mtime(opened: Held | ObjectRead) -> int:
+    return int(opened.info.last_modified.timestamp())

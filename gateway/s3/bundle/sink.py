@@ -1,0 +1,117 @@
+"""Where a bundle's bytes go: the chunked answer, as they are or through gzip.
+
+A warm bundle of small objects is many small writes (a 512-byte header, a
+few KiB of object, the padding), and each write to aiohttp's chunked writer
+is a chunk of its own and a ``transport.write``. So small bytes gather in one
+buffer of up to ``_GATHER`` bytes and leave as one chunk; that buffer, and
+the transport's own (the writer waits for the client to drain it), are all a
+bundle holds of what it sends: a client that stops reading holds one buffer.
+A file segment first sends what was gathered, then goes out with sendfile as
+a chunk of its own (``BodySender.send_chunk``, the body sender GET uses).
+
+With gzip every byte must pass through the compressor, so a segment is read
+(``pread``, in a thread when large) and compressed like any bytes; large
+pieces are compressed in a thread too, off the loop. The stream is one gzip
+member for the whole archive, as Tigris's clients read it (``gzip.open`` on
+the response, then ``tarfile`` mode ``r|``).
+
+``sent`` counts what left for the client (compressed bytes under gzip): the
+access log's and metrics' body bytes, sendfile's included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import zlib
+
+from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
+
+from gateway.pieces import FileSegment, Piece
+from gateway.s3.body import BodySender
+
+_GATHER = 64 * 1024  # small writes gathered into one chunk
+_OFF_LOOP = 1024 * 1024  # pieces at least this large are read or compressed in a thread
+
+
+class Sink:
+    """The body of one chunked answer, written in order."""
+
+    def __init__(
+        self, request: web.Request, writer: AbstractStreamWriter, body: BodySender
+    ) -> None:
+        self._request = request
+        self._writer = writer
+        self._body = body
+        self._gathered = bytearray()
+        self.sent = 0
+
+    async def write(self, data: bytes | memoryview) -> None:
+        """Bytes of the archive (headers, padding, object bytes held in memory)."""
+        if len(data) >= _GATHER:
+            await self.flush()
+            await self._out(data)
+            return
+        self._gathered += data
+        if len(self._gathered) >= _GATHER:
+            await self.flush()
+
+    async def piece(self, piece: Piece) -> None:
+        """An object's piece: bytes as ``write``, a file segment with sendfile."""
+        if not isinstance(piece, FileSegment):
+            await self.write(piece)
+            return
+        await self.flush()
+        count = piece.count
+        await self._body.send_chunk(self._request, self._writer, piece)
+        self.sent += count
+
+    async def flush(self) -> None:
+        if self._gathered:
+            data, self._gathered = bytes(self._gathered), bytearray()
+            await self._out(data)
+
+    async def finish(self) -> None:
+        await self.flush()
+
+    async def _out(self, data: bytes | memoryview) -> None:
+        await self._writer.write(data)
+        self.sent += len(data)
+
+
+class GzipSink(Sink):
+    """A ``Sink`` whose bytes are one gzip stream (RFC 1952)."""
+
+    def __init__(
+        self, request: web.Request, writer: AbstractStreamWriter, body: BodySender
+    ) -> None:
+        super().__init__(request, writer, body)
+        self._zip = zlib.compressobj(6, zlib.DEFLATED, 31)  # wbits 16 + 15: a gzip wrapper
+
+    async def piece(self, piece: Piece) -> None:
+        if isinstance(piece, FileSegment):
+            piece = await _read(piece)
+        await self.write(piece)
+
+    async def write(self, data: bytes | memoryview) -> None:
+        if len(data) >= _OFF_LOOP:
+            packed = await asyncio.to_thread(self._zip.compress, data)
+        else:
+            packed = self._zip.compress(data)
+        if packed:
+            await super().write(packed)
+
+    async def finish(self) -> None:
+        await super().write(self._zip.flush())
+        await super().finish()
+
+
+async def _read(segment: FileSegment) -> bytes:
+    """A segment's bytes (released once read)."""
+    try:
+        if segment.count >= _OFF_LOOP:
+            return await asyncio.to_thread(os.pread, segment.fd, segment.count, segment.offset)
+        return os.pread(segment.fd, segment.count, segment.offset)
+    finally:
+        segment.release()
