@@ -71,6 +71,8 @@ def _tool(name: str) -> str | None:
 OPERATOR_SECRETS = {
     "TRAINER_SECRET": "t" + uuid.uuid4().hex,
     "HOARD_CLUSTER_SECRET": uuid.uuid4().hex,
+    "MINIO_ROOT_PASSWORD": uuid.uuid4().hex,
+    "GRAFANA_ADMIN_PASSWORD": uuid.uuid4().hex,
 }
 
 
@@ -346,10 +348,44 @@ def test_compose_mounts_exist_and_ports_do_not_clash():
             else:
                 assert source in named_volumes, f"{name}: volume {source} is not declared"
         for port in service.get("ports", []):
-            host, _, container = str(port).rpartition(":")
-            assert host and container.isdigit(), f"{name}: publish ports as HOST:CONTAINER"
-            assert int(host) not in published, f"{name} and {published.get(int(host))}: port {host}"
-            published[int(host)] = name
+            host = _published(name, port)[1]
+            assert host not in published, f"{name} and {published.get(host)}: port {host}"
+            published[host] = name
+
+
+def _published(name: str, port: object) -> tuple[str, int, int]:
+    """A short-syntax published port as (host address, host port, container port);
+    the address is "" where the port is published on every interface."""
+    address, _, rest = str(port).rpartition(":")
+    address, _, host = address.rpartition(":")
+    assert host.isdigit() and rest.isdigit(), f"{name}: publish ports as [ADDRESS:]HOST:CONTAINER"
+    return address, int(host), int(rest)
+
+
+def test_compose_helpers_are_published_on_loopback_only():
+    """MinIO, Prometheus and Grafana are no door for clients: never on every interface."""
+    for name, service in _compose()["services"].items():
+        if name in NODES:
+            continue  # the nodes are the door, and refuse weak secrets
+        for port in service.get("ports", []):
+            address = _published(name, port)[0]
+            assert address in ("127.0.0.1", "[::1]"), f"{name}: {port} is published on {address!r}"
+
+
+def test_compose_has_no_default_secrets():
+    """Every secret comes from the operator: none has a default, Compose refuses without it."""
+    text = COMPOSE_FILE.read_text()
+    for match in _COMPOSE_VAR.finditer(text):
+        name, operator, _ = match.groups()
+        if re.search(r"SECRET|PASSWORD|TOKEN", name):
+            assert operator == ":?", f"{match.group(0)}: a secret must be required, not defaulted"
+    for name in ("MINIO_ROOT_PASSWORD", "GRAFANA_ADMIN_PASSWORD"):
+        without = {k: v for k, v in OPERATOR_SECRETS.items() if k != name}
+        with pytest.raises(LookupError, match=name):
+            _compose(without)
+    grafana = _service_environment(_compose()["services"]["grafana"])
+    assert grafana.get("GF_AUTH_ANONYMOUS_ENABLED", "false") == "false"
+    assert grafana["GF_SECURITY_ADMIN_PASSWORD"] == OPERATOR_SECRETS["GRAFANA_ADMIN_PASSWORD"]
 
 
 def _node_settings(
