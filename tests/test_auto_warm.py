@@ -329,3 +329,30 @@ def test_only_callers_that_may_warm_the_bucket_start_auto_warm(
         assert len([path for path, _ in proxy.ranges if "/full/" in path]) == 40
     finally:
         assert node.stop() == 0, node.log()
+
+
+def test_a_prefix_with_a_newline_is_logged_on_one_line(tmp_path):
+    """Auto-warm logs the prefix it warms: a newline in it must not forge a log line.
+    (A directory origin: moto's server cannot route a key holding a newline.)"""
+    forged = "2026-01-01 00:00:00,000 1 WARNING hoard forged"
+    prefix = f"evil\n{forged}/"
+    keys = [f"{prefix}{i:03d}" for i in range(20)]
+    root = tmp_path / "root"
+    (root / "data" / prefix).mkdir(parents=True)
+    for key in keys:
+        (root / "data" / key).write_bytes(b"n")
+    bucket = "data"
+    config = {"origins": {"files": {"type": "posix", "path": str(root)}},
+              "default_origin": "files"}  # fmt: skip
+    node = HoardProcess(tmp_path, config).start()
+    try:
+        s3 = node.client()
+        assert s3.list_objects_v2(Bucket=bucket, Prefix=prefix)["KeyCount"] == 20
+        for key in keys:
+            assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == b"n"
+        wait_for_jobs(FreshAdmin(node.endpoint), prefix)
+    finally:
+        assert node.stop() == 0, node.log()
+    log = node.log()
+    assert f"evil\\x0a{forged}/ read cold" in log, log
+    assert not [line for line in log.splitlines() if line.startswith(forged)]
