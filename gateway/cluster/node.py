@@ -76,7 +76,9 @@ class ClusterNode:
         self._ssl = tls.client_context(config.ca_bundle)  # for https:// peers
         self.client = PeerClient(secret, read_timeout=config.peer_read_timeout, ssl=self._ssl)
         seen = SeenCounters(node_dir / "peer-nonces" if node_dir else None, 2 * MAX_SKEW + 1)
-        self.server = PeerServer(secret, body_sender, audience=config.self, seen=seen)
+        # The audience: this node's URL spelled as its peers' membership spells it.
+        audience = self.membership.self_url
+        self.server = PeerServer(secret, body_sender, audience=audience, seen=seen)
         self.placement = Placement(
             self.membership,
             self.client,
