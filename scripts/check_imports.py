@@ -37,8 +37,11 @@ MARKERS = ("<!-- layers: made by scripts/check_imports.py --write-architecture -
 # packages of the layers above it in this list; packages of one layer never import each other.
 LAYERS: list[tuple[tuple[str, ...], str]] = [
     (("config",), "the settings: one object, built once, passed down"),
-    (("core", "obs"), "values and rules every layer shares; metrics and the access log"),
-    (("origins", "cache", "node"), "the edges: origins, the block tiers, a node's workers"),
+    (("core",), "values and rules every layer shares"),
+    (
+        ("obs", "origins", "cache", "node"),
+        "metrics and logs; origins, block tiers, a node's workers",
+    ),
     (("metadata", "pieces"), "what objects and listings are; the value types of a read"),
     (("cluster",), "placement, membership and the peer wire"),
     (("blocks",), "where a block's bytes come from: tiers, owner, origin"),

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from botocore import UNSIGNED
 
 from gateway.config.settings import WarmConfig
 from gateway.metadata.memory import MetadataCache
@@ -27,7 +28,7 @@ from gateway.warm.listed import ListedPrefixes
 from gateway.warm.spec import WarmSpec
 from tests.conftest import module_proxy, moto_origin
 from tests.fakes import Clock
-from tests.harness import FreshAdmin, HoardProcess, metric
+from tests.harness import ACCESS_KEY, SECRET_KEY, FreshAdmin, HoardProcess, metric, s3_client
 from tests.test_metadata_cache import POLICY, T0, Lister
 
 ORIGIN = MemoryOrigin("origin")
@@ -85,11 +86,11 @@ class Setup:
     async def list(self, prefix: str = "") -> None:
         """A client lists ``prefix`` through this worker (the cache walks it whole)."""
         await self.metadata.listing(("origin", "bucket"), prefix, "/", "", 1000, POLICY, self.pages)
-        self.auto.listing(MOUNT, prefix)
+        self.auto.listing(MOUNT, prefix, True)
 
     async def cold(self, keys: list[str]) -> None:
         for key in keys:
-            self.auto.cold(MOUNT, key)
+            self.auto.cold(MOUNT, key, True)
         await self.auto.settle()
 
     def decided(self, decision: str) -> float:
@@ -189,7 +190,7 @@ async def test_a_mount_with_a_prefix_warms_the_prefix_its_clients_name() -> None
     await setup.metadata.listing(("origin", "bucket"), "datasets/", "", "", 1000, POLICY,
                                  setup.pages)  # fmt: skip
     for key in sorted(k for k in keys if "/train/" in k)[:16]:
-        setup.auto.cold(mounted, key)
+        setup.auto.cold(mounted, key, True)
     await setup.auto.settle()
     assert setup.jobs.started == [WarmSpec(bucket="data", prefix="train/")]
 
@@ -283,3 +284,75 @@ def test_auto_warm_is_off_with_auto_after_zero(tmp_path, proxy, origin_client, b
         assert proxy.counts["GetObject"] == 30
     finally:
         assert node.stop() == 0, node.log()
+
+
+def test_only_callers_that_may_warm_the_bucket_start_auto_warm(
+    tmp_path, proxy, origin_client, bucket
+):
+    """A readonly key and an anonymous caller are refused warm jobs by the admin API:
+    their cold epochs start none either; a full key's does."""
+    reader_secret = "reader-secret-" + "r" * 16
+    config = {
+        "origins": {"moto": moto_origin(proxy, max_attempts=2)},
+        "default_origin": "moto",
+        "access_log": False,
+        "allow_anonymous": True,
+        "credentials": [
+            {"access_key": ACCESS_KEY, "secret_key": SECRET_KEY},
+            {"access_key": "reader", "secret_key": reader_secret, "readonly": True},
+        ],
+    }
+    prefixes = ("readonly/", "anonymous/", "full/")
+    keys = {p: [f"{p}{i:03d}" for i in range(40)] for p in prefixes}
+    for key in (key for group in keys.values() for key in group):
+        origin_client.put_object(Bucket=bucket, Key=key, Body=b"z" * 100)
+    node = HoardProcess(tmp_path, config).start()
+    try:
+        clients = {
+            "readonly/": s3_client(node.endpoint, "reader", reader_secret),
+            "anonymous/": node.client(signature_version=UNSIGNED),
+            "full/": node.client(),
+        }
+        proxy.reset()
+        for prefix, s3 in clients.items():  # the full key last: its job orders the check
+            assert s3.list_objects_v2(Bucket=bucket, Prefix=prefix)["KeyCount"] == 40
+            for key in keys[prefix][:30]:
+                assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == b"z" * 100
+        jobs = wait_for_jobs(FreshAdmin(node.endpoint), "full/")
+        assert {j["state"] for j in jobs} == {"done"}, jobs
+        warmed = {j["spec"].get("prefix") for j in FreshAdmin(node.endpoint).call(
+            "GET", "/_hoard/warm")["jobs"]}  # fmt: skip
+        assert warmed == {"full/"}
+        for prefix in ("readonly/", "anonymous/"):
+            gets = [path for path, _ in proxy.ranges if f"/{prefix}" in path]
+            assert len(gets) == 30, proxy.listed_gets()  # the reads, and nothing warmed
+        assert len([path for path, _ in proxy.ranges if "/full/" in path]) == 40
+    finally:
+        assert node.stop() == 0, node.log()
+
+
+def test_a_prefix_with_a_newline_is_logged_on_one_line(tmp_path):
+    """Auto-warm logs the prefix it warms: a newline in it must not forge a log line.
+    (A directory origin: moto's server cannot route a key holding a newline.)"""
+    forged = "2026-01-01 00:00:00,000 1 WARNING hoard forged"
+    prefix = f"evil\n{forged}/"
+    keys = [f"{prefix}{i:03d}" for i in range(20)]
+    root = tmp_path / "root"
+    (root / "data" / prefix).mkdir(parents=True)
+    for key in keys:
+        (root / "data" / key).write_bytes(b"n")
+    bucket = "data"
+    config = {"origins": {"files": {"type": "posix", "path": str(root)}},
+              "default_origin": "files"}  # fmt: skip
+    node = HoardProcess(tmp_path, config).start()
+    try:
+        s3 = node.client()
+        assert s3.list_objects_v2(Bucket=bucket, Prefix=prefix)["KeyCount"] == 20
+        for key in keys:
+            assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == b"n"
+        wait_for_jobs(FreshAdmin(node.endpoint), prefix)
+    finally:
+        assert node.stop() == 0, node.log()
+    log = node.log()
+    assert f"evil\\x0a{forged}/ read cold" in log, log
+    assert not [line for line in log.splitlines() if line.startswith(forged)]

@@ -24,11 +24,10 @@ import yaml
 
 from gateway.app.cli import main
 from gateway.cluster.peers import (
-    DATE_HEADER,
-    SIGNATURE_HEADER,
     BlockRequest,
     metadata_target,
-    sign,
+    nonce_text,
+    request_headers,
 )
 from gateway.metadata.query import MetadataQuery
 from tests.conftest import module_proxy, moto_origin
@@ -208,30 +207,48 @@ def test_an_origin_change_one_node_meets_is_healed_on_every_node(cluster, origin
             time.sleep(0.05)
 
 
+_SENDER = os.urandom(8)
+_COUNTER = iter(range(1, 1 << 62))
+
+
+def _signed(node: HoardProcess, target: str, secret: str = SECRET, method: str = "GET") -> dict:
+    """Headers a node's client would send ``node`` for ``target``, with a fresh nonce."""
+    nonce = nonce_text(_SENDER, next(_COUNTER))
+    return request_headers(secret, method, node.endpoint, target, str(int(time.time())), nonce)
+
+
 def test_peer_endpoint_needs_the_cluster_signature(cluster, origin_client, bucket):
     data = os.urandom(1000)
     origin_client.put_object(Bucket=bucket, Key="secret", Body=data)
     etag = origin_client.head_object(Bucket=bucket, Key="secret")["ETag"]
     block = BlockRequest("moto", bucket, "secret", etag, 0, 0, 999, 0, 1000)
     url = cluster[0].endpoint + block.target()
-    date = str(int(time.time()))
     unsigned = requests.get(url, timeout=5)
-    wrong = requests.get(url, timeout=5, headers={DATE_HEADER: date,
-                         SIGNATURE_HEADER: sign("not-the-secret", "GET", block.target(), date)})  # fmt: skip
+    wrong = requests.get(url, timeout=5, headers=_signed(cluster[0], block.target(), "not-it"))
     for answer in (unsigned, wrong):
         assert answer.status_code == 403
         assert data not in answer.content
-    good = sign(SECRET, "GET", block.target(), date)
-    right = requests.get(url, timeout=5, headers={DATE_HEADER: date, SIGNATURE_HEADER: good})
+    right = requests.get(url, timeout=5, headers=_signed(cluster[0], block.target()))
     assert right.status_code == 200 and right.content == data
     # The metadata endpoint too: no size or ETag without the signature.
     meta = metadata_target(MetadataQuery("head", "moto", bucket, "secret", 60.0, 10.0))
-    for headers in ({}, {DATE_HEADER: date, SIGNATURE_HEADER: sign("wrong", "GET", meta, date)}):
+    for headers in ({}, _signed(cluster[1], meta, "wrong")):
         answer = requests.get(cluster[1].endpoint + meta, timeout=5, headers=headers)
         assert answer.status_code == 403 and etag.strip('"') not in answer.text
-    signed = {DATE_HEADER: date, SIGNATURE_HEADER: sign(SECRET, "GET", meta, date)}
-    answer = requests.get(cluster[1].endpoint + meta, timeout=5, headers=signed)
+    answer = requests.get(cluster[1].endpoint + meta, timeout=5, headers=_signed(cluster[1], meta))
     assert answer.status_code == 200 and answer.json()["etag"] == etag
+
+
+def test_a_captured_peer_request_cannot_be_replayed_on_any_node(cluster):
+    """The issue's replay: a signed drop-everything request, captured and sent again,
+    to the node it was for and to the others."""
+    target = "/_hoard/peer/invalidate?all=1&sha256=" + hashlib.sha256(b"[]").hexdigest()
+    captured = _signed(cluster[0], target, method="POST")
+    first = requests.post(cluster[0].endpoint + target, data=b"[]", headers=captured, timeout=5)
+    assert first.status_code == 204
+    for node in cluster:  # the same node again, and every other
+        again = requests.post(node.endpoint + target, data=b"[]", headers=captured, timeout=5)
+        assert again.status_code == 403, node.endpoint
 
 
 def test_a_killed_node_leaves_and_readers_never_notice(tmp_path, proxy, origin_client, bucket):

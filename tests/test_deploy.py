@@ -45,6 +45,7 @@ import yaml
 from gateway.app.safety import refusals
 from gateway.config.load import build_settings, read_yaml
 from gateway.config.settings import ConfigError, Settings, split_listen
+from tests.certs import make_ca
 from tests.harness import HoardProcess, s3_client
 
 REPO = Path(__file__).resolve().parent.parent
@@ -71,6 +72,8 @@ def _tool(name: str) -> str | None:
 OPERATOR_SECRETS = {
     "TRAINER_SECRET": "t" + uuid.uuid4().hex,
     "HOARD_CLUSTER_SECRET": uuid.uuid4().hex,
+    "MINIO_ROOT_PASSWORD": uuid.uuid4().hex,
+    "GRAFANA_ADMIN_PASSWORD": uuid.uuid4().hex,
 }
 
 
@@ -346,10 +349,44 @@ def test_compose_mounts_exist_and_ports_do_not_clash():
             else:
                 assert source in named_volumes, f"{name}: volume {source} is not declared"
         for port in service.get("ports", []):
-            host, _, container = str(port).rpartition(":")
-            assert host and container.isdigit(), f"{name}: publish ports as HOST:CONTAINER"
-            assert int(host) not in published, f"{name} and {published.get(int(host))}: port {host}"
-            published[int(host)] = name
+            host = _published(name, port)[1]
+            assert host not in published, f"{name} and {published.get(host)}: port {host}"
+            published[host] = name
+
+
+def _published(name: str, port: object) -> tuple[str, int, int]:
+    """A short-syntax published port as (host address, host port, container port);
+    the address is "" where the port is published on every interface."""
+    address, _, rest = str(port).rpartition(":")
+    address, _, host = address.rpartition(":")
+    assert host.isdigit() and rest.isdigit(), f"{name}: publish ports as [ADDRESS:]HOST:CONTAINER"
+    return address, int(host), int(rest)
+
+
+def test_compose_helpers_are_published_on_loopback_only():
+    """MinIO, Prometheus and Grafana are no door for clients: never on every interface."""
+    for name, service in _compose()["services"].items():
+        if name in NODES:
+            continue  # the nodes are the door, and refuse weak secrets
+        for port in service.get("ports", []):
+            address = _published(name, port)[0]
+            assert address in ("127.0.0.1", "[::1]"), f"{name}: {port} is published on {address!r}"
+
+
+def test_compose_has_no_default_secrets():
+    """Every secret comes from the operator: none has a default, Compose refuses without it."""
+    text = COMPOSE_FILE.read_text()
+    for match in _COMPOSE_VAR.finditer(text):
+        name, operator, _ = match.groups()
+        if re.search(r"SECRET|PASSWORD|TOKEN", name):
+            assert operator == ":?", f"{match.group(0)}: a secret must be required, not defaulted"
+    for name in ("MINIO_ROOT_PASSWORD", "GRAFANA_ADMIN_PASSWORD"):
+        without = {k: v for k, v in OPERATOR_SECRETS.items() if k != name}
+        with pytest.raises(LookupError, match=name):
+            _compose(without)
+    grafana = _service_environment(_compose()["services"]["grafana"])
+    assert grafana.get("GF_AUTH_ANONYMOUS_ENABLED", "false") == "false"
+    assert grafana["GF_SECURITY_ADMIN_PASSWORD"] == OPERATOR_SECRETS["GRAFANA_ADMIN_PASSWORD"]
 
 
 def _node_settings(
@@ -694,11 +731,11 @@ def _quantity(value: str) -> int:
     return int(number) * _QUANTITY.get(unit or "", 1)
 
 
-def _k8s_settings(monkeypatch: pytest.MonkeyPatch, pod_ip: str) -> Settings:
-    """The ConfigMap's hoard.yaml loaded as in the pod at ``pod_ip``: the Secret's values as env."""
+def _k8s_settings(monkeypatch: pytest.MonkeyPatch, pod_name: str) -> Settings:
+    """The ConfigMap's hoard.yaml loaded as in the pod ``pod_name``: the Secret's values as env."""
     for name in [k for k in os.environ if k.startswith("HOARD_")]:
         monkeypatch.delenv(name)
-    environ = {**_k8s("Secret")["stringData"], **OPERATOR_SECRETS, "POD_IP": pod_ip}
+    environ = {**_k8s("Secret")["stringData"], **OPERATOR_SECRETS, "POD_NAME": pod_name}
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
     config = _k8s("ConfigMap")["data"]["hoard.yaml"]
@@ -714,15 +751,16 @@ def _read_yaml_text(text: str, environ: dict[str, str]) -> dict[str, Any]:
 
 
 def test_kubernetes_config_loads_with_hoards_loader(monkeypatch: pytest.MonkeyPatch):
-    settings = _k8s_settings(monkeypatch, "10.1.2.3")
+    settings = _k8s_settings(monkeypatch, "hoard-1")
     spec = _k8s("StatefulSet")["spec"]
     headless = spec["serviceName"]
     container = _container()
-    assert settings.cluster.dns == headless
-    # DNS discovery names peers by pod IP: cluster.self must be the same URL.
-    assert settings.cluster.self == "http://10.1.2.3:9000"
-    pod_ip = {e["name"]: e.get("valueFrom", {}) for e in container["env"]}["POD_IP"]
-    assert pod_ip == {"fieldRef": {"fieldPath": "status.podIP"}}
+    # Peers by the pods' stable names in the headless Service: cluster.self is one of them.
+    assert settings.cluster.self == f"https://hoard-1.{headless}:9000"
+    names = [f"https://hoard-{i}.{headless}:9000" for i in range(spec["replicas"])]
+    assert settings.cluster.peers == names
+    pod_name = {e["name"]: e.get("valueFrom", {}) for e in container["env"]}["POD_NAME"]
+    assert pod_name == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert settings.cluster.secret is not None
     assert split_listen(settings.listen)[1] == container["ports"][0]["containerPort"]
     assert str(settings.cache.dir) == CACHE_DIR
@@ -745,21 +783,28 @@ def test_kubernetes_config_loads_with_hoards_loader(monkeypatch: pytest.MonkeyPa
 
 def test_kubernetes_config_serves_its_probes(moto_endpoint: str, tmp_path: Path):
     """The ConfigMap's hoard.yaml run for real (origin moved to moto): probes and /metrics answer."""
-    environ = {**_k8s("Secret")["stringData"], **OPERATOR_SECRETS, "POD_IP": "127.0.0.1"}
+    environ = {**_k8s("Secret")["stringData"], **OPERATOR_SECRETS, "POD_NAME": "hoard-0"}
     config = _read_yaml_text(_k8s("ConfigMap")["data"]["hoard.yaml"], environ)
     del config["listen"]
+    ca = make_ca(tmp_path)  # the Secret hoard-tls, for 127.0.0.1 instead of the pod names
+    assert set(config["tls"]) == {"cert", "key"}
+    config["tls"] = {"cert": str(tmp_path / "tls.crt"), "key": str(tmp_path / "tls.key")}
+    ca.issue(tmp_path / "tls.crt", tmp_path / "tls.key")
     config["cache"]["dir"] = str(tmp_path / "cache")
     (origin,) = config["origins"].values()
     origin["endpoint"] = moto_endpoint
     config["cluster"] = {}  # the headless Service's name does not resolve here
-    node = HoardProcess(tmp_path, config).start()
+    node = HoardProcess(tmp_path, config, ca=ca.path).start()
     try:
         container = _container()
         for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
-            path = container[kind]["httpGet"]["path"]
-            assert requests.get(node.endpoint + path, timeout=5).status_code == 200, kind
+            probe = container[kind]["httpGet"]
+            assert node.endpoint.startswith(probe["scheme"].lower() + "://")
+            answer = requests.get(node.endpoint + probe["path"], timeout=5, verify=str(ca.path))
+            assert answer.status_code == 200, kind
         (endpoint,) = _k8s("ServiceMonitor")["spec"]["endpoints"]
-        metrics = requests.get(node.endpoint + endpoint["path"], timeout=5)
+        assert endpoint["scheme"] == "https"
+        metrics = requests.get(node.endpoint + endpoint["path"], timeout=5, verify=str(ca.path))
         assert metrics.status_code == 200 and "hoard_" in metrics.text
     finally:
         node.stop()
@@ -780,7 +825,7 @@ def test_readme_says_what_was_and_was_not_run():
 
 def test_shipped_placeholders_are_refused_and_real_secrets_accepted():
     """Every shipped file keeps working with real secrets and refuses to run without them."""
-    shipped = {**_k8s("Secret")["stringData"], "POD_IP": "10.1.2.3"}
+    shipped = {**_k8s("Secret")["stringData"], "POD_NAME": "hoard-0"}
     configmap = _read_yaml_text(_k8s("ConfigMap")["data"]["hoard.yaml"], shipped)
     refused, _ = refusals(build_settings(configmap))
     assert [line.split()[0] for line in refused] == ["credentials.0.secret_key", "cluster.secret"]
@@ -801,3 +846,41 @@ def test_shipped_placeholders_are_refused_and_real_secrets_accepted():
     assert split_listen(default.listen)[0] == "0.0.0.0" and refusals(default) == ([], [])
     short = read_yaml(REPO / "config" / "hoard.yaml", {"TRAINER_SECRET": "change-me"})
     assert refusals(build_settings(short))[0], "the old default secret must be refused"
+
+
+def test_kubernetes_nodes_speak_https_to_each_other_behind_a_network_policy(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """Peer TLS is shipped: https peer URLs checked against the mounted CA, the
+    certificate Secret mounted where the config reads it, probes over HTTPS; and
+    a NetworkPolicy admits only Hoard pods, labelled clients and Prometheus."""
+    settings = _k8s_settings(monkeypatch, "hoard-0")
+    assert all(
+        url.startswith("https://") for url in [settings.cluster.self, *settings.cluster.peers]
+    )
+    assert settings.tls.cert is not None and settings.tls.key is not None
+    assert settings.cluster.ca_bundle is not None
+    pod = _k8s("StatefulSet")["spec"]["template"]
+    container = _container()
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    (tls,) = [name for name, v in volumes.items() if "secret" in v]
+    assert volumes[tls]["secret"]["secretName"] == "hoard-tls" and mounts[tls]["readOnly"]
+    for path in (settings.tls.cert, settings.tls.key, settings.cluster.ca_bundle):
+        assert str(path.parent) == mounts[tls]["mountPath"], path
+    assert {path.name for path in (settings.tls.cert, settings.tls.key)} == {"tls.crt", "tls.key"}
+    for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[kind]["httpGet"]["scheme"] == "HTTPS", kind
+
+    policy = _k8s("NetworkPolicy")
+    pod_labels = pod["metadata"]["labels"]
+    assert _matches(policy["spec"]["podSelector"]["matchLabels"], pod_labels)
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    assert [p["port"] for p in rule["ports"]] == [p["name"] for p in container["ports"]]
+    sources = rule["from"]
+    assert all("ipBlock" not in source for source in sources), "no address range: pods only"
+    peers = [s for s in sources if "namespaceSelector" not in s]
+    assert [s["podSelector"]["matchLabels"] for s in peers] == [pod_labels]  # the nodes
+    others = [s["podSelector"]["matchLabels"] for s in sources if "namespaceSelector" in s]
+    assert others == [{"hoard.io/client": "true"}, {"app.kubernetes.io/name": "prometheus"}]

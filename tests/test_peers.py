@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import math
 import os
 import time
@@ -21,6 +22,7 @@ import pytest
 from aiohttp import web
 from yarl import URL
 
+from gateway.cluster import replays
 from gateway.cluster.peer_client import PeerClient
 from gateway.cluster.peer_server import PeerServer
 from gateway.cluster.peers import (
@@ -30,9 +32,11 @@ from gateway.cluster.peers import (
     PeerNotFound,
     PeerUnavailable,
     metadata_target,
+    nonce_text,
     parse_metadata_query,
-    sign,
+    request_headers,
 )
+from gateway.cluster.replays import SeenCounters
 from gateway.core import errors
 from gateway.core.invalidation import Invalidation
 from gateway.metadata.query import MetadataQuery
@@ -92,13 +96,16 @@ class Owner:
         self.messages.append((name, body))
 
 
-async def _serve(owner: Owner, sender: BodySender | None = None, clock=time.time, secret=SECRET):
-    server = PeerServer(secret, sender, clock)
+async def _serve(owner: Owner, sender: BodySender | None = None, clock=time.time, secret=SECRET,
+                 seen: SeenCounters | None = None):  # fmt: skip
+    server = PeerServer(secret, sender, clock, seen=seen)
     server.serve(owner)
     return await _listen(server)
 
 
 async def _listen(server: PeerServer):
+    """Serve ``server`` on a free loopback port; its URL is the audience it accepts."""
+
     async def dispatch(request: web.Request) -> web.StreamResponse:
         return await server.handle(request, request.raw_path.split("?", 1)[0])
 
@@ -107,7 +114,9 @@ async def _listen(server: PeerServer):
     runner = web.AppRunner(app)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
-    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    server.audience = url
+    return runner, url
 
 
 @pytest.fixture
@@ -182,8 +191,17 @@ async def _raw_get(url: str, target: str, headers: dict[str, str]) -> tuple[int,
         return response.status, await response.read()
 
 
-def _headers(target: str, date: str, secret: str = SECRET) -> dict[str, str]:
-    return {"X-Hoard-Date": date, "X-Hoard-Signature": sign(secret, "GET", target, date)}
+_SENDER = os.urandom(8)  # this test module's requests, as a node's client signs them
+_COUNTER = iter(range(1, 1 << 62))
+
+
+def _headers(
+    url: str, target: str, date: str | None = None, secret: str = SECRET, method: str = "GET"
+) -> dict[str, str]:
+    """A request signed for the node at ``url``, with a nonce never used before."""
+    date = str(int(time.time())) if date is None else date
+    nonce = nonce_text(_SENDER, next(_COUNTER))
+    return request_headers(secret, method, url, target, date, nonce)
 
 
 def _other_key_target() -> str:
@@ -191,12 +209,15 @@ def _other_key_target() -> str:
     return other.target()
 
 
-NOW = str(int(time.time()))
 REFUSED = {
-    "missing": {},
-    "wrong secret": _headers(REQUEST.target(), NOW, "another-secret"),
-    "stale date": _headers(REQUEST.target(), str(int(time.time()) - 600)),
-    "garbage date": _headers(REQUEST.target(), "yesterday"),
+    "missing": lambda url: {},
+    "wrong secret": lambda url: _headers(url, REQUEST.target(), secret="another-secret"),
+    "stale date": lambda url: _headers(url, REQUEST.target(), str(int(time.time()) - 600)),
+    "garbage date": lambda url: _headers(url, REQUEST.target(), "yesterday"),
+    "another node": lambda url: _headers("http://127.0.0.1:1", REQUEST.target()),
+    "no nonce": lambda url: {
+        k: v for k, v in _headers(url, REQUEST.target()).items() if k != "X-Hoard-Nonce"
+    },
 }
 
 
@@ -204,7 +225,7 @@ REFUSED = {
 async def test_unsigned_requests_get_403_and_no_data(peer, case: str) -> None:
     owner, url, _ = peer
     owner.script = [SECRET_DATA]
-    status, body = await _raw_get(url, REQUEST.target(), REFUSED[case])
+    status, body = await _raw_get(url, REQUEST.target(), REFUSED[case](url))
     assert status == 403
     assert SECRET_DATA not in body and owner.requests == []
 
@@ -212,13 +233,15 @@ async def test_unsigned_requests_get_403_and_no_data(peer, case: str) -> None:
 async def test_a_signature_covers_the_query(peer) -> None:
     owner, url, _ = peer
     owner.script = [SECRET_DATA]
-    headers = _headers(REQUEST.target(), str(int(time.time())))
+    headers = _headers(url, REQUEST.target())
     status, body = await _raw_get(url, _other_key_target(), headers)
     assert status == 403 and SECRET_DATA not in body and owner.requests == []
     # The same signature on its own target is accepted, with an RFC 3339 date too.
     assert (await _raw_get(url, REQUEST.target(), headers))[0] == 200
     rfc3339 = datetime.now(UTC).isoformat()
-    assert (await _raw_get(url, REQUEST.target(), _headers(REQUEST.target(), rfc3339)))[0] == 200
+    assert (await _raw_get(url, REQUEST.target(), _headers(url, REQUEST.target(), rfc3339)))[
+        0
+    ] == 200
 
 
 async def test_server_with_a_skewed_clock_refuses(peer) -> None:
@@ -238,7 +261,7 @@ async def test_a_server_without_a_secret_refuses_everything() -> None:
     owner = Owner()
     runner, url = await _serve(owner, secret="")
     try:
-        headers = _headers(REQUEST.target(), str(int(time.time())), "")
+        headers = _headers(url, REQUEST.target(), secret="")
         assert (await _raw_get(url, REQUEST.target(), headers))[0] == 403
         assert owner.requests == []
     finally:
@@ -349,8 +372,7 @@ async def test_invalidate_roundtrip(peer) -> None:
 async def test_invalidate_body_is_bound_to_the_signature(peer) -> None:
     owner, url, _ = peer
     target = "/_hoard/peer/invalidate?sha256=" + "0" * 64
-    date = str(int(time.time()))
-    headers = {"X-Hoard-Date": date, "X-Hoard-Signature": sign(SECRET, "POST", target, date)}
+    headers = _headers(url, target, method="POST")
     async with (
         aiohttp.ClientSession() as session,
         session.post(url + target, data=b'[{"origin": "aws", "bucket": "data", "prefix": ""}]',
@@ -410,3 +432,154 @@ async def test_invalidate_can_drop_everything(peer) -> None:
     owner, url, client = peer
     assert await client.invalidate(url, [], drop_all=True) is True
     assert owner.dropped_all == 1 and owner.invalidated == [[]]
+
+
+# -- replays and answers ------------------------------------------------------------
+
+
+async def test_a_replayed_request_is_refused(peer) -> None:
+    """A captured request, sent again at once (well within its date), is refused."""
+    owner, url, _ = peer
+    owner.script = [SECRET_DATA]
+    headers = _headers(url, REQUEST.target())
+    assert (await _raw_get(url, REQUEST.target(), headers))[0] == 200
+    status, body = await _raw_get(url, REQUEST.target(), headers)
+    assert status == 403 and SECRET_DATA not in body and len(owner.requests) == 1
+    # The drop-everything request of the issue: once, never twice.
+    target = "/_hoard/peer/invalidate?all=1&sha256=" + hashlib.sha256(b"[]").hexdigest()
+    post = _headers(url, target, method="POST")
+    async with aiohttp.ClientSession() as session:
+        for expected in (204, 403):
+            async with session.post(URL(url + target, encoded=True), data=b"[]",
+                                    headers=post) as response:  # fmt: skip
+                assert response.status == expected
+    assert owner.dropped_all == 1
+
+
+async def test_a_replay_on_another_worker_or_another_node_is_refused(tmp_path) -> None:
+    """Workers of a node share the nonces they accepted; another node is not the audience."""
+    table = tmp_path / "node" / "peer-nonces"
+    owners = [Owner(), Owner(), Owner()]
+    runners = []
+    try:
+        first = await _serve(owners[0], seen=SeenCounters(table, 601))
+        sibling = PeerServer(SECRET, seen=SeenCounters(table, 601))  # same node, another worker
+        sibling.serve(owners[1])
+        second = await _listen(sibling)
+        sibling.audience = first[1]  # both workers answer on the node's one URL
+        other = await _serve(owners[2])  # another node, same cluster secret
+        runners = [first[0], second[0], other[0]]
+        for owner in owners:
+            owner.script = [SECRET_DATA]
+        headers = _headers(first[1], REQUEST.target())
+        assert (await _raw_get(first[1], REQUEST.target(), headers))[0] == 200
+        for url in (second[1], other[1]):
+            status, body = await _raw_get(url, REQUEST.target(), headers)
+            assert status == 403 and SECRET_DATA not in body
+        assert [len(owner.requests) for owner in owners] == [1, 0, 0]
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+
+
+class Tamperer:
+    """An on-path attacker between a client and a peer: forwards each request as it is
+    and hands back what ``alter(target, status, headers, body)`` makes of the answer."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.alter = lambda target, status, headers, body: (status, headers, body)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        headers = {k: v for k, v in request.headers.items() if k.startswith("X-Hoard-")}
+        async with (
+            aiohttp.ClientSession(auto_decompress=False) as session,
+            session.request(request.method, URL(self.upstream + request.raw_path, encoded=True),
+                            data=await request.read(), headers=headers) as answer,
+        ):  # fmt: skip
+            body = await answer.read()
+            kept = {k: v for k, v in answer.headers.items() if k.startswith("X-Hoard-")}
+            status, kept, body = self.alter(request.raw_path, answer.status, kept, body)
+        return web.Response(status=status, headers=kept, body=body)
+
+    async def listen(self):
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
+async def test_a_tampered_or_swapped_answer_is_refused_by_the_client() -> None:
+    owner = Owner()
+    server = PeerServer(SECRET)
+    server.serve(owner)
+    runner, url = await _listen(server)
+    tamperer = Tamperer(url)
+    proxy_runner, proxy_url = await tamperer.listen()
+    server.audience = proxy_url  # the client names the node by the address it dials
+    client = PeerClient(SECRET)
+    query = MetadataQuery("head", "aws", "data", "k", 60.0, 10.0)
+    try:
+        owner.answer = {"key": "k", "etag": '"1"', "size": 3}
+        assert await client.metadata(proxy_url, query, BOUND) == owner.answer  # untouched
+        # A changed body (another ETag, size) under the real signature.
+        tamperer.alter = lambda t, s, h, b: (s, h, b.replace(b'"size": 3', b'"size": 9'))
+        with pytest.raises(PeerUnavailable, match="answer signature"):
+            await client.metadata(proxy_url, query, BOUND)
+        # A block answer swapped for a forged "no such key": not believed, not cached as one.
+        owner.script = [SECRET_DATA]
+        forged = (b'{"error": "NoSuchKey", "message": "gone"}', 404, "NoSuchKey")
+        tamperer.alter = lambda t, s, h, b: (
+            forged[1],
+            {**h, "X-Hoard-Error": forged[2]},
+            forged[0],
+        )
+        with pytest.raises(PeerUnavailable, match="answer signature"):
+            await _read_all(client, proxy_url)
+        # A genuine answer, signed by the peer, given to another request.
+        recorded: dict[str, tuple] = {}
+
+        def swap(target, status, headers, body):
+            if not recorded:
+                recorded["first"] = (status, headers, body)
+            return recorded["first"]
+
+        tamperer.alter = swap
+        assert await client.metadata(proxy_url, query, BOUND) == owner.answer  # recorded
+        other = dataclasses.replace(query, key="other")
+        with pytest.raises(PeerUnavailable, match="answer signature"):
+            await client.metadata(proxy_url, other, BOUND)
+        # An invalidation "confirmed" by the attacker, who dropped it on the way.
+        tamperer.alter = lambda t, s, h, b: (204, {}, b"")
+        assert await client.invalidate(proxy_url, [Invalidation("aws", "data", key="k")]) is False
+    finally:
+        await client.close()
+        await proxy_runner.cleanup()
+        await runner.cleanup()
+
+
+def test_seen_counters_remember_each_sender_in_a_window(tmp_path) -> None:
+    seen = SeenCounters(tmp_path / "nonces", reusable_after=601)
+    alice, bob = b"a" * 8, b"b" * 8
+    assert seen.accept(alice, 5, 0.0) and not seen.accept(alice, 5, 1.0)
+    assert seen.accept(alice, 3, 1.0) and seen.accept(alice, 9, 1.0)  # out of order: fine
+    assert not seen.accept(alice, 3, 2.0) and not seen.accept(alice, 9, 2.0)
+    assert seen.accept(bob, 5, 2.0)  # senders are apart
+    assert seen.accept(alice, 9 + 5000, 3.0)
+    assert not seen.accept(alice, 10, 3.0)  # more than the window behind: cannot tell
+    assert not seen.accept(b"\0" * 8, 1, 3.0) and not seen.accept(alice, 0, 3.0)
+    seen.close()
+    again = SeenCounters(tmp_path / "nonces", reusable_after=601)  # a restarted worker
+    assert not again.accept(alice, 9 + 5000, 4.0)
+    again.close()
+
+
+def test_seen_counters_are_bounded_and_fail_closed(tmp_path) -> None:
+    seen = SeenCounters(None, reusable_after=601)
+    senders = [i.to_bytes(8, "little") for i in range(1, replays.SLOTS + 200)]
+    accepted = [seen.accept(sender, 1, 0.0) for sender in senders]
+    assert accepted.count(True) <= replays.SLOTS and not all(accepted)  # full: refused
+    refused = senders[accepted.index(False)]
+    assert seen.accept(refused, 1, 602.0)  # once the others fell silent past any date window

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -325,6 +326,39 @@ async def test_symlinks_inside_root_are_followed(origin: PosixOrigin, root: Path
     assert await read_all(origin, "data", "linkdir/deep/file.csv") == b"a,b\n"
     keys = [e.key for e in (await origin.list_objects("data")).entries]
     assert "link.txt" in keys and "linkdir/deep/file.csv" in keys
+
+
+async def test_symlinks_into_another_bucket_are_invisible(origin: PosixOrigin, root: Path) -> None:
+    # A key is limited to its bucket: a link must not reach a sibling bucket's files.
+    write(root / "other.bucket-1" / "private.txt", b"private")
+    write(root / "other.bucket-1" / "sub" / "inner.txt", b"inner")
+    (root / "data" / "link-other").symlink_to("../other.bucket-1/private.txt")
+    (root / "data" / "dir-other").symlink_to(root / "other.bucket-1" / "sub")
+    (root / "data" / "nested" / "up").symlink_to("../../other.bucket-1")
+    for key in ("link-other", "dir-other/inner.txt", "nested/up/private.txt"):
+        with pytest.raises(NoSuchKey):
+            await origin.head_object("data", key)
+        for byte_range in (None, (0, 2)):
+            with pytest.raises(NoSuchKey):
+                await origin.get_object("data", key, byte_range)
+    for delimiter in ("", "/"):
+        page = await origin.list_objects("data", delimiter=delimiter)
+        listed = [e.key for e in page.entries] + page.common_prefixes
+        assert not any("other" in key or "up" in key for key in listed), listed
+        for prefix in ("dir-other/", "nested/up/", "link-other"):
+            page = await origin.list_objects("data", prefix=prefix, delimiter=delimiter)
+            assert page.entries == [] and page.common_prefixes == []
+    with pytest.raises(InvalidObjectName):
+        await origin.put_object("data", "dir-other/new.txt", _body(b"no"))
+    # The root mount (bucket "") holds both folders: there the same links stay inside.
+    assert await read_all(origin, "", "data/link-other") == b"private"
+    assert await read_all(origin, "", "data/dir-other/inner.txt") == b"inner"
+    # The other bucket itself still serves its own files.
+    assert await read_all(origin, "other.bucket-1", "private.txt") == b"private"
+
+
+async def _body(data: bytes) -> AsyncIterator[bytes]:
+    yield data
 
 
 async def test_symlink_loops_do_not_hang_listing(origin: PosixOrigin, root: Path) -> None:

@@ -53,7 +53,7 @@ from gateway.config.settings import (
     Settings,
     split_listen,
 )
-from gateway.core import tls
+from gateway.core import logtext, tls
 from gateway.obs.process import enable_multiprocess
 
 EXIT_CONFIG = 2
@@ -288,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         level=settings.log_level.upper(),
         format="%(asctime)s %(process)d %(levelname)s %(name)s %(message)s",
     )
+    logtext.install(logging.getLogger())  # keys and prefixes in messages cannot forge lines
     for line in warned:
         log.warning("INSECURE, allowed only because Hoard listens on loopback: %s", line)
     for line in ambient_origins(settings):

@@ -300,7 +300,8 @@ def _cluster(
     if not settings.cluster.enabled:
         return None
     _, port = split_listen(settings.listen)
-    return ClusterNode(settings.cluster, port, metrics, body, node=node_view)
+    node_dir = settings.cache.dir / "node"  # the nonces its workers accepted, shared
+    return ClusterNode(settings.cluster, port, metrics, body, node=node_view, node_dir=node_dir)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -18,7 +18,10 @@ On top of them, each a small module:
 
 - ``peers.py``: the signed ``/_hoard/peer/`` wire (blocks, cached-only
   blocks, metadata answers, invalidations), answered by ``peer_server.py``
-  and asked by ``peer_client.py``.
+  and asked by ``peer_client.py``; requests are signed for the receiving
+  node with a nonce, answers are signed over the request.
+- ``replays.py``: the nonces a node accepted, shared by its workers, so a
+  captured request is refused when it comes again.
 - ``placement.py``: block fills from the owners ranked before this node, and
   the handoff from the nodes ranked after it (scale-out without refetch).
 - ``directory.py``: LIST and HEAD misses asked of their metadata owner.

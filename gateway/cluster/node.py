@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -34,7 +35,9 @@ from gateway.cluster.directory import MetadataRouter
 from gateway.cluster.membership import Membership, NodeShare
 from gateway.cluster.peer_client import PeerClient
 from gateway.cluster.peer_server import PeerServer, PieceSender
+from gateway.cluster.peers import MAX_SKEW
 from gateway.cluster.placement import Placement
+from gateway.cluster.replays import SeenCounters
 from gateway.config.settings import ClusterConfig
 from gateway.core import tls
 from gateway.core.invalidation import Invalidation
@@ -54,9 +57,12 @@ class ClusterNode:
         body_sender: PieceSender | None = None,
         *,
         node: NodeShare | None = None,
+        node_dir: Path | None = None,
     ) -> None:
-        """``node`` shares one membership among the workers of this node. What the
-        server answers with is handed to ``server.serve`` once the reader exists."""
+        """``node`` shares one membership among the workers of this node; ``node_dir``
+        holds what they share of the peer server (the nonces accepted: replays are
+        refused whichever worker they reach). What the server answers with is handed
+        to ``server.serve`` once the reader exists."""
         assert config.secret is not None
         secret = config.secret.get_secret_value()
         self.config = config
@@ -69,7 +75,10 @@ class ClusterNode:
         )  # fmt: skip
         self._ssl = tls.client_context(config.ca_bundle)  # for https:// peers
         self.client = PeerClient(secret, read_timeout=config.peer_read_timeout, ssl=self._ssl)
-        self.server = PeerServer(secret, body_sender)
+        seen = SeenCounters(node_dir / "peer-nonces" if node_dir else None, 2 * MAX_SKEW + 1)
+        # The audience: this node's URL spelled as its peers' membership spells it.
+        audience = self.membership.self_url
+        self.server = PeerServer(secret, body_sender, audience=audience, seen=seen)
         self.placement = Placement(
             self.membership,
             self.client,
@@ -129,6 +138,7 @@ class ClusterNode:
         await self._replays.cancel()
         await self.membership.close()
         await self.client.close()
+        self.server.close()
         if self._probe_session is not None:
             await self._probe_session.close()
 

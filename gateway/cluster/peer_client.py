@@ -7,13 +7,22 @@ are short on purpose: ``connect`` includes the wait for a pooled connection,
 so an overloaded pool falls back along the placement ranking instead of
 queueing, and ``sock_read`` bounds a stalled stream.
 
+Every request is signed for the node it goes to, with a nonce of its own (a
+counter this client never repeats, under a sender id drawn at start), so it
+cannot be replayed there or anywhere else. Every answer must carry the
+answering node's signature over this request's signature, its status, error
+code, length and (for answers held whole) its body (``peers.py``); an answer
+without it is ``PeerUnavailable`` and nothing of it is used.
+
 The client trusts the ``X-Hoard-Error`` code, not the status: a 404 from a
 node without these endpoints is ``PeerUnavailable``, not "no such key". A
 block streams as it arrives and is checked for length; a short body raises
 ``PeerUnavailable`` with the bytes received, so the caller resumes elsewhere
 at that byte.
 
-Not guaranteed: secrecy (bytes travel in clear unless peers have https URLs);
+Not guaranteed: secrecy, and the integrity of a block's bytes (its answer's
+status and length are signed, its streamed bytes are not), unless peers have
+https URLs;
 cleanup of an abandoned ``read_block`` that is not closed
 (``contextlib.aclosing``): its connection then stays open until the garbage
 collector finalizes the generator.
@@ -22,31 +31,38 @@ collector finalizes the generator.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
+import secrets
 import ssl as ssl_
 import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 import aiohttp
 from yarl import URL
 
 from gateway.cluster.peers import (
-    DATE_HEADER,
+    ANSWER_HEADER,
     ERROR_HEADER,
     PREFIX,
     READ_BUFFER,
     SIGNATURE_HEADER,
+    STREAMED,
     BlockRequest,
     PeerChanged,
     PeerNotCached,
     PeerNotFound,
     PeerUnavailable,
+    audience_of,
     metadata_target,
-    sign,
+    nonce_text,
+    request_headers,
+    same_digest,
+    sign_answer,
 )
 from gateway.core.invalidation import Invalidation
 from gateway.metadata.query import MetadataQuery
@@ -70,6 +86,8 @@ class PeerClient:
         if not secret:
             raise ValueError("peer requests need cluster.secret")
         self._secret = secret
+        self._sender = secrets.token_bytes(8)  # with the counter: nonces never repeated
+        self._counter = itertools.count(1)
         # "connect" includes the wait for a pooled connection: an overloaded pool
         # falls back along the ranking instead of queueing; sock_read bounds a stall.
         self._timeout = aiohttp.ClientTimeout(connect=connect_timeout, sock_read=read_timeout)
@@ -89,10 +107,31 @@ class PeerClient:
         return self._session
 
     def _signed(self, method: str, peer_url: str, target: str) -> tuple[URL, dict[str, str]]:
-        base, date = peer_url.rstrip("/"), str(int(time.time()))
-        signature = sign(self._secret, method, urlsplit(base).path + target, date)
+        """The URL and headers of one request; ``headers[SIGNATURE_HEADER]`` is what
+        the answer must be signed over."""
+        base, date = audience_of(peer_url), str(int(time.time()))
+        nonce = nonce_text(self._sender, next(self._counter))
+        headers = request_headers(self._secret, method, base, urlsplit(base).path + target,
+                                  date, nonce)  # fmt: skip
         # encoded=True: yarl must send the target byte for byte as it was signed.
-        return URL(base + target, encoded=True), {DATE_HEADER: date, SIGNATURE_HEADER: signature}
+        return URL(base + target, encoded=True), headers
+
+    def _check_answer(
+        self, response: aiohttp.ClientResponse, signature: str, length: int, digest: str
+    ) -> None:
+        """PeerUnavailable unless the answering node signed this answer to this request."""
+        code = response.headers.get(ERROR_HEADER, "")
+        expected = sign_answer(self._secret, signature, response.status, code, length, digest)
+        if not same_digest(expected, response.headers.get(ANSWER_HEADER, "")):
+            raise PeerUnavailable(
+                f"peer answered {response.status} {code} without a valid answer signature"
+            )
+
+    async def _whole(self, response: aiohttp.ClientResponse, signature: str) -> bytes:
+        """An answer's whole body, once its signature (over the body) holds."""
+        body = await response.read()
+        self._check_answer(response, signature, len(body), hashlib.sha256(body).hexdigest())
+        return body
 
     async def read_block(self, peer_url: str, request: BlockRequest) -> AsyncIterator[bytes]:
         """The requested bytes from ``peer_url``, each chunk yielded as it arrives.
@@ -105,7 +144,13 @@ class PeerClient:
         received = 0
         try:
             async with self._client().get(url, headers=headers) as response:
-                await _check(response, request.length)
+                if response.status != 200:
+                    _raise_for(response, await self._whole(response, headers[SIGNATURE_HEADER]))
+                self._check_answer(response, headers[SIGNATURE_HEADER], request.length, STREAMED)
+                if response.content_length != request.length:
+                    raise PeerUnavailable(
+                        f"peer answers {response.content_length} bytes, not {request.length}"
+                    )
                 try:
                     while chunk := await response.content.readany():
                         received += len(chunk)
@@ -130,9 +175,10 @@ class PeerClient:
             async with self._client().get(
                 url, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)
             ) as response:
+                body = await self._whole(response, headers[SIGNATURE_HEADER])
                 if response.status != 200:
-                    await _check(response, 0)
-                return await response.json()
+                    _raise_for(response, body)
+                return json.loads(body)
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
             message = f"{peer_url}: {type(exc).__name__}: {exc}"
             raise PeerUnavailable(message) from exc
@@ -159,9 +205,12 @@ class PeerClient:
             async with self._client().post(
                 url, data=body, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)
             ) as response:
+                await self._whole(response, headers[SIGNATURE_HEADER])
                 if response.status == 204:
                     return True
                 log.warning("peer %s refused %s: %s", peer_url, what, response.status)
+        except PeerUnavailable as exc:
+            log.warning("peer %s: %s, for %s", peer_url, exc, what)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             log.warning("peer %s unreachable for %s: %r", peer_url, what, exc)
         return False
@@ -186,7 +235,8 @@ class PeerClient:
                 method, url, data=data or None, headers=headers,
                 timeout=aiohttp.ClientTimeout(total=timeout),
             ) as response:  # fmt: skip
-                return response.status, json.loads(await response.read() or b"null")
+                body = await self._whole(response, headers[SIGNATURE_HEADER])
+                return response.status, json.loads(body or b"null")
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
             raise PeerUnavailable(f"{peer_url}: {type(exc).__name__}: {exc}") from exc
 
@@ -196,14 +246,10 @@ class PeerClient:
             self._session = None
 
 
-async def _check(response: aiohttp.ClientResponse, length: int) -> None:
-    """Raise what an answer other than 200 with ``length`` bytes means to the caller."""
-    if response.status == 200:
-        if response.content_length != length:
-            raise PeerUnavailable(f"peer answers {response.content_length} bytes, not {length}")
-        return
+def _raise_for(response: aiohttp.ClientResponse, body: bytes) -> NoReturn:
+    """Raise what an answer other than 200 (its signed ``body``) means to the caller."""
     code = response.headers.get(ERROR_HEADER, "")
-    message = (await response.content.read(1024)).decode("utf-8", "replace")
+    message = body[:1024].decode("utf-8", "replace")
     if response.status == 404 and code == "NoSuchKey":
         raise PeerNotFound(message, _said(message))
     if response.status == 412 and code == "OriginChanged":

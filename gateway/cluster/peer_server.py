@@ -11,7 +11,11 @@ through it), so it imports no tier and no reader; a request before that is a
 503, as from a node still starting.
 
 Every request is checked before anything is read: the signature over method,
-target and date within ``MAX_SKEW``, and a body against the signed ``sha256``.
+this node's URL (``audience``), target, date within ``MAX_SKEW`` and nonce; the
+nonce against every one the node accepted (``replays.py``, shared by its
+workers), and a body against the signed ``sha256``. Every answer to an
+accepted request is signed in turn (``X-Hoard-Answer``, ``peers.py``): a
+response held whole over its body, a block over its status and length.
 A block's first piece is awaited before the headers go out, so a block that
 cannot be had is still a status (404, 412, 503 with ``X-Hoard-Error``) the
 asking node acts on; after the first byte a failure can only cut the
@@ -38,19 +42,26 @@ from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 
 from gateway.cluster.peers import (
+    ANSWER_HEADER,
     DATE_HEADER,
     ERROR_HEADER,
     MAX_SKEW,
+    NONCE_HEADER,
     PREFIX,
     READ_BUFFER,
     SIGNATURE_HEADER,
+    STREAMED,
     BlockRequest,
     PeerNotCached,
+    audience_of,
     parse_date,
     parse_metadata_query,
+    parse_nonce,
     same_digest,
     sign,
+    sign_answer,
 )
+from gateway.cluster.replays import SeenCounters
 from gateway.core import errors
 from gateway.core.invalidation import Invalidation
 from gateway.metadata.query import MetadataQuery
@@ -129,8 +140,16 @@ class PeerServer:
         secret: str,
         body_sender: PieceSender | None = None,
         clock: Callable[[], float] = time.time,
+        *,
+        audience: str = "",
+        seen: SeenCounters | None = None,
     ) -> None:
+        """``audience``: this node's URL (``cluster.self``), which requests must be signed
+        for ("": none is accepted); ``seen``: the node's accepted nonces (None: this
+        process's own table)."""
         self._secret = secret
+        self.audience = audience_of(audience)
+        self._seen = seen if seen is not None else SeenCounters(None, 2 * MAX_SKEW + 1)
         self._answers: NodeAnswers | None = None  # until ``serve``
         self._sender = body_sender  # None: FileSegments are read in a thread and written
         self._clock = clock
@@ -139,20 +158,42 @@ class PeerServer:
     def serve(self, answers: NodeAnswers) -> None:
         self._answers = answers
 
+    def close(self) -> None:
+        """Unmap the node's nonce table (the file stays for the other workers)."""
+        self._seen.close()
+
     def mount(self, name: str, handler: MountedHandler) -> None:
         """Serve ``/_hoard/peer/<name>/...`` with ``handler(request, rest of path, body)``."""
         self._mounted[name] = handler
 
     async def handle(self, request: web.Request, path: str) -> web.StreamResponse:
         """Answer one request whose path is under ``/_hoard/peer/``."""
-        if not self._authentic(request):
-            return _error(403, "AccessDenied", "missing, wrong or expired cluster signature")
+        signature = self._authentic(request)
+        if signature is None:
+            return _error(403, "AccessDenied", "missing, wrong, expired or replayed signature")
+        response = await self._route(request, path, signature)
+        if isinstance(response, web.Response):  # held whole: signed over its body
+            # Anything but bytes (none of ours) is signed as empty: the client refuses it.
+            body = response.body if isinstance(response.body, bytes | bytearray) else b""
+            self._sign_answer(response, signature, len(body), hashlib.sha256(body).hexdigest())
+        return response
+
+    def _sign_answer(
+        self, response: web.StreamResponse, signature: str, length: int, digest: str
+    ) -> None:
+        """Sign ``response`` (before its headers go out) as the answer to ``signature``."""
+        code = response.headers.get(ERROR_HEADER, "")
+        response.headers[ANSWER_HEADER] = sign_answer(
+            self._secret, signature, response.status, code, length, digest
+        )
+
+    async def _route(self, request: web.Request, path: str, signature: str) -> web.StreamResponse:
         answers = self._answers
         if answers is None:
             return _error(503, "Unavailable", "this node is starting")
         if path.startswith(f"{PREFIX}block/") and request.method == "GET":
             block = path.removeprefix(f"{PREFIX}block/")
-            return await self._serve_block(request, block, answers)
+            return await self._serve_block(request, block, answers, signature)
         if path == f"{PREFIX}invalidate" and request.method == "POST":
             return await self._serve_invalidate(request, answers)
         if path == f"{PREFIX}meta" and request.method == "GET":
@@ -170,16 +211,26 @@ class PeerServer:
             return await self._mounted[name](request, rest, body)
         return _error(404, "NoSuchEndpoint", f"no peer endpoint {request.method} {path}")
 
-    def _authentic(self, request: web.Request) -> bool:
+    def _authentic(self, request: web.Request) -> str | None:
+        """The request's signature if it is right, for this node, in time and new; else None.
+
+        The nonce is remembered only once the signature holds: a forger cannot fill
+        the table."""
         date = request.headers.get(DATE_HEADER, "")
-        moment = parse_date(date)
-        if not self._secret or moment is None or abs(self._clock() - moment) > MAX_SKEW:
-            return False
-        expected = sign(self._secret, request.method, request.raw_path, date)
-        return same_digest(expected, request.headers.get(SIGNATURE_HEADER, ""))
+        nonce = request.headers.get(NONCE_HEADER, "")
+        moment, parsed, now = parse_date(date), parse_nonce(nonce), self._clock()
+        if not (self._secret and self.audience) or moment is None or parsed is None:
+            return None
+        if abs(now - moment) > MAX_SKEW:
+            return None
+        expected = sign(self._secret, request.method, self.audience, request.raw_path, date, nonce)
+        given = request.headers.get(SIGNATURE_HEADER, "")
+        if not same_digest(expected, given) or not self._seen.accept(*parsed, now):
+            return None
+        return expected
 
     async def _serve_block(
-        self, request: web.Request, digest: str, answers: NodeAnswers
+        self, request: web.Request, digest: str, answers: NodeAnswers, signature: str
     ) -> web.StreamResponse:
         try:
             block = BlockRequest.from_query(request.raw_path.partition("?")[2])
@@ -198,6 +249,7 @@ class PeerServer:
                 return _status_of(exc)
             response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
             response.content_length = block.length
+            self._sign_answer(response, signature, block.length, STREAMED)
             await self._stream(request, response, first, pieces)
         return response
 

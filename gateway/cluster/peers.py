@@ -28,19 +28,40 @@ Other features add their own routes under ``/_hoard/peer/<name>/`` with ``mount`
 (warm jobs: ``gateway/warm/http.py``); they get the same signature check, and a
 request body must come with ``sha256={hex of body}`` in the query, as above.
 
-Each request carries ``X-Hoard-Date`` (epoch seconds or RFC 3339) and
-``X-Hoard-Signature: hex(HMAC-SHA256(secret, METHOD "\\n" path?query "\\n" date))``
-over the target as sent, checked in constant time with 5 minutes of skew; missing,
-wrong or expired is 403 before anything is read. ``sha256`` binds an invalidation's
+Requests. Each carries ``X-Hoard-Date`` (epoch seconds or RFC 3339),
+``X-Hoard-Nonce: <sender>.<counter>`` (the sender: 16 hex digits a client draws
+when it starts; the counter: 1, 2, 3… never used twice by that sender) and
+``X-Hoard-Signature: hex(HMAC-SHA256(secret, "hoard-peer-2" LF METHOD LF audience
+LF path?query LF date LF nonce))``: the target as sent, and the *audience*, the
+receiving node's URL as the sender names it (its ``cluster.self``, without a
+trailing ``/``). The receiver checks in constant time that the signature is
+right for its own URL (a request captured on its way to one node is refused by
+every other), that the date is within ``MAX_SKEW`` of its clock, and then that
+it never accepted this sender's counter (``replays.py``, remembered node-wide,
+in fixed memory): a replay, even a second later, is refused. Missing, wrong,
+expired or replayed is 403 before anything is read. ``sha256`` binds a request
 body to the signature. A server without a secret refuses everything.
 
-Not guaranteed: secrecy (bytes travel in clear: keep peers on a private network or
-give them https URLs); freshness (a captured request replays within the skew window,
-which can only re-read a block or re-drop entries); completeness (after the first
-byte a failure cuts the connection, the client raises ``PeerUnavailable`` after
-yielding what arrived, and the caller resumes elsewhere at that byte); cleanup of
-an abandoned ``read_block`` that is not closed (``contextlib.aclosing``): its
-connection then stays open until the garbage collector finalizes the generator.
+Answers. Every answer to an accepted request carries ``X-Hoard-Answer:
+hex(HMAC-SHA256(secret, "hoard-answer-1" LF request signature LF status LF
+error code LF length LF body digest))``; the client refuses one without it or
+with a wrong one (``PeerUnavailable``), before it reads a byte of a block. It
+binds the answer to the very request (so an answer cannot be swapped for
+another's, or replayed), its status, ``X-Hoard-Error`` code and length, and,
+for every answer held whole (metadata JSON, errors, invalidations, messages,
+mounted routes), the SHA-256 of its body. A block's bytes are streamed (from
+the page cache by ``sendfile``, without a copy) and are *not* covered: the
+digest field says ``stream``. On a network an attacker can write to, give the
+peers https URLs (``cluster.ca_bundle``), which covers the bytes too.
+
+Not guaranteed: secrecy and the integrity of block bytes without https;
+compatibility with nodes of the previous wire (signed without audience or
+nonce): during a rolling upgrade they refuse each other and fall back to the
+origin; completeness (after the first byte a failure cuts the connection, the
+client raises ``PeerUnavailable`` after yielding what arrived, and the caller
+resumes elsewhere at that byte); cleanup of an abandoned ``read_block`` that is
+not closed (``contextlib.aclosing``): its connection then stays open until the
+garbage collector finalizes the generator.
 """
 
 from __future__ import annotations
@@ -59,11 +80,15 @@ from gateway.metadata.query import MetadataQuery
 PREFIX = "/_hoard/peer/"
 DATE_HEADER = "X-Hoard-Date"
 SIGNATURE_HEADER = "X-Hoard-Signature"
+NONCE_HEADER = "X-Hoard-Nonce"
+ANSWER_HEADER = "X-Hoard-Answer"
 ERROR_HEADER = "X-Hoard-Error"
+STREAMED = "stream"  # the body digest of an answer whose bytes the signature does not cover
 MAX_SKEW = 300.0  # seconds of clock difference tolerated between nodes
 READ_BUFFER = 256 * 1024  # client-side buffer per connection: bounds memory per stream
 _EPOCH = re.compile(r"[0-9]{1,12}(\.[0-9]{1,9})?")
 _INT = re.compile(r"[0-9]{1,19}")
+_NONCE = re.compile(r"([0-9a-f]{16})\.([1-9][0-9]{0,18})")
 
 
 class PeerError(Exception):
@@ -162,10 +187,50 @@ def parse_metadata_query(query: str) -> MetadataQuery:
     return MetadataQuery(**texts, **floats, max_keys=max_keys)
 
 
-def sign(secret: str, method: str, target: str, date: str) -> str:
-    """The hex signature of one request; ``target`` is the path and query as sent."""
-    message = f"{method}\n{target}\n{date}".encode("utf-8", "surrogateescape")
+def audience_of(url: str) -> str:
+    """A node's URL as signatures name it (``cluster.self``, or a peer's URL)."""
+    return url.rstrip("/")
+
+
+def sign(secret: str, method: str, audience: str, target: str, date: str, nonce: str) -> str:
+    """The hex signature of one request to the node ``audience``; ``target`` is the
+    path and query as sent."""
+    text = f"hoard-peer-2\n{method}\n{audience}\n{target}\n{date}\n{nonce}"
+    return _mac(secret, text)
+
+
+def request_headers(
+    secret: str, method: str, audience: str, target: str, date: str, nonce: str
+) -> dict[str, str]:
+    """The headers that sign one request (``audience``: the receiving node's URL)."""
+    signature = sign(secret, method, audience_of(audience), target, date, nonce)
+    return {DATE_HEADER: date, NONCE_HEADER: nonce, SIGNATURE_HEADER: signature}
+
+
+def sign_answer(
+    secret: str, request_signature: str, status: int, code: str, length: int, body_digest: str
+) -> str:
+    """The hex signature of an answer to the request signed ``request_signature``;
+    ``body_digest``: the SHA-256 (hex) of a body held whole, or ``STREAMED``."""
+    text = f"hoard-answer-1\n{request_signature}\n{status}\n{code}\n{length}\n{body_digest}"
+    return _mac(secret, text)
+
+
+def _mac(secret: str, text: str) -> str:
+    message = text.encode("utf-8", "surrogateescape")
     return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
+
+
+def nonce_text(sender: bytes, counter: int) -> str:
+    return f"{sender.hex()}.{counter}"
+
+
+def parse_nonce(text: str) -> tuple[bytes, int] | None:
+    """``(sender, counter)`` of an ``X-Hoard-Nonce`` value, or None if it is not one."""
+    match = _NONCE.fullmatch(text)
+    if match is None:
+        return None
+    return bytes.fromhex(match.group(1)), int(match.group(2))
 
 
 def same_digest(expected: str, given: str) -> bool:

@@ -6,8 +6,9 @@ write makes stale (``invalidation.py``), who waits for an origin request
 (``priority.py``), a byte range as a client asked it (``ranges.py``),
 background tasks kept and stopped together (``tasks.py``), SQLite shared by a
 node's workers (``sqlite_wal.py``, ``sqlite_loop.py``), a file every worker
-maps (``mapped.py``), the SigV4 signing key (``sigv4_key.py``) and the TLS
-contexts (``tls.py``).
+maps (``mapped.py``), the SigV4 signing key (``sigv4_key.py``), the TLS
+contexts (``tls.py``) and log records escaped to stay one line each
+(``logtext.py``).
 
 What this package may import: the standard library, third-party libraries
 and ``gateway.config`` (``tls.py`` reports an unusable certificate as a

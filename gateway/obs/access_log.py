@@ -28,6 +28,8 @@ import sys
 import time
 from typing import TextIO
 
+from gateway.core.logtext import escape_char
+
 
 class AccessLog:
     def __init__(
@@ -129,7 +131,4 @@ def _escaped(char: str) -> str:
         return "\\\\"
     if char.isprintable() and char != " ":
         return char
-    code = ord(char)
-    if code < 0x100:
-        return f"\\x{code:02x}"
-    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+    return escape_char(char)

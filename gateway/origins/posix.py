@@ -9,10 +9,15 @@ files below it.
 
 Safety comes first, because keys come from clients. A key is checked as text
 (no NUL, no empty, ``.`` or ``..`` component, no leading ``/``), then resolved
-with ``realpath`` and must stay inside the root's real path; a symlink that
-leads out is answered as a missing key, exactly as the listing (which skips
-it) shows it. Keys are not percent-decoded here: the S3 front already did, so
-``%2e%2e`` is a literal file name. Sockets, FIFOs and devices are not objects.
+with ``realpath`` and must stay inside the real path of its bucket's folder
+(the root itself for bucket ``""``). Symlinks are followed while they stay in
+that folder, so a dataset may link shards to one another; a symlink that
+leads out of it (to another bucket, out of the root, into the staging area)
+is answered as a missing key by HEAD, GET and ranged GET alike, exactly as
+the listing (which neither shows nor descends into it) shows it. A key is
+limited to its bucket, so a link must not reach past it. Keys are not
+percent-decoded here: the S3 front already did, so ``%2e%2e`` is a literal
+file name. Sockets, FIFOs and devices are not objects.
 
 Writes (``posix_write.py``, ``posix_multipart.py``) go to a temp file beside
 the destination and are renamed into place; the same key rules apply, and a
@@ -46,6 +51,9 @@ NOT guaranteed:
   without user xattrs) have no metadata and a content type guessed from the name.
 - A listing is a walk, not a snapshot: concurrent changes may or may not show.
 - Names that are not valid UTF-8 cannot be S3 keys and are invisible.
+- A mount's ``prefix`` is no boundary: a symlink under one prefix may lead to
+  a file under another prefix of the same bucket folder. Give a folder that
+  must be kept apart a bucket of its own.
 - Symlinks are resolved before open and the last component is opened with
   ``O_NOFOLLOW``; someone with write access to the tree who swaps a parent
   directory for a symlink between the two can still race it. Clients cannot
@@ -56,6 +64,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import os
 import stat
 from collections.abc import AsyncIterator
@@ -97,7 +106,6 @@ class PosixOrigin:
         self.capability = Capability(writable=self)  # S3 writes as calls of its own API
         # Resolved once, at start-up: every containment check compares real paths.
         self._root = os.path.realpath(root)
-        self._root_slash = self._root.rstrip("/") + "/"
         self._staging = os.path.join(self._root, STAGING_DIR)
         self._records = Records()
         self._writer = PosixWriter(self._root, self._records, fsync=fsync)
@@ -130,17 +138,18 @@ class PosixOrigin:
         """
         await asyncio.to_thread(buckets.delete, self._root, bucket, self._bucket_dir)
 
-    def _within(self, real: str) -> bool:
-        """Whether a real path is part of the served tree: inside the root, outside the staging."""
+    def _within(self, real: str, top: str) -> bool:
+        """Whether a real path is part of the folder ``top`` (the root or a bucket's
+        real directory) and outside the staging area: the one containment rule."""
         if real == self._staging or real.startswith(self._staging + "/"):
             return False
-        return real == self._root or real.startswith(self._root_slash)
+        return real == top or real.startswith(top.rstrip("/") + "/")
 
     def _bucket_dir(self, bucket: str) -> str:
         if bucket and not valid_bucket_name(bucket):
             raise errors.NoSuchBucket(bucket)
         path = os.path.realpath(os.path.join(self._root, bucket)) if bucket else self._root
-        if not self._within(path) or not os.path.isdir(path):
+        if not self._within(path, self._root) or not os.path.isdir(path):
             raise errors.NoSuchBucket(bucket)
         return path
 
@@ -184,11 +193,10 @@ class PosixOrigin:
 
     def _resolve(self, bucket: str, key: str) -> str:
         check_key(key)
-        real = os.path.realpath(os.path.join(self._bucket_dir(bucket), key))
-        if not self._within(real):
-            raise errors.NoSuchKey(
-                key
-            )  # a symlink leading out of the root: invisible, as in listings
+        top = self._bucket_dir(bucket)
+        real = os.path.realpath(os.path.join(top, key))
+        if not self._within(real, top):
+            raise errors.NoSuchKey(key)  # a symlink leading out of the bucket: as in listings
         return real
 
     def _stat(self, bucket: str, key: str) -> tuple[str, os.stat_result]:
@@ -238,9 +246,8 @@ class PosixOrigin:
         self, bucket: str, prefix: str, delimiter: str, start_after: str, max_keys: int
     ) -> ListPage:
         top = self._bucket_dir(bucket)
-        entries = list_entries(
-            top, self._within, self._records, prefix, delimiter, start_after, max_keys
-        )
+        within = functools.partial(self._within, top=top)
+        entries = list_entries(top, within, self._records, prefix, delimiter, start_after, max_keys)
         return paginate(entries, prefix, delimiter, start_after, max_keys)
 
     # -- writes: posix_write/posix_multipart do the work, here keys become checked paths
@@ -256,8 +263,8 @@ class PosixOrigin:
         # realpath resolves the existing part of the parent; what is missing stays
         # literal and is created later, below a directory already checked here.
         parent = os.path.realpath(os.path.join(top, parent_rel)) if parent_rel else top
-        if not self._within(parent) or not self._within(os.path.join(parent, name)):
-            raise errors.InvalidObjectName(f"The key leads out of the origin's tree: {key!r}")
+        if not self._within(parent, top) or not self._within(os.path.join(parent, name), top):
+            raise errors.InvalidObjectName(f"The key leads out of the bucket's folder: {key!r}")
         return Target(key, top, parent, name, folder)
 
     async def put_object(

@@ -3,8 +3,8 @@
 Keys come from clients, so a key is checked as text before it becomes a path:
 no NUL, no empty, ``.`` or ``..`` component, no leading ``/``, valid UTF-8.
 Names of files being written (``.hoard-tmp-*``, ``posix_files.py``) are
-reserved and never keys. Containment in the root (after ``realpath``) is the
-origin's second check (``posix.py``): these rules say nothing of symlinks.
+reserved and never keys. Containment in the bucket's folder (after
+``realpath``) is the origin's second check (``posix.py``): these rules say nothing of symlinks.
 """
 
 from __future__ import annotations

@@ -8,9 +8,9 @@ they hold a file, when the page reaches them), stats only the files that land
 on the page, and stops once the page is full (``max_keys + 1`` items, enough
 for ``listing.paginate`` to say whether the page is truncated).
 
-What is listed is what a GET can read: regular files inside the served tree
-(``within``: the root, minus the multipart staging area), through symlinks
-that stay inside it, never temp files of writes in progress, never names that
+What is listed is what a GET can read: regular files inside the bucket's
+folder (``within``: that folder, minus the multipart staging area), through
+symlinks that stay inside it (one leading out is neither shown nor descended), never temp files of writes in progress, never names that
 are not UTF-8. A symlink loop is cut where it is found. The ETag of an entry
 is the record's (``posix_records.py``) while it still names the file, else
 the fingerprint, exactly as HEAD answers.
@@ -147,7 +147,7 @@ class Walk:
             if entry.is_symlink():
                 path = os.path.realpath(entry.path)
                 if not self._within(path):
-                    return None  # leads out of the root
+                    return None  # leads out of the bucket's folder
                 mode = os.stat(path).st_mode
                 is_dir, is_file = stat.S_ISDIR(mode), stat.S_ISREG(mode)
             else:

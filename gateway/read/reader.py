@@ -62,11 +62,12 @@ class Reader:
         # Told ``(bucket, key)`` of every object GET: epoch-order prefetch subscribes
         # (it looks keys up through this reader, so it is built after it).
         self.observers: list[Callable[[str, str], None]] = []
-        # Told ``(mount, origin key)`` of every read whose first block came from the
-        # origin (a cold object): auto-warm subscribes (``warm/auto.py``).
-        self.cold_reads: list[Callable[[Mount, str], None]] = []
-        # Told ``(mount, origin prefix)`` of every listing page served to a client.
-        self.client_listings: list[Callable[[Mount, str], None]] = []
+        # Told ``(mount, origin key, may_warm)`` of every read whose first block came
+        # from the origin (a cold object): auto-warm subscribes (``warm/auto.py``).
+        # ``may_warm``: whether the caller may warm the bucket (the S3 front knows).
+        self.cold_reads: list[Callable[[Mount, str, bool], None]] = []
+        # Told ``(mount, origin prefix, may_warm)`` of every listing page served to a client.
+        self.client_listings: list[Callable[[Mount, str, bool], None]] = []
 
     async def list_buckets(self) -> list[BucketInfo]:
         return await self.namespace.list_buckets()
@@ -100,11 +101,13 @@ class Reader:
         byte_range: RangeSpec | None = None,
         precondition: Precondition | None = None,
         retry: bool = True,
+        may_warm: bool = False,
     ) -> ObjectRead:
         """Open ``key`` for reading; ``precondition`` runs on the metadata before any range.
 
         ``retry``: an object found changed at the origin before the first byte
         (``ObjectRead.prime``) is opened once more, with fresh metadata.
+        ``may_warm``: told to ``cold_reads`` (whether the caller may warm the bucket).
         """
         self.catch_up()
         mount = self.namespace.resolve(bucket)
@@ -120,10 +123,12 @@ class Reader:
         if info.size == 0:
             return ObjectRead(client_info, 0, -1, False, None)
         sources: Counter[str] = Counter()
-        pieces = self._pieces(mount, okey, info, start, end, sources)
+        pieces = self._pieces(mount, okey, info, start, end, sources, may_warm)
 
         async def again() -> ObjectRead:
-            return await self.open_object(bucket, key, byte_range, precondition, retry=False)
+            return await self.open_object(
+                bucket, key, byte_range, precondition, retry=False, may_warm=may_warm
+            )
 
         partial = byte_range is not None
         return ObjectRead(
@@ -236,10 +241,12 @@ class Reader:
         query: tuple[str, str, str, int],
         render: Callable[[ListPage], bytes],
         variant: Hashable,
+        may_warm: bool = False,
     ) -> bytes:
         """``list_objects``' page of ``query`` (prefix, delimiter, start_after,
         max_keys) as ``render`` makes it, rendered once per cached listing and
-        ``variant`` (all else the bytes depend on, the bucket's name aside)."""
+        ``variant`` (all else the bytes depend on, the bucket's name aside);
+        ``may_warm`` is told to ``client_listings``."""
         self.catch_up()
         mount = self.namespace.resolve(bucket)
 
@@ -249,7 +256,7 @@ class Reader:
         origin_query = mount.origin_query(*query)
         body = await self._source.listing_body(mount, origin_query, render_page, (bucket, variant))
         for listed in self.client_listings:
-            listed(mount, origin_query[0])
+            listed(mount, origin_query[0], may_warm)
         return body
 
     async def block_refs(self, bucket: str, key: str, admit: bool | None = None) -> list[BlockRef]:
@@ -294,8 +301,9 @@ class Reader:
         return block_ref(mount, okey, info, index, self.block_size)
 
     async def _pieces(
-        self, mount: Mount, okey: str, info: ObjectInfo, start: int, end: int, sources: Counter[str]
-    ) -> AsyncIterator[Piece]:
+        self, mount: Mount, okey: str, info: ObjectInfo, start: int, end: int,
+        sources: Counter[str], may_warm: bool,
+    ) -> AsyncIterator[Piece]:  # fmt: skip
         spans = block_plan(start, end, self.block_size)
         last_block = (info.size - 1) // self.block_size
         if last_block == 0:  # one block: nothing to read ahead, no stream to follow
@@ -318,7 +326,7 @@ class Reader:
                 sources.update(block_sources)
                 if span.index == 0 and "origin" in block_sources:
                     for cold in self.cold_reads:
-                        cold(mount, okey)
+                        cold(mount, okey, may_warm)
                 # A fill this reader had to wait for, past the stream's first block:
                 # it consumes faster than read-ahead lands blocks.
                 if (i > 0 or sequential) and block_sources.keys() & {"origin", "peer"}:

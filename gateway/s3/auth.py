@@ -37,11 +37,16 @@ class Principal:
     def may_use(self, bucket: str) -> bool:
         return self.buckets is None or bucket in self.buckets
 
+    def allows(self, bucket: str, mutating: bool) -> bool:
+        """Whether this caller may do this to ``bucket``: the one rule of every entry point
+        (warming, auto-warm included, counts as mutating: see ``access.py``)."""
+        if mutating and (self.readonly or self.anonymous):
+            return False
+        return not bucket or self.may_use(bucket)
+
     def authorize(self, bucket: str, mutating: bool) -> None:
         """AccessDenied unless this caller may do this to ``bucket``; nothing reaches an origin."""
-        if mutating and (self.readonly or self.anonymous):
-            raise S3Error(Code.AccessDenied)
-        if bucket and not self.may_use(bucket):
+        if not self.allows(bucket, mutating):
             raise S3Error(Code.AccessDenied)
 
 

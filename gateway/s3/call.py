@@ -38,3 +38,9 @@ class Call:
     def key(self) -> str:
         assert self.route.key is not None, "object operations always carry a key"
         return self.route.key
+
+    @property
+    def may_warm(self) -> bool:
+        """Whether the caller may warm this bucket, as the admin warm API decides it
+        (``access.denied``, mutating): its reads and listings may then start auto-warm."""
+        return self.principal.allows(self.bucket, mutating=True)

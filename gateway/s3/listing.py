@@ -86,7 +86,7 @@ async def list_objects_v2(call: Call) -> web.StreamResponse:
 
     query = (prefix, delimiter, marker, min(max_keys, MAX_KEYS_LIMIT))
     variant = ("v2", max_keys, start_after, token, encode, fetch_owner)
-    body = await call.reader.list_objects_body(call.bucket, query, render, variant)
+    body = await call.reader.list_objects_body(call.bucket, query, render, variant, call.may_warm)
     return web.Response(body=body, content_type=XML_TYPE)
 
 
@@ -109,5 +109,6 @@ async def list_objects_v1(call: Call) -> web.StreamResponse:
         )
 
     query = (prefix, delimiter, marker, min(max_keys, MAX_KEYS_LIMIT))
-    body = await call.reader.list_objects_body(call.bucket, query, render, ("v1", max_keys, encode))
+    variant = ("v1", max_keys, encode)
+    body = await call.reader.list_objects_body(call.bucket, query, render, variant, call.may_warm)
     return web.Response(body=body, content_type=XML_TYPE)

@@ -123,8 +123,9 @@ async def get_object(call: Call) -> web.StreamResponse:
     conditions = Conditions.from_headers(call.request.headers)
     spec = parse_range(call.request.headers.get("Range"))
     read = await call.reader.open_object(
-        call.bucket, call.key, spec, conditions.check if conditions else None
-    )
+        call.bucket, call.key, spec, conditions.check if conditions else None,
+        may_warm=call.may_warm,
+    )  # fmt: skip
     try:
         # The first bytes are fetched before the headers go out, so a cold block
         # that cannot be fetched is still an S3 error rather than a cut connection.

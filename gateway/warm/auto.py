@@ -11,7 +11,7 @@ what the epoch holds, because data loaders list the dataset before they read it
 read every object of it once an epoch.
 
 The rule. A read whose first block came from the origin (``Reader.cold_reads``)
-under a whole listing held in this worker's metadata memory
+by a client that may warm the bucket, under a whole listing held in this worker's metadata memory
 (``MetadataCache.listed``) is counted against that listing, and the narrowest
 directory holding every cold key counted so far is kept. Once the count reaches
 ``warm.auto_after`` and 1 in ``_SAMPLE_OF`` of the objects listed under that
@@ -34,6 +34,13 @@ workers (a reader on one keep-alive connection reads through one worker, its
 LIST came on another). The worker serving a client's listing page records the
 prefix for the node (``listed.py``); a worker reading cold under a recorded
 prefix it holds no listing of lists it once itself, then counts as above.
+
+Who. A job spends what an admin warm job spends (the disk tier, origin
+bandwidth), so only callers that may warm the bucket count: the S3 front
+tells the reader's observers whether the caller may (``Call.may_warm``, the
+rule ``s3/access.py`` applies to ``POST /_hoard/warm``: a write). The cold
+reads and listings of a ``readonly`` key, a key limited to other buckets, or
+an anonymous caller are served as any other, and neither counted nor recorded.
 
 One job per prefix per node: a worker that decides to warm looks for an
 unfinished share of the same job on the node (``WarmJobs.warming``): a sibling
@@ -113,15 +120,16 @@ class AutoWarm:
         self._counts: OrderedDict[tuple[Hashable, str], _Count] = OrderedDict()
         self._tasks = TaskSet()
 
-    def listing(self, mount: Mount, prefix: str) -> None:
+    def listing(self, mount: Mount, prefix: str, may_warm: bool) -> None:
         """A client was served a listing page of ``prefix`` (origin terms): recorded for
-        the node's other workers."""
-        if self._after > 0:
+        the node's other workers, if that client may warm the bucket."""
+        if self._after > 0 and may_warm:
             self._listed.record(mount, prefix)
 
-    def cold(self, mount: Mount, okey: str) -> None:
-        """A read of ``okey`` (origin terms) had its first block from the origin."""
-        if self._after <= 0:
+    def cold(self, mount: Mount, okey: str, may_warm: bool) -> None:
+        """A read of ``okey`` (origin terms) had its first block from the origin;
+        counted only if its client may warm the bucket."""
+        if self._after <= 0 or not may_warm:
             return
         scope = scope_of(mount)
         listed = self._metadata.listed(scope, okey)

@@ -69,8 +69,13 @@ _Slot = Held | Skipped | asyncio.Task[Held | ObjectRead]
 class Ahead:
     """``keys`` of ``bucket`` opened up to ``ahead`` at a time, handed out in order."""
 
-    def __init__(self, reader: Reader, bucket: str, keys: list[str], ahead: int = AHEAD) -> None:
+    def __init__(
+        self, reader: Reader, bucket: str, keys: list[str], may_warm: bool, ahead: int = AHEAD
+    ) -> None:
+        """``may_warm``: whether the caller may warm ``bucket`` (its cold reads count for
+        auto-warm, as its GETs' would)."""
         self._reader = reader
+        self._may_warm = may_warm
         self._bucket = bucket
         self._keys = keys
         self._ahead = ahead
@@ -104,7 +109,7 @@ class Ahead:
             found = await self._reader.held(self._bucket, key)
             if found is not None:
                 return Held(*found)
-        read = await self._reader.open_object(self._bucket, key)
+        read = await self._reader.open_object(self._bucket, key, may_warm=self._may_warm)
         try:
             await read.prime()
         except BaseException:

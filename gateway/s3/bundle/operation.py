@@ -110,7 +110,7 @@ async def _stream(
     served: Counter[str] = Counter()
     skipped: list[dict[str, str]] = []
     count = size = 0
-    ahead = Ahead(call.reader, call.bucket, wanted)
+    ahead = Ahead(call.reader, call.bucket, wanted, call.may_warm)
     try:
         async for key, opened in ahead:
             if isinstance(opened, Skipped):
