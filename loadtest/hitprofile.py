@@ -20,7 +20,8 @@ methods, so nothing of the code under test is changed):
 | block | ``Reader.held_now`` less the metadata: the block and the segment's trust |
 | headers | ``HitPath._prepared``: the range read, the header block filled in |
 | send | the transport's ``writelines`` (memory) or ``_write_segment`` (sendfile) |
-| accounting | ``Metrics.hit`` and the server's ``account`` (metrics, access log) |
+| accounting | ``Metrics.hit``, the server's ``account`` (metrics, access log), and the
+  tally's flush to the series at the end of each loop turn (every 64 hits here) |
 | glue | ``answer_now`` less all of the above: what binds them |
 
 A timer costs about 0.1 µs per call; the row ``answer_now, unwrapped`` is
@@ -280,7 +281,9 @@ def stage_table(timers: Timers, total_ns: int, n: int) -> dict[str, float]:
     return {k: v / n / 1000 for k, v in row.items()}
 
 
-async def profile_case(app: Any, case: Case, requests: list[bytes], n: int) -> dict[str, float]:
+async def profile_case(
+    app: Any, case: Case, requests: list[bytes], n: int, rounds: int = 5
+) -> dict[str, float]:
     """Per-stage CPU µs of ``n`` wire hits of ``case`` (cycling over ``requests``)."""
     from aiohttp.http_parser import HttpRequestParser
 
@@ -293,12 +296,10 @@ async def profile_case(app: Any, case: Case, requests: list[bytes], n: int) -> d
     for raw in requests:
         parsed, _, _ = parser.feed_data(raw)
         messages.append(parsed[0][0])
-    timers = Timers()
     started = CLOCK()
     for i in range(n):  # the C parser alone, on the same bytes
         parser.feed_data(requests[i % len(requests)])
     parse_ns = CLOCK() - started
-    timers.ns["parse_c"] = parse_ns
     ours, theirs = socket.socketpair()
     drain = subprocess.Popen(["cat"], stdin=theirs, stdout=subprocess.DEVNULL)
     theirs.close()
@@ -307,29 +308,22 @@ async def profile_case(app: Any, case: Case, requests: list[bytes], n: int) -> d
         sockfd = ours.fileno()
         assert hits.answer_now(messages[0], transport, sockfd), f"{case.name}: not a wire hit"
         await _drained(transport)
-        results = {}
-        for timed in (False, True):
-            wired = TimedTransport(transport, timers if timed else None)
-            total_ns = cpu_ns = 0
-            with instrumented(app, timers) if timed else contextlib.nullcontext():
-                for i in range(n):
-                    message = messages[i % len(messages)]
-                    cpu, started = time.process_time_ns(), CLOCK()
-                    answered = hits.answer_now(message, wired, sockfd)  # type: ignore[arg-type]
-                    total_ns += CLOCK() - started
-                    cpu_ns += time.process_time_ns() - cpu
-                    assert answered, f"{case.name}: request {i} was not a wire hit"
-                    if transport.get_write_buffer_size():
-                        await _drained(transport)
-                    if i % 64 == 63:
-                        await asyncio.sleep(0)  # the loop turn's accounting flush, as served
-            if timed:
-                results = stage_table(timers, total_ns, n)
-                results["answer_now, timed"] = total_ns / n / 1000
-            else:
-                results_plain = (total_ns / n / 1000, cpu_ns / n / 1000)
-        results["answer_now, unwrapped"] = results_plain[0]
-        results["answer_now, process CPU"] = results_plain[1]
+        # Rounds alternate the plain and the timed loop; the quietest round of each is
+        # kept (a neighbour's load only ever adds, so the least is the closest).
+        plain: list[tuple[float, float]] = []
+        stages: list[dict[str, float]] = []
+        per_round = max(1, n // rounds)
+        for _ in range(rounds):
+            plain.append(await _round(hits, messages, transport, sockfd, per_round, None))
+            timers = Timers()
+            timers.ns["parse_c"] = parse_ns * per_round // n
+            with instrumented(app, timers):
+                total, _ = await _round(hits, messages, transport, sockfd, per_round, timers)
+            row = stage_table(timers, int(total * per_round * 1000), per_round)
+            stages.append({**row, "answer_now, timed": total})
+        results = min(stages, key=lambda row: row["answer_now, timed"])
+        results["answer_now, unwrapped"] = min(p[0] for p in plain)
+        results["answer_now, process CPU"] = min(p[1] for p in plain)
         results["parse (C parser)"] = parse_ns / n / 1000
         return results
     finally:
@@ -337,6 +331,33 @@ async def profile_case(app: Any, case: Case, requests: list[bytes], n: int) -> d
         await asyncio.sleep(0)  # the transport lets go of the socket on the loop's next turn
         drain.kill()  # ends the drain whatever it holds (started here, by its own handle)
         drain.wait(timeout=10)
+
+
+async def _round(
+    hits: Any, messages: list[Any], transport: asyncio.Transport, sockfd: int, n: int,
+    timers: Timers | None,
+) -> tuple[float, float]:  # fmt: skip
+    """``n`` wire hits (timed stage by stage if ``timers``): CPU µs per hit of this thread
+    and of the process, the loop turns' flushes of the accounting included."""
+    wired = TimedTransport(transport, timers)
+    total_ns = cpu_ns = 0
+    for i in range(n):
+        message = messages[i % len(messages)]
+        cpu, started = time.process_time_ns(), CLOCK()
+        answered = hits.answer_now(message, wired, sockfd)
+        total_ns += CLOCK() - started
+        cpu_ns += time.process_time_ns() - cpu
+        assert answered, f"request {i} was not a wire hit"
+        if transport.get_write_buffer_size():
+            await _drained(transport)
+        if i % 64 == 63:  # a loop turn's end: its counts reach their series
+            started = CLOCK()
+            hits._metrics.flush()
+            flushed = CLOCK() - started
+            total_ns += flushed
+            if timers is not None:
+                timers.ns["accounting"] += flushed
+    return total_ns / n / 1000, cpu_ns / n / 1000
 
 
 async def warm(port: int, requests: list[bytes], tier: str) -> None:

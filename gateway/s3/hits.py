@@ -403,7 +403,7 @@ def _plain_message(message: RawRequestMessage) -> str | None:
         return None
     headers = message.headers
     # A hit carries a few headers: each is looked up, not each of those that refuse one.
-    if any(name.lower() in _GENERAL_LOWER for name in headers):
+    if not _GENERAL_LOWER.isdisjoint(map(str.lower, headers)):
         return None
     return headers.get("Host")
 
