@@ -1,5 +1,5 @@
 """``python -m loadtest run --scale quick|full [--targets a,b] [--workloads x,y]``;
-``python -m loadtest hitprofile [-n N] [--wrk SECONDS]`` (``hitprofile.py``)."""
+``python -m loadtest hitprofile [-n N] [--cases a,b]`` (``hitprofile.py``)."""
 
 from __future__ import annotations
 

@@ -29,10 +29,9 @@ the same calls with no timer at all (``process_time``), the honest total. The
 numbers are CPU microseconds of this process on a shared machine: the same
 machine's other load makes each figure noisier, not systematically larger.
 
-``--wrk`` adds the whole request under wrk (``capacity``'s method: the server
-process's utime + stime from ``/proc`` over the run, divided by the requests
-answered) for a ``hoard serve`` process over the same files and for the
-``bare`` floor (``bare.py``).
+The whole request, parse to send, under wrk, is the capacity workload's
+(``wrkload.py``: the server's utime + stime from ``/proc`` over the run, divided
+by the requests answered), beside nginx, static files and the ``bare`` floor.
 """
 
 from __future__ import annotations
@@ -427,7 +426,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-n", type=int, default=20_000, help="hits timed per case")
     p.add_argument("--objects", type=int, default=200, help="objects of each size")
     p.add_argument("--cases", default="", help="comma list of case names (default: all)")
-    p.add_argument("--wrk", type=float, default=0.0, help="seconds of wrk per target (0: none)")
     args = p.parse_args(argv)
     wanted = [c for c in CASES if not args.cases or c.name in args.cases.split(",")]
     workdir = Path(tempfile.mkdtemp(prefix="hitprofile-"))
@@ -441,10 +439,6 @@ def main(argv: list[str] | None = None) -> int:
             if cases:
                 results |= asyncio.run(profile_tier(workdir, origin, keys, tier, cases, args.n))
         print_table(results)
-        if args.wrk:
-            from loadtest.hitwrk import whole_requests
-
-            whole_requests(workdir, origin, keys, args.wrk)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0
