@@ -1,4 +1,5 @@
-"""``python -m loadtest run --scale quick|full [--targets a,b] [--workloads x,y]``."""
+"""``python -m loadtest run --scale quick|full [--targets a,b] [--workloads x,y]``;
+``python -m loadtest hitprofile [-n N] [--cases a,b]`` (``hitprofile.py``)."""
 
 from __future__ import annotations
 
@@ -52,6 +53,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["hitprofile"]:  # its own options: see loadtest/hitprofile.py
+        from loadtest.hitprofile import main as hitprofile
+
+        return hitprofile(argv[1:])
     args = parser().parse_args(argv)
     # Ctrl-C and SIGTERM unwind through every ``finally``, so the namespace and every
     # process are cleaned up. A shell starts background jobs with SIGINT ignored;

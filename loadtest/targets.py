@@ -9,6 +9,7 @@
 | ``hoard-cluster`` | three Hoard nodes forming one cluster, readers spread over them |
 | ``hoard-disk`` | one Hoard node with its memory tier off: every hit is a disk-tier hit |
 | ``static`` | nginx serving the dataset's files from local disk (``nginx-static.conf``) |
+| ``bare`` | aiohttp + uvloop answering the dataset's files from memory, no auth (``bare.py``) |
 
 A target that cannot run here says why in ``unavailable()``; the run reports
 that instead of numbers.
@@ -31,7 +32,7 @@ from loadtest.procs import Pinning, children, free_port, stop_process, wait_http
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 HOARD_KEY, HOARD_SECRET = "loadtest", "loadtest-secret-key"
-ALL = ("direct", "nginx", "nginx-3", "hoard", "hoard-cluster", "hoard-disk", "static")
+ALL = ("direct", "nginx", "nginx-3", "hoard", "hoard-cluster", "hoard-disk", "static", "bare")
 
 
 @dataclass
@@ -148,6 +149,31 @@ class Nginx(Target):
             raise RuntimeError(f"nginx did not start: {exc}\n{tail}") from exc
 
 
+class Bare(Target):
+    """The floor of a Python hit: one aiohttp + uvloop process answering the dataset's files
+    from memory (``bare.py``), no signature checked; plain paths, like ``static``."""
+
+    def __init__(self, name: str, ctx: Context) -> None:
+        super().__init__(name, ctx, can_list=False)
+
+    def start(self) -> None:
+        port = free_port()
+        directory = self.workdir("0")
+        log = open(directory / "bare.log", "ab")  # noqa: SIM115 - lives as long as the server
+        proc = subprocess.Popen(
+            [*self.ctx.pinning.server_prefix(), sys.executable, "-m", "loadtest.bare",
+             "--port", str(port), "--root", str(self.ctx.dataset.local_root)],
+            stdout=log, stderr=subprocess.STDOUT, cwd=directory,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+        log.close()
+        self.procs.append(proc)
+        endpoint = f"http://127.0.0.1:{port}"
+        wait_http(f"{endpoint}/{BUCKET}/{self.ctx.dataset.images[0].key}", 30, proc)
+        self.endpoints = [endpoint]
+        self.notes = ["aiohttp + uvloop, bytes from memory, no auth: one process"]
+
+
 def cluster_support() -> str | None:
     """None if the gateway at HEAD has a cluster (peers + membership); else why not."""
     missing = [
@@ -259,4 +285,6 @@ def make(name: str, ctx: Context) -> Target:
         return Hoard(name, ctx, nodes=3)
     if name == "hoard-disk":
         return Hoard(name, ctx, memory_tier=False)
+    if name == "bare":
+        return Bare(name, ctx)
     raise ValueError(f"unknown target {name!r} (known: {', '.join(ALL)})")

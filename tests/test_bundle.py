@@ -287,7 +287,9 @@ def test_a_bundle_counts_for_prefetch_and_auto_warm_as_its_gets_would(
         reader = hoard.app[HIT_PATH]._reader
         observed, cold = [], []
         reader.observers.append(lambda b, k: observed.append(k))
-        reader.cold_reads.append(lambda mount, okey, may_warm: cold.append(okey) if may_warm else None)
+        reader.cold_reads.append(
+            lambda mount, okey, may_warm: cold.append(okey) if may_warm else None
+        )
         read_bundle(tigris(hoard.endpoint), bucket, keys)  # cold
         assert observed == keys and cold == keys
         read_bundle(tigris(hoard.endpoint), bucket, keys)  # warm: held hits observed too

@@ -26,6 +26,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -65,6 +66,8 @@ class Metrics(PerRequestSeries):
     def __init__(self, registry: CollectorRegistry | None = None,
                  multiprocess_dir: Path | None = None) -> None:  # fmt: skip
         super().__init__()  # the per-request series' children and tally (metric_tally.py)
+        # (operation, status, mount) -> its request, duration and bytes series (``answered``)
+        self._answer_series: dict[tuple[str, int | str, str], tuple[Any, Any, Any]] = {}
         self.registry = registry or CollectorRegistry()
         self._process = ProcessTreeCollector(tree=multiprocess_dir is not None)
         self.registry.register(self._process)
@@ -442,10 +445,17 @@ class Metrics(PerRequestSeries):
         self, operation: str, status: int | str, mount: str, seconds: float, body_bytes: int
     ) -> None:
         """Count one S3 response: its operation, status, latency and body bytes."""
+        series = self._answer_series.get((operation, status, mount))
+        if series is None:  # the three children of one label set, looked up once together
+            series = self._answer_series[(operation, status, mount)] = (
+                self._child(self.requests, operation, str(status), mount),
+                self._child(self.request_duration, operation, mount),
+                self._child(self.response_bytes, operation, mount),
+            )
         tally = self._tally
-        tally.add(self._child(self.requests, operation, str(status), mount))
-        tally.observe(self._child(self.request_duration, operation, mount), seconds)
-        tally.add(self._child(self.response_bytes, operation, mount), body_bytes)
+        tally.add(series[0])
+        tally.observe(series[1], seconds)
+        tally.add(series[2], body_bytes)
 
     def cut(self, operation: str, reason: str, mount: str, seconds: float, body_bytes: int) -> None:
         """Count one response cut mid-body: as status "cut" (not its 200), and by reason."""

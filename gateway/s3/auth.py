@@ -106,6 +106,10 @@ class Authenticator:
         return Principal(access_key, context, buckets, readonly)
 
 
+_READS = frozenset(("GET", "HEAD"))
+_HOST_SIGNED = "X-Amz-SignedHeaders=host"
+
+
 class PresignedMemo:
     """Presigned URLs already verified, so a URL used again skips the HMAC work.
 
@@ -130,12 +134,15 @@ class PresignedMemo:
         # Reads only, and no x-amz-* headers: a memo hit must not skip the check
         # that every x-amz-* header a request carries is signed.
         query = request.raw_query
-        if request.method not in ("GET", "HEAD") or "Signature=" not in query:
+        if "Signature=" not in query or request.method not in _READS:
             return None  # (the query first: a header-signed request walks no header here)
-        if "X-Amz-Signature=" in query and "X-Amz-SignedHeaders=host&" not in query + "&":
+        if "X-Amz-Signature=" in query and not (
+            query.endswith(_HOST_SIGNED) or f"{_HOST_SIGNED}&" in query
+        ):
             return None  # other signed headers would have to be part of the key
-        if any(name.lower().startswith("x-amz-") for name in request.headers):
-            return None
+        for name in request.headers:
+            if name.lower().startswith("x-amz-"):
+                return None
         return (request.method, request.raw_path, query, request.headers.get("Host", ""))
 
     def get(self, key: tuple[str, str, str, str] | None) -> Principal | None:

@@ -14,6 +14,7 @@ import functools
 import logging
 import re
 from collections.abc import Awaitable, Callable
+from typing import NamedTuple
 from urllib.parse import parse_qsl
 
 from aiohttp import web
@@ -58,6 +59,18 @@ def _query_pairs(raw_query: str) -> tuple[tuple[str, str], ...]:
     return tuple(parse_qsl(raw_query, keep_blank_values=True))
 
 
+_MUTATING = frozenset(("PUT", "POST", "DELETE"))
+
+
+class _Line(NamedTuple):
+    """What a request line decides before its caller is known (``S3Front._line_of``)."""
+
+    route: Route
+    query: tuple[tuple[str, str], ...]
+    mount: str  # the ``mount`` metric label
+    served: bool | None  # answered by Hoard itself (not forwarded); None: ask ``_served``
+
+
 def request_view(request: web.Request) -> RequestView:
     raw_path, _, raw_query = request.raw_path.partition("?")
     return RequestView(request.method, raw_path, raw_query, request.headers)
@@ -80,7 +93,7 @@ class S3Front:
         self._domains = domains
         self._body_idle = body_idle
         # Data loaders ask for the same URLs every epoch; a refused route raises and is not kept.
-        self._route = functools.lru_cache(maxsize=65_536)(self._route_of)
+        self._line = functools.lru_cache(maxsize=65_536)(self._line_of)
 
     @property
     def reader(self) -> Reader:
@@ -123,15 +136,15 @@ class S3Front:
         The hit path (``hits.py``) admits requests here too, so both paths check
         the same signatures and the same per-key limits.
         """
-        view = request_view(request)
-        query = dict(_query_pairs(view.raw_query)) if view.raw_query else {}
+        method = request.method
+        raw_path, _, raw_query = request.raw_path.partition("?")
         copy_source = request.headers.get("x-amz-copy-source")
-        found = self._route(request.method, request.host, view.raw_path, view.raw_query,
-                            copy_source is not None)  # fmt: skip
+        line = self._line(method, request.host, raw_path, raw_query, copy_source is not None)
+        found = line.route
         request[keys.OPERATION] = found.operation
         request[keys.BUCKET] = found.bucket
-        request[keys.MOUNT] = self._reader.mount_label(found.bucket)
-        if request.method == "OPTIONS":
+        request[keys.MOUNT] = line.mount
+        if method == "OPTIONS":
             # A CORS preflight is never signed (browsers send none): the bucket's CORS
             # rules at the origin answer it, as S3 does.
             cors.checked_preflight(request.headers)
@@ -139,29 +152,40 @@ class S3Front:
         else:
             principal = request.get(keys.PRINCIPAL)  # type: ignore[assignment]
             if principal is None:
+                view = RequestView(method, raw_path, raw_query, request.headers)
                 principal = request[keys.PRINCIPAL] = self._auth.authenticate(view)
             if principal.anonymous and not found.served:
                 # Anonymous reads are object reads and listings Hoard answers itself, never
                 # an ACL, version, upload or tagging read fetched with Hoard's credentials.
                 raise S3Error(Code.AccessDenied)
-            mutating = request.method in ("PUT", "POST", "DELETE") and found.operation not in READS
+            mutating = method in _MUTATING and found.operation not in READS
             principal.authorize(found.bucket, mutating=mutating)
         if copy_source is not None:  # a copy also reads its source: may this caller?
             principal.authorize(copy_source_bucket(copy_source), mutating=False)
-        # What Hoard does not answer itself goes to the origin as it is.
-        served = found.served and (
+        query = dict(line.query) if line.query else {}  # a handler's own: never the memo's
+        call = Call(request, found, query, principal, self._reader, request_id, self._body,
+                    self._writer, self._body_idle)  # fmt: skip
+        return call, (line.served if line.served is not None else self._served(found))
+
+    def _line_of(self, method: str, host: str, raw_path: str, raw_query: str, copy: bool) -> _Line:
+        """What the request line alone decides (pure in its arguments, for the process's
+        life: the namespace and the origins' capabilities are fixed at start; memoised as
+        ``_line``): the route, the query, the mount label, whether Hoard answers it."""
+        query = _query_pairs(raw_query) if raw_query else ()
+        found = route(method, host, raw_path, dict(query), self._domains, copy)
+        try:
+            served: bool | None = self._served(found)
+        except errors.HoardError:  # raised after the caller is verified, as it always was
+            served = None
+        return _Line(found, query, self._reader.mount_label(found.bucket), served)
+
+    def _served(self, found: Route) -> bool:
+        """Whether Hoard answers ``found`` itself; else it goes to the origin as it is."""
+        return found.served and (
             not found.bucket
             or _SDK_BUCKET.fullmatch(found.bucket) is not None
             or not self._writer.forwards(found.bucket)
         )
-        call = Call(request, found, query, principal, self._reader, request_id, self._body,
-                    self._writer, self._body_idle)  # fmt: skip
-        return call, served
-
-    def _route_of(self, method: str, host: str, raw_path: str, raw_query: str, copy: bool) -> Route:
-        """The route of a request line (pure in its arguments: memoised as ``_route``)."""
-        query = dict(_query_pairs(raw_query)) if raw_query else {}
-        return route(method, host, raw_path, query, self._domains, copy)
 
     def _error(self, request: web.Request, exc: S3Error) -> web.StreamResponse:
         request[keys.ERROR_CODE] = exc.code.name

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import os
 import time
@@ -360,9 +361,11 @@ def _render(info: ObjectInfo) -> tuple[bytes, bool] | None:
     return "".join(lines).encode(), dated
 
 
+@functools.lru_cache(maxsize=4096)  # pure: loaders ask the same range of every object
 def _span(header: str | None, size: int) -> Span:
     """The bytes a ``Range`` header selects, as the general path reads it (None: the whole
-    object, also for a header S3 ignores); ``RangeNotSatisfiable`` past the end."""
+    object, also for a header S3 ignores); ``RangeNotSatisfiable`` past the end (raised,
+    so never kept)."""
     spec = parse_range(header) if header is not None else None
     if spec is None or not spec.applies(size):
         return None
@@ -403,7 +406,7 @@ def _plain_message(message: RawRequestMessage) -> str | None:
         return None
     headers = message.headers
     # A hit carries a few headers: each is looked up, not each of those that refuse one.
-    if any(name.lower() in _GENERAL_LOWER for name in headers):
+    if not _GENERAL_LOWER.isdisjoint(map(str.lower, headers)):
         return None
     return headers.get("Host")
 

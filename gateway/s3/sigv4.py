@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from gateway.core.sigv4_key import derive_signing_key
+from gateway.core.sigv4_key import KeyedHmac, derive_signing_key
 from gateway.s3.errors import Code, S3Error
 from gateway.s3.signing import RequestView, decode, hex_bytes, iso, query_params, uri_encode, utf8
 from gateway.s3.sigv4_claim import ALGORITHM, PRESIGN_PARAMS, Claim, parse_claim, scope
@@ -36,7 +36,7 @@ from gateway.s3.sigv4_claim import ALGORITHM, PRESIGN_PARAMS, Claim, parse_claim
 _MAX_CACHED_KEYS = 1024
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per request (frozen fields cost a setattr each)
 class AuthContext:
     """A verified signature: what later stages (payload, aws-chunked) need of it."""
 
@@ -74,7 +74,7 @@ class SigV4Verifier:
         self._secrets = secrets
         self._max_skew = max_skew
         self._clock = clock
-        self._keys: dict[tuple[str, str, str], bytes] = {}
+        self._keys: dict[tuple[str, str, str], KeyedHmac] = {}
 
     def verify(self, req: RequestView) -> AuthContext:
         """Check the request's signature; returns its context, raises ``S3Error``."""
@@ -83,15 +83,15 @@ class SigV4Verifier:
         if secret is None:
             fields = {"AWSAccessKeyId": claim.access_key}
             raise S3Error(Code.InvalidAccessKeyId, fields=fields)
-        key = self.signing_key(secret, claim.date, claim.region)
-        _check_signature(req, claim, key)
+        signer = self._signer(secret, claim.date, claim.region)
+        _check_signature(req, claim, signer)
         self._check_time(claim)
         return AuthContext(
             access_key=claim.access_key,
             region=claim.region,
             amz_date=claim.amz_date,
             scope=scope(claim),
-            signing_key=key,
+            signing_key=signer.key,
             seed_signature=claim.signature,
             payload_hash=claim.payload_hash,
             presigned=claim.expires is not None,
@@ -99,13 +99,18 @@ class SigV4Verifier:
 
     def signing_key(self, secret: str, date: str, region: str) -> bytes:
         """The derived key for one day and region, cached: four HMACs saved per request."""
+        return self._signer(secret, date, region).key
+
+    def _signer(self, secret: str, date: str, region: str) -> KeyedHmac:
+        """The HMAC of the derived key for one day and region, derived once and kept."""
         cache_key = (secret, date, region)
-        key = self._keys.get(cache_key)
-        if key is None:
+        signer = self._keys.get(cache_key)
+        if signer is None:
             if len(self._keys) >= _MAX_CACHED_KEYS:
                 self._keys.clear()  # keys roll over daily; a crude bound is enough
-            key = self._keys[cache_key] = derive_signing_key(secret, date, region)
-        return key
+            signer = KeyedHmac(derive_signing_key(secret, date, region))
+            self._keys[cache_key] = signer
+        return signer
 
     def _check_time(self, claim: Claim) -> None:
         now = self._clock()
@@ -135,7 +140,7 @@ class SigV4Verifier:
 # --- the canonical request and the comparison ------------------------------------------
 
 
-def _check_signature(req: RequestView, claim: Claim, key: bytes) -> None:
+def _check_signature(req: RequestView, claim: Claim, signer: KeyedHmac) -> None:
     query = _canonical_query(req.raw_query, presigned=claim.expires is not None)
     headers, complete = _canonical_headers(req, claim.signed_headers)
     provided = utf8(claim.signature)
@@ -146,7 +151,7 @@ def _check_signature(req: RequestView, claim: Claim, key: bytes) -> None:
         )
         digest = hashlib.sha256(utf8(request)).hexdigest()
         to_sign = f"{ALGORITHM}\n{claim.amz_date}\n{scope(claim)}\n{digest}"
-        expected = utf8(hmac.digest(key, utf8(to_sign), "sha256").hex())  # one-shot: C only
+        expected = utf8(signer.hexdigest(utf8(to_sign)))
         # A signed header the request lacks fails even if the client signed it as empty.
         if hmac.compare_digest(expected, provided) and complete:
             return
