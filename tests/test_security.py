@@ -647,6 +647,33 @@ def test_xml_bombs_are_malformed_xml(node, proxy, buckets, body):
     assert proxy.counts["DeleteObjects"] == 0
 
 
+@pytest.mark.parametrize("encoding", ["Shift_JIS", "GBK", "EUC-JP", "Big5", "UTF-7"])
+def test_xml_bodies_in_any_declared_encoding_get_s3s_answer(node, proxy, buckets, posix_root,
+                                                            encoding):  # fmt: skip
+    """Read as declared where Hoard answers itself (a posix mount); a 400 MalformedXML where
+    the body goes to an S3 origin as signed. Before: expat's ValueError, a 500."""
+    key = f"{encoding}-中文.txt"
+    (posix_root / "files" / key).write_bytes(b"x")
+    body = (f'<?xml version="1.0" encoding="{encoding}"?><Delete><Object><Key>{key}</Key>'
+            "</Object></Delete>").encode(encoding)  # fmt: skip
+    md5 = __import__("base64").b64encode(hashlib.md5(body).digest()).decode()
+    answer = signed_send(node.port, "POST", "/files?delete", headers={"Content-MD5": md5},
+                         body=body)  # fmt: skip
+    assert answer.status == 200, answer.body[:300]
+    assert not (posix_root / "files" / key).exists()
+    proxy.reset()
+    answer = signed_send(node.port, "POST", f"/{buckets['mine']}?delete",
+                         headers={"Content-MD5": md5}, body=body)  # fmt: skip
+    assert (answer.status, s3_error(answer)) == (400, "MalformedXML"), answer.body[:300]
+    assert proxy.counts["DeleteObjects"] == 0
+    complete = (f'<?xml version="1.0" encoding="{encoding}"?><CompleteMultipartUpload><Part>'
+                "<PartNumber>1</PartNumber><ETag>\"e\"</ETag></Part></CompleteMultipartUpload>"
+                ).encode(encoding)  # fmt: skip
+    for bucket in ("files", buckets["mine"]):
+        answer = signed_send(node.port, "POST", f"/{bucket}/k?uploadId=none", body=complete)
+        assert 400 <= answer.status < 500, (bucket, answer.status, answer.body[:300])
+
+
 @pytest.mark.parametrize(
     "smuggled",
     [
