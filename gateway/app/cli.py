@@ -164,9 +164,11 @@ def reloaded(args: argparse.Namespace) -> Settings:
     """The config as a SIGHUP re-reads it: checked as at start (a weak secret off loopback
     is refused: ``ConfigError``), with the generated credential if none is configured."""
     settings = load(args)
-    refused, _ = refusals(settings)
+    refused, warned = refusals(settings)
     if refused:
         raise ConfigError("; ".join(refused))
+    for line in warned:  # as loud as at start: a key added by SIGHUP is no exception
+        log.warning("INSECURE, allowed only because Hoard listens on loopback: %s", line)
     return with_credential(settings)[0]
 
 
