@@ -368,6 +368,27 @@ def test_a_refused_upload_gets_its_403_before_any_100_continue(node, buckets):
     assert stored["Body"].read() == b"hello"
 
 
+@pytest.mark.parametrize("decoded", [False, True], ids=["plain", "aws-chunked"])
+def test_an_upload_over_5_gib_is_refused_before_any_100_continue(node, proxy, buckets, decoded):
+    """Before: a signed 6 GB PUT got "100 Continue" (S3 refuses over 5 GiB up front)."""
+    proxy.reset()
+    size = str(6 * 10**9)
+    for bucket in ("files", buckets["mine"]):  # answered by Hoard, and passed through
+        target = f"/{bucket}/huge.bin"
+        host = f"127.0.0.1:{node.port}"
+        declared = {"x-amz-decoded-content-length": size} if decoded else {}
+        signed = sign_headers("PUT", host, target, {"Expect": "100-continue", **declared})
+        signed.update({"Host": host, "Content-Length": size})
+        with socket.create_connection(("127.0.0.1", node.port), timeout=10) as sock:
+            sock.sendall(f"PUT {target} HTTP/1.1\r\n".encode())
+            sock.sendall("".join(f"{n}: {v}\r\n" for n, v in signed.items()).encode() + b"\r\n")
+            answer = sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
+        assert b"<Code>EntityTooLarge</Code>" in answer and b"Connection: close" in answer
+        assert f"<ProposedSize>{size}</ProposedSize>".encode() in answer
+    assert proxy.counts["PutObject"] == 0
+
+
 # --------------------------------------------------------------------------- 5. cache files
 
 
