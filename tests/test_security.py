@@ -229,7 +229,8 @@ def test_prefetch_streams_of_other_buckets_are_invisible_and_kept(node, buckets)
         assert answer == (404, "NoSuchStream")
     answer = refused(limited.call, "POST", "/_hoard/prefetch",
                     body={"stream": "rank-0", "bucket": buckets["mine"], "keys": ["a.txt"]})  # fmt: skip
-    assert answer == (403, "AccessDenied")
+    # Before: 403, which told the caller a stream of that id exists in a bucket it cannot see.
+    assert answer == (404, "NoSuchStream")
     assert full.call("GET", "/_hoard/prefetch/rank-0")["bucket"] == buckets["theirs"]
     full.call("DELETE", "/_hoard/prefetch/rank-0")
 
