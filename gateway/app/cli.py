@@ -188,7 +188,7 @@ def _banner(settings: Settings, credential: Credential | None) -> str:
     if credential is not None:
         lines.append(f"  export AWS_ACCESS_KEY_ID={credential.access_key}")
         lines.append(f"  export AWS_SECRET_ACCESS_KEY={credential.secret_key.get_secret_value()}")
-    lines.append("  export AWS_DEFAULT_REGION=us-east-1")
+    lines.append(f"  export AWS_DEFAULT_REGION={settings.region}")
     return "\n".join(lines)
 
 

@@ -155,9 +155,8 @@ def build(
     prefetch_api = PrefetchApi(
         node_prefetch, reader, settings.prefetch, cluster.announce if cluster is not None else None
     )
-    auth = Authenticator(
-        settings.credentials, settings.allow_anonymous, domains=settings.virtual_host_domains
-    )
+    auth = Authenticator(settings.credentials, settings.allow_anonymous,
+                         domains=settings.virtual_host_domains, region=settings.region)  # fmt: skip
     writer = Writer(namespace, reader, cluster.broadcast if cluster is not None else None)
     front = S3Front(reader, writer, auth, settings.virtual_host_domains, body,
                     settings.body_timeout)  # fmt: skip

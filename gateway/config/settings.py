@@ -371,6 +371,9 @@ class Settings(BaseSettings):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     prefetch: PrefetchConfig = Field(default_factory=PrefetchConfig)
     warm: WarmConfig = Field(default_factory=WarmConfig)
+    # The region Hoard answers as, as one S3 endpoint does: a SigV4 signature (header or
+    # presigned URL) must be scoped to it, else 400 AuthorizationHeaderMalformed naming it.
+    region: str = Field(default="us-east-1", pattern=r"^[a-z0-9-]{1,64}$")
     # Host names under which "bucket.<domain>" means virtual-hosted-style addressing.
     virtual_host_domains: list[str] = Field(default_factory=lambda: ["localhost"])
     shutdown_timeout: Duration = 30.0
