@@ -100,7 +100,7 @@ def build(
     ``reload`` re-reads the config on SIGHUP (credentials and ``cluster.peers`` are applied);
     ``reloaded``: a worker started after a SIGHUP applies it at start, as its siblings did.
     """
-    metrics = Metrics(multiprocess_dir=metrics_dir)
+    metrics = Metrics(multiprocess_dir=metrics_dir, origins=settings.origins)
     shared = metrics_dir is not None
     cache = settings.cache
     namespace = Namespace.from_settings(settings, build_origins(settings, metrics))
