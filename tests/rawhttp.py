@@ -31,6 +31,7 @@ def sign_headers(
     access_key: str = ACCESS_KEY,
     secret_key: str = SECRET_KEY,
     body: bytes | None = None,
+    region: str = "us-east-1",
 ) -> dict[str, str]:
     """SigV4 header signing of ``target`` (path + query exactly as it will be sent).
 
@@ -41,7 +42,7 @@ def sign_headers(
     )
     if body is None:
         request.headers["x-amz-content-sha256"] = "UNSIGNED-PAYLOAD"
-    S3SigV4Auth(Credentials(access_key, secret_key), "s3", "us-east-1").add_auth(request)
+    S3SigV4Auth(Credentials(access_key, secret_key), "s3", region).add_auth(request)
     return dict(request.headers.items())
 
 
@@ -52,12 +53,13 @@ def presign(
     expires: int = 300,
     access_key: str = ACCESS_KEY,
     secret_key: str = SECRET_KEY,
+    region: str = "us-east-1",
 ) -> str:
     """A presigned target (path + query) for ``target``."""
     request = AWSRequest(method=method, url=f"http://{host}{target}")
-    S3SigV4QueryAuth(
-        Credentials(access_key, secret_key), "s3", "us-east-1", expires=expires
-    ).add_auth(request)
+    S3SigV4QueryAuth(Credentials(access_key, secret_key), "s3", region, expires=expires).add_auth(
+        request
+    )
     url = request.url
     return url[url.index(host) + len(host) :]
 

@@ -520,7 +520,7 @@ async def test_failed_cold_fill_is_a_clear_s3_error_and_not_cached(
         assert await get_all([url]) == [data]  # the failure was not cached
         metrics = await _text(f"{node.endpoint}/metrics")
     assert (
-        'hoard_origin_errors_total{error="OriginThrottled",operation="GetObject",origin="moto"}'
+        'hoard_origin_errors_total{error="OriginThrottled",operation="GetObject",origin="o0"}'
         in metrics
     )
 

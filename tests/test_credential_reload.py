@@ -19,7 +19,10 @@ import pytest
 import yaml
 from botocore.exceptions import ClientError
 
+from gateway.config.load import build_settings
+from gateway.config.settings import ConfigError
 from tests.harness import ACCESS_KEY, SECRET_KEY, HoardProcess, s3_client
+from tests.rawhttp import signed_send
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -114,5 +117,52 @@ def test_sighup_applies_new_removed_and_limited_keys(tmp_path: Path) -> None:
             assert _error(lambda: s3_client(node.endpoint, ACCESS_KEY, SECRET_KEY).head_object(
                 Bucket="other", Key="k")) == "403"  # fmt: skip
             assert new.get_object(Bucket="data", Key="k")["Body"].read() == b"data"
+    finally:
+        node.stop()
+
+
+@pytest.mark.parametrize("secret", ["", "   ", "\t"])
+def test_an_empty_or_blank_secret_is_refused_at_start(secret: str) -> None:
+    config = {"origins": {"dir": {"type": "posix", "path": "/tmp"}}, "default_origin": "dir",
+              "listen": "127.0.0.1:9000",  # on loopback too: an empty secret guards nothing
+              "credentials": [{"access_key": "blank", "secret_key": secret}]}  # fmt: skip
+    with pytest.raises(
+        ConfigError, match=r"credentials\.0\.secret_key: is empty or whitespace \(key 'blank'\)"
+    ):
+        build_settings(config)
+    config = {**config, "credentials": [], "cluster": {"self": "http://a:1", "secret": secret}}
+    with pytest.raises(ConfigError, match=r"cluster\.secret: is empty or whitespace"):
+        build_settings(config)
+
+
+def test_sighup_refuses_a_blank_secret_whole_and_warns_of_a_weak_one(tmp_path: Path) -> None:
+    """Before: a key with an empty secret was accepted on loopback, and a weak key a reload
+    brought in was not even warned about."""
+    origin = tmp_path / "origin"
+    (origin / "data").mkdir(parents=True)
+    (origin / "data" / "k").write_bytes(b"data")
+    config = {"workers": 2, "origins": {"dir": {"type": "posix", "path": str(origin)}},
+              "default_origin": "dir"}  # fmt: skip
+    node = HoardProcess(tmp_path, config).start()
+    try:
+        old = s3_client(node.endpoint, ACCESS_KEY, SECRET_KEY)
+        keep = {"access_key": ACCESS_KEY, "secret_key": SECRET_KEY}
+        for blank in ("", "  "):
+            failed = node.log().count("config reload failed")
+            node.config["credentials"] = [{"access_key": "blank", "secret_key": blank}]
+            (node.workdir / f"hoard-{node.port}.yaml").write_text(yaml.safe_dump(node.config))
+            assert node.proc is not None
+            node.proc.send_signal(signal.SIGHUP)
+            deadline = time.monotonic() + 60
+            while node.log().count("config reload failed") < failed + 2:  # both workers
+                assert time.monotonic() < deadline, node.log()[-2000:]
+                time.sleep(0.05)
+            assert "secret_key: is empty or whitespace" in node.log()
+            # Nothing changed: the old key still reads, the blank one is unknown.
+            assert old.get_object(Bucket="data", Key="k")["Body"].read() == b"data"
+            answer = signed_send(node.port, "GET", "/data/k", access_key="blank", secret_key=blank)
+            assert answer.status == 403 and b"InvalidAccessKeyId" in answer.body
+        _reload(node, [keep, {"access_key": "weak", "secret_key": "short"}], 1)
+        assert "INSECURE" in node.log().split("config reload failed")[-1]
     finally:
         node.stop()

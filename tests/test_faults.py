@@ -55,7 +55,7 @@ async def test_bodies_cut_mid_way_at_every_fourth_get_are_resumed_unseen(
         assert proxy.counts["GetObject"] == blocks + cut
         resumed = [r for _, r in proxy.ranges if r and int(r[6:].split("-")[0]) % BLOCK]
         assert len(resumed) == cut
-        assert await metric_of(node.endpoint, 'hoard_origin_resumes_total{origin="moto"}') == cut
+        assert await metric_of(node.endpoint, 'hoard_origin_resumes_total{origin="o0"}') == cut
         # The second pass is all cache: the resumed blocks were stored whole.
         proxy.reset()
         assert await get_all([f"{node.endpoint}/{bucket}/{key}" for key in keys]) == list(
@@ -229,7 +229,7 @@ def test_the_gauges_of_a_killed_worker_are_dropped(tmp_path, proxy, origin_clien
     held = put(origin_client, bucket, "held", 10 * KiB)
     settings = {**fault_config(proxy, retry={"hedge_after": "forever"}), "workers": 2}
     node = HoardProcess(tmp_path, settings).start()
-    in_flight = 'hoard_origin_in_flight_requests{origin="moto"}'
+    in_flight = 'hoard_origin_in_flight_requests{origin="o0"}'
 
     async def held_get() -> None:
         with contextlib.suppress(aiohttp.ClientError):

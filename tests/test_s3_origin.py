@@ -10,9 +10,11 @@ import zlib
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
 
+import aiohttp
 import boto3
 import pytest
 from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from gateway.config.settings import S3OriginConfig
 from gateway.core.errors import (
@@ -26,6 +28,7 @@ from gateway.core.errors import (
 )
 from gateway.obs.events import OriginGuardMetrics
 from gateway.obs.metrics import Metrics
+from gateway.origins import s3_get
 from gateway.origins.base import ListPage, Origin
 from gateway.origins.guard import OriginGuard
 from gateway.origins.s3 import CHUNK_SIZE, S3Origin
@@ -398,3 +401,28 @@ async def test_error_answers_after_retries(
     finally:
         await origin.close()
         await runner.cleanup()
+
+
+@pytest.mark.parametrize("encoding", ["Shift_JIS", "no-such-codec"])
+async def test_an_origin_error_body_in_an_unreadable_encoding_is_no_body(encoding: str) -> None:
+    """Before: expat's ValueError (or a LookupError) escaped ``error_of`` as an exception of
+    no kind the origin translates; now the status says what happened, as for any body
+    that does not parse."""
+    body = (f'<?xml version="1.0" encoding="{encoding}"?><Error><Code>AccessDenied</Code>'
+            "</Error>").encode("ascii")  # fmt: skip
+
+    async def refuse(_: web.Request) -> web.Response:
+        return web.Response(status=403, body=body, content_type="application/xml")
+
+    app = web.Application()
+    app.router.add_get("/b/k", refuse)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with aiohttp.ClientSession() as session:
+            answer = await session.get(server.make_url("/b/k"))
+            error = await s3_get.error_of(answer)
+    finally:
+        await server.close()
+    assert error.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+    assert error.response["Error"] == {}

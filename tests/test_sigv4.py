@@ -695,3 +695,26 @@ def test_documented_presigned_url_example() -> None:
     assert (ctx.presigned, ctx.payload_hash) == (True, "UNSIGNED-PAYLOAD")
     expired = SigV4Verifier({DOC_KEY: DOC_SECRET}, clock=lambda: DOC_NOW + 86401)
     refused(req, Code.AccessDenied, expired)
+
+
+# --- the region Hoard serves --------------------------------------------------------------
+
+
+def test_a_scope_of_another_region_is_refused_with_the_region_to_use() -> None:
+    """Before: a signature scoped to any region was accepted. S3 names the right one, and
+    botocore's region redirector signs again with it."""
+    serving = SigV4Verifier({KEY: SECRET}, region="us-east-1")
+    assert serving.verify(sign()).region == "us-east-1"
+    assert serving.verify(presign()).region == "us-east-1"
+    header = refused(sign(region="eu-west-1"), Code.AuthorizationHeaderMalformed, serving)
+    assert header.message == (
+        "The authorization header is malformed; the region 'eu-west-1' is wrong; "
+        "expecting 'us-east-1'"
+    )
+    assert header.fields == {"Region": "us-east-1"}
+    query = refused(presign(region="eu-west-1"), Code.AuthorizationQueryParametersError, serving)
+    assert "the region 'eu-west-1' is wrong; expecting 'us-east-1'" in query.message
+    assert query.fields == {"Region": "us-east-1"}
+    # Before the key is looked up, as S3: the region is part of the credential's form.
+    unknown = sign(region="eu-west-1", key="nobody")
+    refused(unknown, Code.AuthorizationHeaderMalformed, serving)

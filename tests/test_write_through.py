@@ -326,8 +326,8 @@ def test_posix_put_then_get_is_served_from_the_cache(tmp_path) -> None:
         client.put_object(Bucket="scratch", Key="eval/ckpt.pt", Body=data)
         assert (root / "scratch" / "eval" / "ckpt.pt").read_bytes() == data
         _wait_for(lambda: metric(node.endpoint, WRITTEN) == len(data))
-        gets = 'hoard_origin_requests_total{operation="GetObject",origin="nfs"}'
-        heads = 'hoard_origin_requests_total{operation="HeadObject",origin="nfs"}'
+        gets = 'hoard_origin_requests_total{operation="GetObject",origin="o0"}'
+        heads = 'hoard_origin_requests_total{operation="HeadObject",origin="o0"}'
         before = {
             name: metric(node.endpoint, name)
             for name in (gets, heads, 'hoard_bytes_served_total{source="disk"}',

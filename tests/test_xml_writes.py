@@ -36,3 +36,39 @@ def test_an_internal_subset_without_doctype_keyword_bytes_is_refused_too() -> No
 def test_a_plain_body_parses_in_either_encoding(encoding: str) -> None:
     request = parse_delete(_PLAIN.format(enc=encoding).encode(encoding))
     assert [key for key, _ in request.objects] == ["k"]
+
+
+# Encodings expat does not read itself (it raised ValueError, a 500): read as declared.
+_MULTI_BYTE = [("shift_jis", "Shift_JIS"), ("gbk", "GBK"), ("euc-jp", "EUC-JP"),
+               ("big5", "Big5"), ("utf-7", "UTF-7")]  # fmt: skip
+_JAPANESE = "日本語のキー"
+
+
+@pytest.mark.parametrize(("codec", "declared"), _MULTI_BYTE)
+def test_a_body_in_a_multi_byte_encoding_is_read_as_declared(codec: str, declared: str) -> None:
+    key = _JAPANESE if declared != "Big5" else "中文鍵"
+    body = _PLAIN.format(enc=declared).replace(">k<", f">{key}<").encode(codec)
+    assert [k for k, _ in parse_delete(body).objects] == [key]
+    complete = (f'<?xml version="1.0" encoding="{declared}"?><CompleteMultipartUpload><Part>'
+                '<PartNumber>1</PartNumber><ETag>"e"</ETag></Part></CompleteMultipartUpload>')  # fmt: skip
+    assert parse_complete(complete.encode(codec)) == [(1, '"e"')]
+
+
+@pytest.mark.parametrize(("codec", "declared"), _MULTI_BYTE)
+def test_a_dtd_in_a_multi_byte_encoding_is_refused(codec: str, declared: str) -> None:
+    with pytest.raises(S3Error) as refused:
+        parse_delete(_BOMB.format(enc=declared).encode(codec))
+    assert refused.value.code is Code.MalformedXML
+
+
+@pytest.mark.parametrize(
+    "body",
+    [_PLAIN.format(enc="no-such-codec").encode(),  # unknown to expat and to Python
+     _PLAIN.format(enc="Shift_JIS").replace(">k<", ">\x81<").encode("latin-1"),  # half a char
+     _PLAIN.format(enc="UTF-7").replace(">k<", ">+/v8-+<").encode()],  # broken UTF-7
+    ids=["unknown", "truncated-shift-jis", "bad-utf-7"],
+)  # fmt: skip
+def test_a_body_not_in_its_declared_encoding_is_malformed(body: bytes) -> None:
+    with pytest.raises(S3Error) as refused:
+        parse_delete(body)
+    assert refused.value.code is Code.MalformedXML

@@ -172,9 +172,11 @@ def reloaded(args: argparse.Namespace) -> Settings:
     """The config as a SIGHUP re-reads it: checked as at start (a weak secret off loopback
     is refused: ``ConfigError``), with the generated credential if none is configured."""
     settings = load(args)
-    refused, _ = refusals(settings)
+    refused, warned = refusals(settings)
     if refused:
         raise ConfigError("; ".join(refused))
+    for line in warned:  # as loud as at start: a key added by SIGHUP is no exception
+        log.warning("INSECURE, allowed only because Hoard listens on loopback: %s", line)
     return with_credential(settings)[0]
 
 
@@ -194,7 +196,7 @@ def _banner(settings: Settings, credential: Credential | None) -> str:
     if credential is not None:
         lines.append(f"  export AWS_ACCESS_KEY_ID={credential.access_key}")
         lines.append(f"  export AWS_SECRET_ACCESS_KEY={credential.secret_key.get_secret_value()}")
-    lines.append("  export AWS_DEFAULT_REGION=us-east-1")
+    lines.append(f"  export AWS_DEFAULT_REGION={settings.region}")
     return "\n".join(lines)
 
 

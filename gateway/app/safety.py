@@ -39,8 +39,8 @@ PLACEHOLDERS = frozenset({
 
 def weakness(secret: str) -> str | None:
     """Why ``secret`` is unfit to guard a reachable port, or None."""
-    if not secret:
-        return "is empty"
+    if not secret.strip():
+        return "is empty or whitespace"
     if secret.lower() in PLACEHOLDERS or secret.lower().startswith("change-me"):
         return "is a placeholder shipped with Hoard's examples"
     if len(secret) < MIN_SECRET_LENGTH:

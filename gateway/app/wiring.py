@@ -109,7 +109,7 @@ def build(
     ``reload`` re-reads the config on SIGHUP (credentials and ``cluster.peers`` are applied);
     ``reloaded``: a worker started after a SIGHUP applies it at start, as its siblings did.
     """
-    metrics = Metrics(multiprocess_dir=metrics_dir)
+    metrics = Metrics(multiprocess_dir=metrics_dir, origins=settings.origins)
     shared = metrics_dir is not None
     cache = settings.cache
     namespace = Namespace.from_settings(settings, build_origins(settings, metrics))
@@ -167,9 +167,8 @@ def build(
     prefetch_api = PrefetchApi(
         node_prefetch, reader, settings.prefetch, cluster.announce if cluster is not None else None
     )
-    auth = Authenticator(
-        settings.credentials, settings.allow_anonymous, domains=settings.virtual_host_domains
-    )
+    auth = Authenticator(settings.credentials, settings.allow_anonymous,
+                         domains=settings.virtual_host_domains, region=None if settings.region == "any" else settings.region)  # fmt: skip
     front = S3Front(reader, writer, auth, settings.virtual_host_domains, body,
                     settings.body_timeout)  # fmt: skip
     access = AccessLog(as_json=settings.log_format == "json", enabled=settings.access_log)

@@ -12,7 +12,8 @@ leaves a user guessing which of the chain's sources won.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -57,7 +58,9 @@ class AdminClient:
     endpoint: str
     access_key: str | None = None
     secret_key: str | None = None
-    region: str = "us-east-1"
+    # The region Hoard serves (its ``region`` setting), as the SDKs find theirs.
+    region: str = field(default_factory=lambda: os.environ.get("AWS_REGION")
+                        or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1")  # fmt: skip
     timeout: float = 30.0
     ca_bundle: Path | None = None  # a private CA's certificates (None: the system's)
 

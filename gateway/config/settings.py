@@ -22,6 +22,7 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -178,11 +179,23 @@ class WarmConfig(_Strict):
     auto_max_share: float = Field(default=0.5, gt=0, le=1)
 
 
+def _a_secret(value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
+    """An empty or blank secret guards nothing, wherever Hoard listens: refused at start
+    and on reload alike (``safety.py`` judges the rest only off loopback)."""
+    if value is not None and not value.get_secret_value().strip():
+        key = info.data.get("access_key")
+        whose = f" (key {key!r})" if key else ""
+        raise ValueError(f"is empty or whitespace{whose}: a secret must not be")
+    return value
+
+
 class Credential(_Strict):
     access_key: str = Field(min_length=1)
     secret_key: SecretStr
     buckets: list[str] | None = None
     readonly: bool = False
+
+    _secret_key_set = field_validator("secret_key")(_a_secret)
 
 
 class LimitsConfig(_Strict):
@@ -280,6 +293,7 @@ class ClusterConfig(_Strict):
     dns: str = ""
     replicas: int = Field(default=1, ge=1)
     secret: SecretStr | None = None
+    _secret_set = field_validator("secret")(_a_secret)
     # Failure detection: a peer leaves after fail_after failed probes or requests
     # (probe_interval apart), and returns after rejoin_after successes.
     probe_interval: Duration = 1.0
@@ -357,6 +371,11 @@ class Settings(BaseSettings):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     prefetch: PrefetchConfig = Field(default_factory=PrefetchConfig)
     warm: WarmConfig = Field(default_factory=WarmConfig)
+    # The region Hoard answers as, as one S3 endpoint does: a SigV4 signature (header or
+    # presigned URL) must be scoped to it (or to "auto", the region-less name that stores
+    # such as Tigris and R2 document, and their clients sign with), else 400
+    # AuthorizationHeaderMalformed naming it. "any": every region is accepted.
+    region: str = Field(default="us-east-1", pattern=r"^[a-z0-9-]{1,64}$")
     # Host names under which "bucket.<domain>" means virtual-hosted-style addressing.
     virtual_host_domains: list[str] = Field(default_factory=lambda: ["localhost"])
     shutdown_timeout: Duration = 30.0

@@ -28,7 +28,7 @@ class OriginGuardMetrics:
 
     def __init__(self, metrics: Metrics, origin: str) -> None:
         self._m = metrics
-        self._origin = origin
+        self._origin = origin = metrics.origin_label(origin)  # its position, not its name
         for priority in PRIORITIES:
             metrics.origin_in_flight.labels(origin, priority)
             metrics.origin_queued.labels(origin, priority)
@@ -90,7 +90,7 @@ class BlockMetrics:
         self._m.admission_rejections.inc()
 
     def from_origin(self, origin: str, size: int) -> None:
-        self._m.add(self._m.origin_bytes, origin, amount=size)
+        self._m.add(self._m.origin_bytes, self._m.origin_label(origin), amount=size)
 
 
 class PeerMetrics:

@@ -3,10 +3,12 @@
 Metrics live on a registry owned by one ``Metrics`` object that ``app/wiring.py``
 builds and passes down: no module-level collectors, so tests can build as
 many independent gateways as they like. Labels are bounded sets (operation,
-status, source, origin and mount names from config) — never a key, bucket or
-other client-supplied string: ``mount`` is a configured mount's bucket,
-``default`` for any bucket passed through to ``default_origin``, and empty for
-requests outside a bucket (see ``Namespace.label``).
+status, source, tier...) and carry no name from a request or from the config, as
+``/metrics`` is unsigned: never a key or a bucket, and neither a mount's bucket
+nor an origin's name. ``mount`` is a configured mount's position in ``mounts:``
+(``m0``, ``m1``...; ``Namespace.label``), ``default`` for any bucket passed
+through to ``default_origin``, and empty for requests outside a bucket;
+``origin`` is an origin's position in ``origins:`` (``o0``...; ``origin_label``).
 
 With ``workers: N`` every worker writes its values to the node's multiprocess
 directory and a scrape of any worker sums them (``render``). Each gauge says
@@ -64,10 +66,13 @@ class Metrics(PerRequestSeries):
     content_type = CONTENT_TYPE_LATEST
 
     def __init__(self, registry: CollectorRegistry | None = None,
-                 multiprocess_dir: Path | None = None) -> None:  # fmt: skip
+                 multiprocess_dir: Path | None = None, origins: Iterable[str] = ()) -> None:  # fmt: skip
+        """``origins``: the configured origins' names, in the config's order: the ``origin``
+        label of each is its position (``o0``, ``o1``...), never its name."""
         super().__init__()  # the per-request series' children and tally (metric_tally.py)
         # (operation, status, mount) -> its request, duration and bytes series (``answered``)
         self._answer_series: dict[tuple[str, int | str, str], tuple[Any, Any, Any]] = {}
+        self._origin_labels = {name: f"o{index}" for index, name in enumerate(origins)}
         self.registry = registry or CollectorRegistry()
         self._process = ProcessTreeCollector(tree=multiprocess_dir is not None)
         self.registry.register(self._process)
@@ -396,6 +401,11 @@ class Metrics(PerRequestSeries):
             ["origin", "state"],
             registry=self.registry,
         )
+
+    def origin_label(self, name: str) -> str:
+        """The ``origin`` label of the origin named ``name`` in the config. A ``Metrics``
+        built without the names (a test's own) labels an origin by its name."""
+        return self._origin_labels.get(name, name)
 
     @contextlib.contextmanager
     def origin_call(self, origin: str, operation: str) -> Iterator[None]:

@@ -27,6 +27,12 @@ from gateway.origins.base import BucketInfo, ListPage, Origin
 PASSTHROUGH_LABEL = "default"
 
 
+def mount_label(index: int) -> str:
+    """The ``mount`` metric label of the ``index``-th entry of ``mounts:``: its position,
+    never its bucket name (``/metrics`` is unsigned; a bucket's name can be a secret)."""
+    return f"m{index}"
+
+
 @dataclass(frozen=True, slots=True)
 class Mount:
     """Where one gateway bucket lives, and the rules it is served under."""
@@ -41,11 +47,7 @@ class Mount:
     # Largest object whose bytes a PutObject also puts in the block cache; 0: none.
     write_through_max: int = 64 * 1024 * 1024
     mounted: bool = True  # False for a bucket passed through by default_origin
-
-    @property
-    def label(self) -> str:
-        """This mount's ``mount`` metric label (see ``Namespace.label``)."""
-        return self.bucket if self.mounted else PASSTHROUGH_LABEL
+    label: str = PASSTHROUGH_LABEL  # its ``mount`` metric label (``Namespace`` numbers mounts)
 
     def origin_key(self, key: str) -> str:
         return self.prefix + key
@@ -92,7 +94,10 @@ class Namespace:
         default_ttls: tuple[float, float] = (60.0, 10.0),
     ) -> None:
         """``default_ttls``: (metadata, negative) TTLs of buckets passed through."""
-        self._mounts = {mount.bucket: mount for mount in mounts}
+        self._mounts = {
+            mount.bucket: dataclasses.replace(mount, label=mount_label(index))
+            for index, mount in enumerate(mounts)
+        }
         self._default_origin = default_origin
         self._default_ttls = default_ttls
         self._write_through_max = write_through_max  # for buckets passed through
@@ -146,18 +151,22 @@ class Namespace:
         )
 
     def label(self, bucket: str) -> str:
-        """The ``mount`` metric label of a request for ``bucket``: never the client's string.
+        """The ``mount`` metric label of a request for ``bucket``: never a bucket's name.
 
-        A configured mount is named by its bucket; every other bucket shares
-        ``PASSTHROUGH_LABEL`` (there may be any number of them); no bucket: empty.
+        A configured mount is named by its position in ``mounts:`` (``m0``, ``m1``...);
+        every other bucket shares ``PASSTHROUGH_LABEL`` (there may be any number of
+        them); no bucket: empty.
         """
-        if bucket in self._mounts:
-            return bucket
+        mount = self._mounts.get(bucket)
+        if mount is not None:
+            return mount.label
         return PASSTHROUGH_LABEL if bucket else ""
 
     def labels(self) -> list[str]:
         """Every ``mount`` label value this namespace can give a request for a bucket."""
-        return [*self._mounts, *([PASSTHROUGH_LABEL] if self._default_origin else [])]
+        return [m.label for m in self._mounts.values()] + (
+            [PASSTHROUGH_LABEL] if self._default_origin else []
+        )
 
     def mounts(self) -> list[Mount]:
         return list(self._mounts.values())

@@ -70,7 +70,9 @@ async def error_of(response: aiohttp.ClientResponse) -> ClientError:
     finally:
         response.close()
     error: dict[str, str] = {}
-    with contextlib.suppress(ElementTree.ParseError):
+    # An error body in a multi-byte encoding (expat's ValueError) or an unknown one reads
+    # as no body, as an unparsable one does: the status still says what happened.
+    with contextlib.suppress(ElementTree.ParseError, ValueError, LookupError):
         if body:
             for child in ElementTree.fromstring(body):
                 if child.text is not None:

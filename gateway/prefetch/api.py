@@ -8,7 +8,8 @@
 Each call is checked against the key's ``buckets``/``readonly`` limits with the
 rule of ``gateway/access.py``: registering and dropping are writes on the
 stream's bucket (a registration may not replace another bucket's stream of the
-same id), a stream in a bucket the key may not use is not found.
+same id), a stream in a bucket the key may not use is not found (404
+``NoSuchStream``, on a registration reusing its id too: a 403 would tell it exists).
 
 In a cluster, a registration or a drop accepted here is passed to every other
 live node (signed peer messages ``prefetch`` and ``prefetch-drop``); there
@@ -84,9 +85,14 @@ class PrefetchApi:
             if isinstance(exc, OrderError):
                 raise
             raise OrderError("InvalidRequest", f"the body is not JSON: {exc}") from None
+        refused = denied(principal, asked.bucket, mutating=True)
+        if refused is not None:
+            return refused
         replaced = self._node.bucket_of(asked.stream)
-        for bucket in (asked.bucket, replaced or asked.bucket):
-            refused = denied(principal, bucket, mutating=True)
+        if replaced is not None and replaced != asked.bucket:
+            if not principal.may_use(replaced):  # not found, as GET and DELETE say
+                return _no_stream(asked.stream)
+            refused = denied(principal, replaced, mutating=True)
             if refused is not None:
                 return refused
         keys = asked.keys

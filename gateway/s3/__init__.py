@@ -11,7 +11,8 @@ their own API (``upload_lists.py`` pages their multipart uploads), ``passthrough
 the one table of S3 error codes and the one translation from domain errors;
 ``xml.py`` and ``xml_writes.py`` write the bodies. Request details each have
 their module: ``ranges.py``, ``conditionals.py``, ``chunked.py``
-(aws-chunked bodies), ``checksums.py``, ``numbers.py``; ``cors.py`` the
+(aws-chunked bodies), ``checksums.py`` (a body's), ``object_checksums.py`` (the
+checksum headers an object's GET or HEAD carries), ``numbers.py``; ``cors.py`` the
 preflights passed on and the CORS headers of Hoard's own answers, whose rules
 ``cors_rules.py`` reads and evaluates. ``body.py`` sends an
 object body: bytes as they are, file segments with sendfile.

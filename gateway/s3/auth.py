@@ -60,9 +60,11 @@ class Authenticator:
         allow_anonymous: bool,
         clock: Callable[[], float] = time.time,
         domains: Sequence[str] = ("localhost",),
+        region: str | None = None,
     ) -> None:
         self._clock = clock
         self._domains = domains
+        self._region = region  # SigV4 scopes must name it (settings.region); None: any
         self.generation = 0  # reloads so far: a verdict reached before one is not reused after
         self.reload(credentials, allow_anonymous)
 
@@ -74,7 +76,7 @@ class Authenticator:
             c.access_key: (frozenset(c.buckets) if c.buckets is not None else None, c.readonly)
             for c in credentials
         }
-        self._verifier = SigV4Verifier(secrets, clock=self._clock)
+        self._verifier = SigV4Verifier(secrets, region=self._region, clock=self._clock)
         self._v2_verifier = SigV2Verifier(secrets, clock=self._clock, domains=self._domains)
         self._allow_anonymous = allow_anonymous
         self._presigned = PresignedMemo(self._clock)

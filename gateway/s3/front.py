@@ -23,7 +23,7 @@ from aiohttp.http import HttpVersion11
 from gateway.core import errors
 from gateway.obs import request_keys as keys
 from gateway.read.reader import Reader
-from gateway.s3 import buckets, cors, listing, objects, xml
+from gateway.s3 import buckets, cors, listing, objects, writes, xml
 from gateway.s3.auth import ANONYMOUS, Authenticator
 from gateway.s3.body import BodySender
 from gateway.s3.bundle.operation import bundle_objects
@@ -123,6 +123,7 @@ class S3Front:
 
     async def _dispatch(self, request: web.Request, request_id: str) -> web.StreamResponse:
         call, served = self.admit(request, request_id)
+        writes.refuse_declared_too_large(call)  # S3's EntityTooLarge comes before any 100
         await send_continue(request)  # admitted: now the client may send its body
         if served and "Origin" in request.headers:  # a browser's: added to any answer
             request[keys.CORS] = await cors.answer_headers(call)

@@ -17,15 +17,13 @@ from gateway.obs import request_keys as keys
 from gateway.origins.base import ObjectInfo
 from gateway.pieces import CLIENT_GONE, FileSegment
 from gateway.read.object_read import ObjectRead
-from gateway.s3 import xml
+from gateway.s3 import object_checksums, xml
 from gateway.s3.call import Call
 from gateway.s3.conditionals import Conditions
 from gateway.s3.errors import Code, S3Error
 from gateway.s3.ranges import parse_range
 
 log = logging.getLogger(__name__)
-
-_CHECKSUM_PREFIX = "x-amz-checksum-"  # the object's checksums and their type
 
 # Query parameters that override response headers on GetObject/HeadObject.
 OVERRIDES = {
@@ -40,21 +38,21 @@ OVERRIDES = {
 
 def object_headers(info: ObjectInfo, checksums: bool = False) -> dict[str, str]:
     """The headers S3 sends for an object on GET and HEAD (not the length/range):
-    every header the origin sent about it, its checksums only when ``checksums``."""
+    every header the origin sent about it but its checksums, which are S3's for the
+    whole object when ``checksums`` (``object_checksums.py``), else none."""
     headers = {
         "ETag": info.etag,
         "Last-Modified": xml.http_date(info.last_modified),
         "Content-Type": info.content_type,
         "Accept-Ranges": "bytes",
     }
+    headers.update(
+        (name, value)
+        for name, value in info.headers.items()
+        if not object_checksums.is_checksum_header(name)
+    )
     if checksums:
-        headers.update(info.headers)
-    else:
-        headers.update(
-            (name, value)
-            for name, value in info.headers.items()
-            if not name.startswith(_CHECKSUM_PREFIX)
-        )
+        headers.update(object_checksums.served(info.headers, info.etag))
     headers.update({f"x-amz-meta-{name}": value for name, value in info.metadata.items()})
     if info.storage_class != "STANDARD":
         headers["x-amz-storage-class"] = info.storage_class

@@ -164,6 +164,11 @@ def _checked_xml(operation: str, body: bytes) -> list[str] | None:
     part number that is not a number. Each is MalformedXML here, before any byte
     is forwarded (some S3-compatible stores answered them with a 500).
     """
+    if not xml_writes.in_native_encoding(body):
+        # NOTE: Hoard's own handlers read Shift_JIS, GBK, Big5, UTF-7...; an origin is
+        # not trusted to (moto answers them with a 500), and the body is forwarded as
+        # signed, so it cannot be re-encoded: refused as S3 refuses what it cannot read.
+        raise S3Error(Code.MalformedXML)
     if operation == "DeleteObjects":
         return [key for key, _ in xml_writes.parse_delete(body).objects]
     xml_writes.parse_complete(body)

@@ -31,7 +31,17 @@ from dataclasses import dataclass
 from gateway.core.sigv4_key import KeyedHmac, derive_signing_key
 from gateway.s3.errors import Code, S3Error
 from gateway.s3.signing import RequestView, decode, hex_bytes, iso, query_params, uri_encode, utf8
-from gateway.s3.sigv4_claim import ALGORITHM, PRESIGN_PARAMS, Claim, parse_claim, scope
+from gateway.s3.sigv4_claim import (
+    ALGORITHM,
+    PRESIGN_PARAMS,
+    Claim,
+    parse_claim,
+    scope,
+    wrong_region,
+)
+
+# A scope naming no region: what Tigris and R2 document and their clients sign with.
+ANY_REGION = "auto"
 
 _MAX_CACHED_KEYS = 1024
 
@@ -68,10 +78,12 @@ class SigV4Verifier:
         self,
         secrets: Mapping[str, str],
         *,
+        region: str | None = None,
         max_skew: float = 900.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._secrets = secrets
+        self._region = region  # the one a scope must name; None: any
         self._max_skew = max_skew
         self._clock = clock
         self._keys: dict[tuple[str, str, str], KeyedHmac] = {}
@@ -79,6 +91,8 @@ class SigV4Verifier:
     def verify(self, req: RequestView) -> AuthContext:
         """Check the request's signature; returns its context, raises ``S3Error``."""
         claim = parse_claim(req)
+        if self._region is not None and claim.region not in (self._region, ANY_REGION):
+            raise wrong_region(claim, self._region)
         secret = self._secrets.get(claim.access_key)
         if secret is None:
             fields = {"AWSAccessKeyId": claim.access_key}

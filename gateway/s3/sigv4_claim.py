@@ -182,7 +182,8 @@ def _parse_expires(value: str) -> int:
 
 @functools.lru_cache(maxsize=4096)  # pure: clients repeat credentials, dates and header lists
 def _parse_credential(value: str, fail: Callable[[str], S3Error]) -> tuple[str, str, str]:
-    """'AK/YYYYMMDD/region/s3/aws4_request' -> (AK, date, region); any region is accepted."""
+    """'AK/YYYYMMDD/region/s3/aws4_request' -> (AK, date, region): any region here; the
+    verifier holds it to the one Hoard serves (``wrong_region``)."""
     parts = value.split("/")
     if len(parts) != 5:
         raise fail(
@@ -244,6 +245,15 @@ def scope(claim: Claim) -> str:
 def _date_mismatch(date: str, amz_date: str) -> str:
     day = amz_date[:8]
     return f'Invalid credential date "{date}". This date is not the same as X-Amz-Date: "{day}".'
+
+
+def wrong_region(claim: Claim, expected: str) -> S3Error:
+    """S3's answer to a scope naming another region than the endpoint's (checked before
+    the key is looked up: the region is part of the credential's form), with the
+    region to use, which SDKs read to sign again (botocore's region redirector)."""
+    detail = f"the region '{claim.region}' is wrong; expecting '{expected}'"
+    error = _malformed(detail) if claim.expires is None else _credential_error(detail)
+    return S3Error(error.code, error.message, fields={"Region": expected})
 
 
 def _malformed(detail: str) -> S3Error:

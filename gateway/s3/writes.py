@@ -75,10 +75,30 @@ def _body(call: Call) -> RequestBody:
     if request.content_length is None and not chunked:
         raise S3Error(Code.MissingContentLength)
     body = RequestBody(call.body_source(), request.headers, call.principal.context)
-    if body.length is not None and body.length > MAX_OBJECT_SIZE:
-        fields = {"ProposedSize": str(body.length), "MaxSizeAllowed": str(MAX_OBJECT_SIZE)}
-        raise S3Error(Code.EntityTooLarge, fields=fields)
+    _refuse_too_large(body.length)
     return body
+
+
+def refuse_declared_too_large(call: Call) -> None:
+    """``EntityTooLarge`` for a PutObject or UploadPart that declares more than 5 GiB.
+
+    Called before ``100 Continue`` goes out (any origin, passed through or not): S3
+    answers such an upload at once, and its client never sends the body. The payload
+    length is ``x-amz-decoded-content-length`` for an aws-chunked body (its
+    Content-Length counts the chunk framing too); ``_body`` checks it exactly later.
+    """
+    if call.route.operation not in ("PutObject", "UploadPart"):
+        return
+    headers = call.request.headers
+    declared = headers.get("x-amz-decoded-content-length") or headers.get("Content-Length", "")
+    if declared.strip().isdigit():
+        _refuse_too_large(int(declared.strip()))
+
+
+def _refuse_too_large(length: int | None) -> None:
+    if length is not None and length > MAX_OBJECT_SIZE:
+        fields = {"ProposedSize": str(length), "MaxSizeAllowed": str(MAX_OBJECT_SIZE)}
+        raise S3Error(Code.EntityTooLarge, fields=fields)
 
 
 def _xml_body(call: Call) -> RequestBody:

@@ -4,7 +4,12 @@ Bodies in (DeleteObjects' ``<Delete>``, CompleteMultipartUpload's
 ``<CompleteMultipartUpload>``) are small, read whole by the caller under a size
 limit, and parsed with ElementTree; the S3 namespace is optional, as S3 accepts
 both, and a document type declaration is refused outright, in any encoding
-(S3 accepts none, and it is where entity tricks live). Anything else wrong is ``MalformedXML``.
+(S3 accepts none, and it is where entity tricks live). A body is read in the encoding
+its XML declaration names: expat reads UTF-8, UTF-16 and the single-byte ones itself,
+and refuses the multi-byte ones (Shift_JIS, GBK, EUC-JP, Big5, UTF-7…) with a
+``ValueError``, so those are decoded with Python's codec and handed on as UTF-8; an
+encoding no codec knows, or bytes that are not in it, are ``MalformedXML``, as is
+anything else wrong: never a 500.
 
 Answers are built as text with the helpers of ``xml.py``, element order as in
 the S3 API reference.
@@ -12,6 +17,8 @@ the S3 API reference.
 
 from __future__ import annotations
 
+import codecs
+import re
 import xml.etree.ElementTree as ElementTree
 import xml.parsers.expat as pyexpat
 from dataclasses import dataclass
@@ -24,6 +31,8 @@ from gateway.write.writer import PartInfo, UploadInfo
 
 MAX_DELETE_KEYS = 1000  # S3's limit for one DeleteObjects request
 _OWNER = f"<ID>{OWNER_ID}</ID><DisplayName>{OWNER_ID}</DisplayName>"
+# The encoding an XML declaration names (in ASCII, as every encoding expat hands back is).
+_DECLARED = re.compile(rb"""^<\?xml[^>]*?\sencoding\s*=\s*["']([A-Za-z][A-Za-z0-9._-]*)["']""")
 
 
 # -- request bodies --------------------------------------------------------------------
@@ -32,14 +41,43 @@ _OWNER = f"<ID>{OWNER_ID}</ID><DisplayName>{OWNER_ID}</DisplayName>"
 def root_element(body: bytes, name: str) -> ElementTree.Element:
     """The root of a small XML request body named ``name`` (any namespace); MalformedXML
     for anything else, a document type declaration included (``_refuse_dtd``)."""
-    _refuse_dtd(body)
+    try:
+        _refuse_dtd(body)
+    except ValueError:  # an encoding expat does not read itself
+        body = _as_utf8(body)
+        _refuse_dtd(body)
     try:
         root = ElementTree.fromstring(body)
-    except ElementTree.ParseError:
+    except (ElementTree.ParseError, ValueError, LookupError):
         raise S3Error(Code.MalformedXML) from None
     if local_name(root.tag) != name:
         raise S3Error(Code.MalformedXML)
     return root
+
+
+def _as_utf8(body: bytes) -> bytes:
+    """``body`` decoded as its declaration says, its declaration made to say UTF-8."""
+    found = _DECLARED.match(body)
+    if found is None:
+        raise S3Error(Code.MalformedXML)
+    try:
+        text = codecs.decode(body[found.end() :], found.group(1).decode("ascii"))
+    except (LookupError, UnicodeDecodeError):
+        raise S3Error(Code.MalformedXML) from None
+    head = body[: found.start(1)] + b"UTF-8" + body[found.end(1) : found.end()]
+    return head + text.encode("utf-8")
+
+
+def in_native_encoding(body: bytes) -> bool:
+    """Whether expat reads ``body``'s declared encoding itself (so does any S3 store built
+    on it: moto answers a Shift_JIS body with a 500)."""
+    try:
+        pyexpat.ParserCreate().Parse(body, True)
+    except ValueError:
+        return False
+    except (pyexpat.ExpatError, LookupError):
+        pass  # malformed, but not for its encoding: the parse proper says so
+    return True
 
 
 class _DocumentType(Exception):
@@ -63,7 +101,7 @@ def _refuse_dtd(body: bytes) -> None:
     expat.EntityDeclHandler = _refuse
     try:
         expat.Parse(body, True)
-    except (_DocumentType, pyexpat.ExpatError):
+    except (_DocumentType, pyexpat.ExpatError, LookupError):
         raise S3Error(Code.MalformedXML) from None
 
 
