@@ -95,6 +95,13 @@ class HeadTable:
         self._records[k] = record
         return self._decode(key, record)
 
+    def touch(self, scope: Hashable, key: str) -> None:
+        """Mark ``key`` most recently used (``get`` without the decoding)."""
+        k = self._key(scope, key)
+        record = self._records.pop(k, None)
+        if record is not None:
+            self._records[k] = record
+
     def peek(self, scope: Hashable, key: str) -> Entry | None:
         """The entry of ``key``, recency unchanged."""
         record = self._records.get(self._key(scope, key))

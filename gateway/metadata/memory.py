@@ -140,23 +140,35 @@ class MetadataCache(Freshness):
         return await self._lookup("head", k, load, policy, entry)
 
     def head_held(
-        self, scope: Hashable, key: str, policy: Policy, fetch: FetchHead
-    ) -> ObjectInfo | None:
+        self, scope: Hashable, key: str, policy: Policy, fetch: FetchHead,
+        entry: Entry | None = None,
+    ) -> ObjectInfo | None:  # fmt: skip
         """``head`` when the answer is held (fresh, or stale and refreshed meanwhile by
-        ``fetch``), counted as ``head`` counts it; None when only a flight can tell."""
-        k = (scope, key)
-        entry = self._heads.get(scope, key)
+        ``fetch``), counted as ``head`` counts it; None when only a flight can tell.
+        ``entry``: ``known_entry``'s answer for ``key`` in this same turn of the loop
+        (nothing awaited since): only marked recently used, not looked up again."""
+        if entry is None:
+            entry = self._heads.get(scope, key)
+        else:
+            self._heads.touch(scope, key)
         if entry is None or entry.value is None:
             return None
+        if self._clock() < entry.fresh_until:  # ``_held``'s first case, without its Lookup
+            self._count("head", "hit", policy.label)
+            return entry.value
+        k = (scope, key)
         held = self._held("head", k, partial(self._load_head, k, policy, fetch), policy, entry)
         return None if held is None else held.value
 
     def known(self, scope: Hashable, key: str) -> tuple[ObjectInfo, float] | None:
         """The held metadata of ``key``, fresh or stale, and when it was learned."""
+        entry = self.known_entry(scope, key)
+        return None if entry is None else (entry.value, entry.learned)
+
+    def known_entry(self, scope: Hashable, key: str) -> Entry | None:
+        """``known``'s entry itself (for ``head_held``); a look, recency unchanged."""
         entry = self._heads.peek(scope, key)
-        if entry is None or entry.value is None:
-            return None
-        return entry.value, entry.learned
+        return None if entry is None or entry.value is None else entry
 
     def now(self) -> float:
         """This cache's clock (``learned`` times are on it)."""

@@ -31,6 +31,7 @@ from gateway.cache.block import BlockId, block_plan
 from gateway.coherence.invalidator import Invalidator
 from gateway.core import errors
 from gateway.core.ranges import RangeSpec
+from gateway.metadata.heads import Entry
 from gateway.metadata.source import MetadataSource, scope_of
 from gateway.obs.metrics import Metrics
 from gateway.origins.base import BucketInfo, ListPage, ObjectInfo
@@ -41,6 +42,10 @@ from gateway.read.object_read import ObjectRead, Precondition
 from gateway.read.readahead import ReadAheadPolicy, Streams, Window
 
 T = TypeVar("T")
+
+# What ``_held_entry`` finds: mount, origin key, held metadata, and its entry.
+Known = tuple[Mount, str, ObjectInfo, Entry]
+_FIRST_REFS = 65_536  # objects whose first block's name is kept (~300 bytes each)
 
 
 class Reader:
@@ -59,6 +64,8 @@ class Reader:
         self.metrics = metrics
         self.block_size = block_size
         self.streams = Streams(read_ahead or ReadAheadPolicy(4, 4, 10.0))
+        # (bucket, key) -> the mount and block 0 of the version last held (``_first_ref``)
+        self._first_refs: dict[tuple[str, str], tuple[Mount, BlockRef]] = {}
         # Told ``(bucket, key)`` of every object GET: epoch-order prefetch subscribes
         # (it looks keys up through this reader, so it is built after it).
         self.observers: list[Callable[[str, str], None]] = []
@@ -151,13 +158,15 @@ class Reader:
         known = self._held_entry(bucket, key) or await self._stored_entry(bucket, key)
         if known is None:
             return None
-        mount, okey, info = known
-        found = await self.blocks.cached(self._ref(mount, okey, info, 0), 0, info.size)
+        mount, okey, info, _ = known
+        found = await self.blocks.cached(self._first_ref(bucket, key, mount, okey, info), 0,
+                                         info.size)  # fmt: skip
         if found is None:
             return None
         # An entry held is served (stale ones while one refresh runs): the same object.
         again = self._held_entry(bucket, key)
-        read = await self._metadata_for_read(mount, okey, None) if again == known else None
+        same = again is not None and again[:3] == known[:3]  # the entry may be a new one
+        read = await self._metadata_for_read(mount, okey, None) if same else None
         return self._held_answer(bucket, key, info, read, found)
 
     def held_now(self, bucket: str, key: str) -> tuple[ObjectInfo, Piece, str] | bool:
@@ -175,14 +184,17 @@ class Reader:
                 return True
             if known is None:
                 return False
-        mount, okey, info = known
-        found = self.blocks.cached_held(self._ref(mount, okey, info, 0), 0, info.size)
+        mount, okey, info, entry = known
+        found = self.blocks.cached_held(self._first_ref(bucket, key, mount, okey, info), 0,
+                                        info.size)  # fmt: skip
         if found is None:
             return True
-        read = self._source.held_for_read(mount, okey)
+        # The entry ``_held_entry`` peeked at, served and counted without a second lookup:
+        # nothing was awaited since, so it is still the one held.
+        read = self._source.held_for_read(mount, okey, entry)
         return self._held_answer(bucket, key, info, read, found) or True
 
-    async def _stored_entry(self, bucket: str, key: str) -> tuple[Mount, str, ObjectInfo] | None:
+    async def _stored_entry(self, bucket: str, key: str) -> Known | None:
         """``_held_entry`` for a key this worker's memory holds nothing of but the node's
         store does (a sibling worker learned it): it is held in memory from now on."""
         mount = self.namespace.resolve(bucket)
@@ -190,7 +202,7 @@ class Reader:
             return None
         return self._held_entry(bucket, key)
 
-    def _stored_entry_now(self, bucket: str, key: str) -> tuple[Mount, str, ObjectInfo] | None:
+    def _stored_entry_now(self, bucket: str, key: str) -> Known | None:
         """``_stored_entry`` on the loop alone; raises ``sqlite3.OperationalError`` if
         the store is busy."""
         mount = self.namespace.resolve(bucket)
@@ -198,15 +210,33 @@ class Reader:
             return None
         return self._held_entry(bucket, key)
 
-    def _held_entry(self, bucket: str, key: str) -> tuple[Mount, str, ObjectInfo] | None:
-        """The mount, origin key and held metadata of an object of one block (not empty)."""
+    def _held_entry(self, bucket: str, key: str) -> Known | None:
+        """The mount, origin key and held metadata of an object of one block (not empty),
+        and the metadata's entry (``held_now`` serves it without looking it up again)."""
         mount = self.namespace.resolve(bucket)
         okey = mount.origin_key(key)
-        known = self.metadata.known(scope_of(mount), okey)
+        entry = self.metadata.known_entry(scope_of(mount), okey)
         # A TTL of 0 asks the origin on every read: nothing held is an answer by itself.
-        if known is None or mount.metadata_ttl <= 0 or not 0 < known[0].size <= self.block_size:
+        if entry is None or mount.metadata_ttl <= 0 or not 0 < entry.value.size <= self.block_size:
             return None
-        return mount, okey, known[0]
+        return mount, okey, entry.value, entry
+
+    def _first_ref(
+        self, bucket: str, key: str, mount: Mount, okey: str, info: ObjectInfo
+    ) -> BlockRef:
+        """Block 0 of ``info`` (an object of one block), kept per (bucket, key) while the
+        mount and the version stay: a hit names the same block every time, and building
+        it anew (a frozen ``BlockId``, its digest for a disk lookup) cost ~3-4 µs a hit."""
+        kept = self._first_refs.get((bucket, key))
+        if kept is not None and (kept[0] is mount or kept[0] == mount):
+            ref = kept[1]
+            if ref.block.etag == info.etag and ref.last == info.size - 1:
+                return ref
+        ref = self._ref(mount, okey, info, 0)
+        self._first_refs[(bucket, key)] = (mount, ref)
+        if len(self._first_refs) > _FIRST_REFS:
+            del self._first_refs[next(iter(self._first_refs))]
+        return ref
 
     def _held_answer(
         self, bucket: str, key: str, info: ObjectInfo, read: ObjectInfo | None,
