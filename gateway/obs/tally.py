@@ -30,6 +30,7 @@ its series at once.
 from __future__ import annotations
 
 import asyncio
+from bisect import bisect_left
 from typing import Any
 
 
@@ -67,8 +68,7 @@ class Tally:
             if amount:  # a gauge moved up and back down within the turn: nothing to write
                 series.inc(amount)
         for series, values in observed.items():
-            for value in values:
-                series.observe(value)
+            _observe_all(series, values)
 
     def _schedule(self) -> None:
         try:
@@ -78,6 +78,30 @@ class Tally:
             return
         self._scheduled = True
         loop.call_soon(self.flush)
+
+
+def _observe_all(series: Any, values: list[float]) -> None:
+    """``series.observe(v)`` for each of ``values``, its buckets' and sum's values moved
+    once each: ``observe`` walks the bounds and takes two locks per value (with workers:
+    two writes of the shared file), ~3 µs of a hit's accounting. prometheus_client's
+    histogram child keeps ``_upper_bounds``, ``_buckets`` (one per bound, not cumulative:
+    a value counts in the first bucket whose bound holds it) and ``_sum``; another's is
+    observed value by value."""
+    bounds = getattr(series, "_upper_bounds", None)
+    buckets = getattr(series, "_buckets", None)
+    total = getattr(series, "_sum", None)
+    if bounds is None or buckets is None or total is None or len(bounds) != len(buckets):
+        for value in values:
+            series.observe(value)
+        return
+    counts: dict[int, int] = {}
+    for value in values:
+        if value == value:  # a NaN is summed but counted in no bucket, as ``observe`` does
+            i = bisect_left(bounds, value)  # the first bound >= value, as ``observe`` finds
+            counts[i] = counts.get(i, 0) + 1
+    total.inc(sum(values))
+    for i, count in counts.items():
+        buckets[i].inc(count)
 
 
 class PerRequestSeries:
