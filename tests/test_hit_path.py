@@ -257,6 +257,32 @@ def test_a_write_through_hoard_is_seen_by_the_next_hit(node, seeded) -> None:
     assert _get(node, target).body == b"second version"
 
 
+def test_a_new_version_of_the_same_size_is_hit_with_its_own_bytes(node, seeded) -> None:
+    # The hit path keeps the name of an object's block per key: a version with the same
+    # size but another ETag must name (and serve) its own block.
+    target = f"/{seeded}/same-size.bin"
+    client = node.client()
+    client.put_object(Bucket=seeded, Key="same-size.bin", Body=b"first!")
+    assert _get(node, target).body == b"first!"
+    hits = _hits(node)
+    assert _get(node, target).body == b"first!"  # held
+    client.put_object(Bucket=seeded, Key="same-size.bin", Body=b"again!")
+    assert _get(node, target).body == b"again!"
+    assert _get(node, target).body == b"again!"
+    assert _hits(node) >= hits + 2  # the new version is hit too
+
+
+def test_a_hit_counts_one_metadata_lookup(node, seeded) -> None:
+    target = f"/{seeded}/small.bin"
+    assert _miss(node, target).status == 200
+    selector = 'hoard_metadata_lookups_total{kind="head",state="hit",mount="m0"}'
+    lookups, hits = metric(node.endpoint, selector), _hits(node)
+    for _ in range(3):
+        assert _get(node, target).body == SMALL
+    assert _hits(node) == hits + 3
+    assert metric(node.endpoint, selector) == lookups + 3
+
+
 def test_a_block_above_the_memory_limit_for_disk_blocks_is_hit_from_disk(
     node, proxy, seeded
 ) -> None:
