@@ -210,6 +210,44 @@ def test_a_cache_disk_smaller_than_its_size_evicts_and_keeps_caching(
         subprocess.run(["umount", "-l", str(cache_dir)], check=False)
 
 
+def test_the_disk_limit_gauge_falls_with_a_filler_and_comes_back_without_it(
+    tmp_path, proxy, origin_client, bucket
+):
+    cache_dir = tmp_path / "small"
+    cache_dir.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(cache_dir)],
+                             capture_output=True, check=False)  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here")
+    try:
+        settings = fault_config(proxy)
+        settings["cache"] = {"dir": str(cache_dir), "block_size": "256KiB", "size": "4MiB",
+                             "memory": "1MiB", "memory_item_max": "16KiB", "read_ahead": 0}  # fmt: skip
+        objects = {f"o/{i:02d}": put(origin_client, bucket, f"o/{i:02d}", MiB) for i in range(8)}
+        node = HoardProcess(tmp_path, settings).start()
+        gauge = 'hoard_cache_limit_bytes{tier="disk"}'
+        try:
+            urls = {key: f"{node.endpoint}/{bucket}/{key}" for key in objects}
+            assert get_many([urls[key] for key in list(objects)[:3]]) == list(objects.values())[:3]
+            assert metric(node.endpoint, gauge) == 4 * MiB
+            filler = cache_dir / "filler"  # another program takes what is free
+            stat = os.statvfs(cache_dir)
+            with open(filler, "wb") as out, contextlib.suppress(OSError):
+                os.posix_fallocate(out.fileno(), 0, stat.f_bavail * stat.f_frsize)
+            for key in list(objects)[3:]:
+                assert get_many([urls[key]]) == [objects[key]]  # served, though not stored
+            assert metric(node.endpoint, gauge) < 4 * MiB
+            filler.unlink()
+            deadline = time.monotonic() + 30  # the tier re-measures its room once a second
+            while metric(node.endpoint, gauge) < 4 * MiB:
+                assert time.monotonic() < deadline, "the disk limit never came back"
+                time.sleep(0.1)
+        finally:
+            node.stop()
+    finally:
+        subprocess.run(["umount", "-l", str(cache_dir)], check=False)
+
+
 def _children(pid: int) -> list[int]:
     return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
