@@ -1,10 +1,17 @@
-"""``python -m loadtest run --scale quick|full [--targets a,b] [--workloads x,y]``."""
+"""``python -m loadtest run --scale quick|full [--targets a,b] [--workloads x,y]``.
+
+Also ``python -m loadtest soak [--minutes M] ...`` (``soak.py``: RSS under a
+bounded mixed load) and ``python -m loadtest stall [--blocks N]``
+(``stallrun.py``: origin GETs per block while the origin stalls); their options
+are their modules'.
+"""
 
 from __future__ import annotations
 
 import argparse
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from loadtest.datasets import SCALES
@@ -51,7 +58,21 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _tool(name: str) -> Callable[[list[str]], int]:
+    """The ``main`` of a run that has a module of its own (imported only when asked for)."""
+    if name == "soak":
+        from loadtest import soak
+
+        return soak.main
+    from loadtest import stallrun
+
+    return stallrun.main
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("soak", "stall"):
+        return _tool(argv[0])(argv[1:])
     args = parser().parse_args(argv)
     # Ctrl-C and SIGTERM unwind through every ``finally``, so the namespace and every
     # process are cleaned up. A shell starts background jobs with SIGINT ignored;

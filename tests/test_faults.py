@@ -152,6 +152,32 @@ async def test_a_stalled_get_is_hedged_and_the_hedge_serves_the_client(
             proxy.release()
 
 
+async def test_a_stalled_origin_is_not_stampeded_by_hedges(tmp_path, proxy, origin_client, bucket):
+    """16 blocks read at once while every origin GET hangs: a hedge is for the one slow
+    request among fast ones, not for an origin that answers nobody (each block once,
+    a hedge or two; before, each block's GET was hedged and both retried: ~6 GETs)."""
+    keys = [f"stall/{i:02d}" for i in range(16)]
+    for key in keys:
+        put(origin_client, bucket, key, 100 * KiB)
+    settings = fault_config(proxy, read_timeout="1s",
+                            retry={"hedge_after": "200ms", "deadline": "3s"})  # fmt: skip
+    settings["cache"]["read_ahead"] = 0
+    async with hoard_app(tmp_path, settings) as node:
+        try:
+            proxy.reset()
+            proxy.faults = lambda number, path, byte_range: Fault("hang")
+            answers = await asyncio.gather(
+                *(_get_body(f"{node.endpoint}/{bucket}/{key}") for key in keys)
+            )
+            statuses = sorted(status for status, _ in answers)
+            gets = proxy.counts["GetObject"]
+            print("STAMPEDE", statuses, gets)
+            assert statuses == [503] * 16, statuses
+            assert gets <= 2 * 16, gets
+        finally:
+            proxy.release()
+
+
 async def test_a_read_waits_at_most_the_deadline_then_503_before_headers_or_a_cut_after(
     tmp_path, proxy, origin_client, bucket
 ):
