@@ -26,11 +26,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import boto3
-from moto.server import ThreadedMotoServer
-
-from loadtest.faultrun import KEY, REPO, SECRET, Node, _get, origin_config
-from loadtest.procs import free_port
+from loadtest.faultrun import REPO, Node, _get, moto_behind_proxy, origin_config
 
 sys.path.insert(0, str(REPO))
 from tests.origin_proxy import Fault, OriginProxy
@@ -70,30 +66,20 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's line per request
     logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)  # the proxy's cut hangs
-    moto_port = free_port()
-    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=moto_port, verbose=False)
-    moto.start()
-    proxy = OriginProxy(f"http://127.0.0.1:{moto_port}").start()
-    s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{moto_port}", region_name="us-east-1",
-                      aws_access_key_id=KEY, aws_secret_access_key=SECRET)  # fmt: skip
-    s3.create_bucket(Bucket=BUCKET)
     rows = [f"## stall run: {args.code}", "",
             "| origin | blocks | origin GETs | GETs per block | clients got |", "|---|---|---|---|---|"]  # fmt: skip
-    config = {**origin_config(proxy, read_timeout="1s",
-                              retry={"hedge_after": "200ms", "deadline": "3s"}),
-              "cache": {"block_size": "256KiB", "read_ahead": 0}}  # fmt: skip
-    try:
-        with tempfile.TemporaryDirectory(prefix="hoard-stall-") as scratch:
-            node = Node(args.code, Path(scratch), config)
-            try:
-                for name, stall in (("healthy", False), ("stalled", True)):
-                    rows.append(one_pass(node, proxy, s3, name, args.blocks, stall))
-                    print(rows[-1], flush=True)
-            finally:
-                node.stop()
-    finally:
-        proxy.stop()
-        moto.stop()
+    with moto_behind_proxy() as (proxy, s3), tempfile.TemporaryDirectory() as scratch:
+        s3.create_bucket(Bucket=BUCKET)
+        config = {**origin_config(proxy, read_timeout="1s",
+                                  retry={"hedge_after": "200ms", "deadline": "3s"}),
+                  "cache": {"block_size": "256KiB", "read_ahead": 0}}  # fmt: skip
+        node = Node(args.code, Path(scratch), config)
+        try:
+            for name, stall in (("healthy", False), ("stalled", True)):
+                rows.append(one_pass(node, proxy, s3, name, args.blocks, stall))
+                print(rows[-1], flush=True)
+        finally:
+            node.stop()
     print("\n".join(rows))
     return 0
 
