@@ -60,6 +60,7 @@ class Sample:
     rss: int
     fds: int
     threads: int
+    anon: int = 0  # of rss: private memory (the rest is file pages: mapped pages, code)
 
 
 @dataclass
@@ -213,7 +214,8 @@ def sample(pids: list[int], at: float) -> list[Sample]:
         if "VmRSS" not in fields:
             continue
         rss = int(fields["VmRSS"].split()[0]) * 1024
-        found.append(Sample(at, pid, rss, fds, int(fields["Threads"])))
+        anon = int(fields.get("RssAnon", "0 kB").split()[0]) * 1024
+        found.append(Sample(at, pid, rss, fds, int(fields["Threads"]), anon))
     return found
 
 
@@ -308,15 +310,16 @@ def _fresh(proc: subprocess.Popen[bytes], port: int, count: int) -> str:
     """RSS per process before and after ``count`` GETs of fresh keys (``fresh_keys``)."""
     mib = 1024 * 1024
     fresh_keys(port, 200)  # warm-up: imports, first connections, first pages
-    before = {s.pid: s.rss for s in sample(tree([proc.pid]), 0.0)}
+    before = {s.pid: s for s in sample(tree([proc.pid]), 0.0)}
     statuses = fresh_keys(port, count)
-    after = {s.pid: s.rss for s in sample(tree([proc.pid]), 0.0)}
+    after = {s.pid: s for s in sample(tree([proc.pid]), 0.0)}
     lines = [f"## fresh keys: {count} GETs of keys never seen, statuses {dict(statuses)}", "",
-             "| pid | RSS before (MiB) | after (MiB) | KiB per key |", "|---|---|---|---|"]  # fmt: skip
+             "| pid | RSS before (MiB) | after (MiB) | KiB per key | of which private |",
+             "|---|---|---|---|---|"]  # fmt: skip
     for pid in sorted(before.keys() & after.keys()):
-        grew = after[pid] - before[pid]
-        lines.append(f"| {pid} | {before[pid] / mib:.0f} | {after[pid] / mib:.0f} "
-                     f"| {grew / 1024 / count:.2f} |")  # fmt: skip
+        grew, anon = after[pid].rss - before[pid].rss, after[pid].anon - before[pid].anon
+        lines.append(f"| {pid} | {before[pid].rss / mib:.0f} | {after[pid].rss / mib:.0f} "
+                     f"| {grew / 1024 / count:.2f} | {anon / 1024 / count:.2f} |")  # fmt: skip
     return "\n".join(lines)
 
 
