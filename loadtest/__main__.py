@@ -1,11 +1,18 @@
-"""``python -m loadtest run --scale quick|full [--targets a,b] [--workloads x,y]``;
-``python -m loadtest hitprofile [-n N] [--cases a,b]`` (``hitprofile.py``)."""
+"""``python -m loadtest run --scale quick|full [--targets a,b] [--workloads x,y]``.
+
+Also ``python -m loadtest hitprofile [-n N] [--cases a,b]`` (``hitprofile.py``: CPU
+per stage of a warm wire hit), ``python -m loadtest soak [--minutes M] ...``
+(``soak.py``: RSS under a bounded mixed load) and ``python -m loadtest stall
+[--blocks N]`` (``stallrun.py``: origin GETs per block while the origin stalls);
+their options are their modules'.
+"""
 
 from __future__ import annotations
 
 import argparse
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from loadtest.datasets import SCALES
@@ -52,12 +59,25 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _tool(name: str) -> Callable[[list[str]], int]:
+    """The ``main`` of a run that has a module of its own (imported only when asked for)."""
+    if name == "hitprofile":
+        from loadtest import hitprofile
+
+        return hitprofile.main
+    if name == "soak":
+        from loadtest import soak
+
+        return soak.main
+    from loadtest import stallrun
+
+    return stallrun.main
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["hitprofile"]:  # its own options: see loadtest/hitprofile.py
-        from loadtest.hitprofile import main as hitprofile
-
-        return hitprofile(argv[1:])
+    if argv and argv[0] in ("hitprofile", "soak", "stall"):
+        return _tool(argv[0])(argv[1:])
     args = parser().parse_args(argv)
     # Ctrl-C and SIGTERM unwind through every ``finally``, so the namespace and every
     # process are cleaned up. A shell starts background jobs with SIGINT ignored;

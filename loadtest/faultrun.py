@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -243,6 +245,22 @@ def across_workers(code: Path, work: Path, proxy: OriginProxy, s3: Any) -> list[
     return rows
 
 
+@contextlib.contextmanager
+def moto_behind_proxy() -> Iterator[tuple[OriginProxy, Any]]:
+    """moto on a loopback port behind the fault proxy, and a boto3 client of moto itself."""
+    moto_port = free_port()
+    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=moto_port, verbose=False)
+    moto.start()
+    proxy = OriginProxy(f"http://127.0.0.1:{moto_port}").start()
+    s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{moto_port}", region_name="us-east-1",
+                      aws_access_key_id=KEY, aws_secret_access_key=SECRET)  # fmt: skip
+    try:
+        yield proxy, s3
+    finally:
+        proxy.stop()
+        moto.stop()
+
+
 def _tally(outcomes: Counter[str], total: int) -> str:
     bad = total - outcomes["ok"]
     rest = ", ".join(f"{n} {what}" for what, n in outcomes.items() if what != "ok")
@@ -256,32 +274,25 @@ def main(argv: list[str] | None = None) -> int:
         "--only", default="workers,reset,truncate,replaced,stall-one,stall-all,disk-full"
     )
     args = p.parse_args(argv)
-    moto_port = free_port()
-    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=moto_port, verbose=False)
-    moto.start()
-    proxy = OriginProxy(f"http://127.0.0.1:{moto_port}").start()
-    s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{moto_port}", region_name="us-east-1",
-                      aws_access_key_id=KEY, aws_secret_access_key=SECRET)  # fmt: skip
     rows = [f"## fault run: {args.code}", "", "| scenario | result |", "|---|---|"]
-    try:
-        with tempfile.TemporaryDirectory(prefix="hoard-faults-") as scratch:
-            for name in args.only.split(","):
-                work = Path(scratch) / name
-                work.mkdir()
-                if name in ("reset", "truncate"):
-                    rows.append(cut_mid_body(args.code, work, proxy, s3, name))
-                elif name == "replaced":
-                    rows.append(replaced(args.code, work, proxy, s3))
-                elif name in ("stall-one", "stall-all"):
-                    rows.append(stall(args.code, work, proxy, s3, name == "stall-all"))
-                elif name == "disk-full":
-                    rows.append(disk_full(args.code, work, proxy, s3))
-                elif name == "workers":
-                    rows.extend(across_workers(args.code, work, proxy, s3))
-                print(rows[-1], flush=True)
-    finally:
-        proxy.stop()
-        moto.stop()
+    with (
+        moto_behind_proxy() as (proxy, s3),
+        tempfile.TemporaryDirectory(prefix="hoard-faults-") as scratch,
+    ):
+        for name in args.only.split(","):
+            work = Path(scratch) / name
+            work.mkdir()
+            if name in ("reset", "truncate"):
+                rows.append(cut_mid_body(args.code, work, proxy, s3, name))
+            elif name == "replaced":
+                rows.append(replaced(args.code, work, proxy, s3))
+            elif name in ("stall-one", "stall-all"):
+                rows.append(stall(args.code, work, proxy, s3, name == "stall-all"))
+            elif name == "disk-full":
+                rows.append(disk_full(args.code, work, proxy, s3))
+            elif name == "workers":
+                rows.extend(across_workers(args.code, work, proxy, s3))
+            print(rows[-1], flush=True)
     print("\n".join(rows))
     return 0
 

@@ -1,10 +1,11 @@
-"""``python -m loadtest.soak [--workers N] [--seconds S]``: a Hoard node under a bounded mixed soak.
+"""``python -m loadtest soak [--minutes M] [--workers N]``: a Hoard node under a bounded mixed soak.
 
 What it answers: does a worker's resident memory stay within what its tiers
 and metadata bounds allow, or does it grow with time? It starts moto on a
 loopback port, seeds a dataset (small objects and multi-block shards), starts
-``python -m gateway serve`` with ``--workers`` processes and small bounds, and
-runs client threads for ``--seconds`` (then stops by itself) with a mix of
+``python -m gateway serve`` with ``--workers`` processes (2) and small bounds
+(``cache.memory`` 8 MiB, ``cache.metadata_memory`` 16 MiB: issue 34's), and
+runs client threads for ``--minutes`` (then stops by itself) with a mix of
 whole and ranged GETs, HEADs, LIST pages, GETs of missing keys, and PUTs,
 re-reads and DELETEs of fresh keys — half of the GETs on a new connection
 each, as data loaders with short-lived clients make them.
@@ -13,8 +14,11 @@ Every ``--interval`` seconds it samples each process of the node (supervisor
 and workers, from /proc): resident memory, open descriptors and threads. It
 prints the samples as a table and a summary per process: first, middle and
 last sample, and the growth over the second half (warm-up excluded), which is
-the figure that says "bounded" or "leaking". Bytes read are checked against
-the seeded data; any error is counted and printed.
+the figure that says "bounded" or "leaking"; then RSS at start and end and
+the slope (MiB/min, least squares over the second half) per worker. Bytes
+read are checked against the seeded data; any error is counted and printed.
+``python -m loadtest soak --minutes 30`` is the issue's soak; a few minutes
+show a creep of the size issue 34 found (13 MiB/min).
 
 Not a benchmark: no peer comparison, no latency figures; see ``run.py``.
 """
@@ -56,6 +60,7 @@ class Sample:
     rss: int
     fds: int
     threads: int
+    anon: int = 0  # of rss: private memory (the rest is file pages: mapped pages, code)
 
 
 @dataclass
@@ -95,8 +100,8 @@ def hoard_config(moto: str, port: int, directory: Path, workers: int) -> dict[st
         "origins": {"moto": {"type": "s3", "endpoint": moto, "access_key": KEY,
                              "secret_key": SECRET, "addressing_style": "path"}},
         "default_origin": "moto",
-        "cache": {"dir": str(directory / "cache"), "size": "256MiB", "memory": "64MiB",
-                  "block_size": "1MiB", "metadata_entries": 5000, "listing_keys": 20000},
+        "cache": {"dir": str(directory / "cache"), "size": "256MiB", "memory": "8MiB",
+                  "block_size": "1MiB", "metadata_memory": "16MiB"},
     }  # fmt: skip
 
 
@@ -172,6 +177,26 @@ def client_loop(port: int, data: dict[str, bytes], stop: threading.Event, tally:
     kept[0].close()
 
 
+def fresh_keys(port: int, count: int, bucket: str = BUCKET, key: str = KEY,
+               secret: str = SECRET) -> Counter[int]:  # fmt: skip
+    """The soak's short mode: ``count`` GETs of keys never seen before (what the soak's
+    misses and fresh writes bring), presigned, over one kept connection; statuses counted.
+    Whatever grows with each new key shows after a few thousand of them, not minutes."""
+    signer = _client(f"http://127.0.0.1:{port}", key, secret)
+    keep = [http.client.HTTPConnection("127.0.0.1", port, timeout=60)]
+    statuses: Counter[int] = Counter()
+    try:
+        for n in range(count):
+            url = signer.generate_presigned_url(
+                "get_object", Params={"Bucket": bucket, "Key": f"fresh/{n:07d}"}
+            )
+            status, _ = _get(port, url.split(str(port), 1)[1], {}, keep)
+            statuses[status] += 1
+    finally:
+        keep[0].close()
+    return statuses
+
+
 def _expect(ok: bool, status: int) -> None:
     if not ok:
         raise AssertionError(f"status {status} or wrong bytes")
@@ -189,7 +214,8 @@ def sample(pids: list[int], at: float) -> list[Sample]:
         if "VmRSS" not in fields:
             continue
         rss = int(fields["VmRSS"].split()[0]) * 1024
-        found.append(Sample(at, pid, rss, fds, int(fields["Threads"])))
+        anon = int(fields.get("RssAnon", "0 kB").split()[0]) * 1024
+        found.append(Sample(at, pid, rss, fds, int(fields["Threads"]), anon))
     return found
 
 
@@ -208,12 +234,31 @@ def report(samples: list[Sample], tally: Tally, workers: int, seconds: float) ->
         lines.append(f"| {pid} | {first.rss / mib:.0f} / {middle.rss / mib:.0f} / {last.rss / mib:.0f}"
                      f" | {(last.rss - middle.rss) / mib:+.1f} | {first.fds} / {last.fds}"
                      f" | {first.threads} / {last.threads} |")  # fmt: skip
+    lines += ["", "| pid | RSS start (MiB) | RSS end (MiB) | slope, 2nd half (MiB/min) |",
+              "|---|---|---|---|"]  # fmt: skip
+    for pid in sorted({s.pid for s in samples}):
+        mine = [s for s in samples if s.pid == pid]
+        lines.append(f"| {pid} | {mine[0].rss / mib:.0f} | {mine[-1].rss / mib:.0f} "
+                     f"| {slope(mine[len(mine) // 2 :]) * 60 / mib:+.2f} |")  # fmt: skip
     lines += ["", f"requests: {dict(tally.requests)}"]
     lines += [f"error: {count} x {what}" for what, count in tally.errors.most_common(10)]
     return "\n".join(lines)
 
 
-def soak(workers: int, seconds: float, interval: float, clients: int) -> str:
+def slope(samples: list[Sample]) -> float:
+    """RSS bytes per second, least squares over ``samples`` (0 for fewer than two)."""
+    if len(samples) < 2:
+        return 0.0
+    mean_t = sum(s.at for s in samples) / len(samples)
+    mean_r = sum(s.rss for s in samples) / len(samples)
+    spread = sum((s.at - mean_t) ** 2 for s in samples)
+    if spread == 0:
+        return 0.0
+    return sum((s.at - mean_t) * (s.rss - mean_r) for s in samples) / spread
+
+
+def soak(workers: int, seconds: float, interval: float, clients: int, fresh: int = 0,
+         code: Path = REPO) -> str:  # fmt: skip
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's line per request
     moto_port = free_port()
     moto = ThreadedMotoServer(ip_address="127.0.0.1", port=moto_port, verbose=False)
@@ -229,9 +274,11 @@ def soak(workers: int, seconds: float, interval: float, clients: int) -> str:
             log = open(directory / "hoard.log", "wb")  # noqa: SIM115 - closed below
             proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--config", str(config)],
                                     stdout=log, stderr=subprocess.STDOUT, cwd=directory,
-                                    env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+                                    env={**os.environ, "PYTHONPATH": str(code)})  # fmt: skip
             try:
                 wait_http(f"http://127.0.0.1:{port}/_hoard/ready", 60, proc)
+                if fresh:
+                    return _fresh(proc, port, fresh)
                 return _run(proc, port, data, workers, seconds, interval, clients)
             finally:
                 stop_process(proc)
@@ -259,14 +306,35 @@ def _run(proc: subprocess.Popen[bytes], port: int, data: dict[str, bytes], worke
     return report(samples, tally, workers, seconds)
 
 
+def _fresh(proc: subprocess.Popen[bytes], port: int, count: int) -> str:
+    """RSS per process before and after ``count`` GETs of fresh keys (``fresh_keys``)."""
+    mib = 1024 * 1024
+    fresh_keys(port, 200)  # warm-up: imports, first connections, first pages
+    before = {s.pid: s for s in sample(tree([proc.pid]), 0.0)}
+    statuses = fresh_keys(port, count)
+    after = {s.pid: s for s in sample(tree([proc.pid]), 0.0)}
+    lines = [f"## fresh keys: {count} GETs of keys never seen, statuses {dict(statuses)}", "",
+             "| pid | RSS before (MiB) | after (MiB) | KiB per key | of which private |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for pid in sorted(before.keys() & after.keys()):
+        grew, anon = after[pid].rss - before[pid].rss, after[pid].anon - before[pid].anon
+        lines.append(f"| {pid} | {before[pid].rss / mib:.0f} | {after[pid].rss / mib:.0f} "
+                     f"| {grew / 1024 / count:.2f} | {anon / 1024 / count:.2f} |")  # fmt: skip
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtest.soak", description=__doc__.split("\n")[0])
-    p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--seconds", type=float, default=180.0)
-    p.add_argument("--interval", type=float, default=15.0)
+    p = argparse.ArgumentParser(prog="python -m loadtest soak", description=__doc__.split("\n")[0])
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--minutes", type=float, default=30.0)
+    p.add_argument("--interval", type=float, default=15.0, help="seconds between RSS samples")
     p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--code", type=Path, default=REPO, help="checkout whose gateway runs")
+    p.add_argument("--fresh", type=int, default=0,
+                   help="short mode: RSS around this many GETs of fresh keys, no soak")  # fmt: skip
     args = p.parse_args(argv)
-    print(soak(args.workers, args.seconds, args.interval, args.clients), flush=True)
+    print(soak(args.workers, args.minutes * 60, args.interval, args.clients, args.fresh,
+               args.code), flush=True)  # fmt: skip
     return 0
 
 

@@ -116,10 +116,19 @@ def bucket(origin_client) -> str:
 @pytest.fixture
 def tiny_fs(tmp_path: Path) -> Iterator[Path]:
     """A 1 MiB tmpfs a test can fill up (needs root and mount rights; skipped otherwise)."""
-    mountpoint = tmp_path / "tiny"
+    yield from _tmpfs(tmp_path / "tiny", "1m")
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """An 8 MiB tmpfs: room for a tier of a few dozen blocks and a filler beside it."""
+    yield from _tmpfs(tmp_path / "small", "8m")
+
+
+def _tmpfs(mountpoint: Path, size: str) -> Iterator[Path]:
     mountpoint.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mountpoint)],
-                            capture_output=True, text=True, check=False)  # fmt: skip
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
+                             str(mountpoint)], capture_output=True, text=True, check=False)  # fmt: skip
     if result.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs to fill up: {result.stderr.strip()}")
     try:

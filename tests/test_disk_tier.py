@@ -550,3 +550,64 @@ async def test_full_disk_fails_cleanly_then_evicts_and_keeps_caching(
         assert len([r for r in caplog.records if r.levelname == "ERROR"]) <= 2
     finally:
         await tier.close()
+
+
+async def _limit_reaches(tier: DiskTier, wanted: int) -> None:
+    """Until the tier's own limit is ``wanted`` (its flush loop re-measures the room)."""
+    for _ in range(400):  # 20 s at most
+        if tier.limit == wanted:
+            return
+        await asyncio.sleep(0.05)
+    pytest.fail(f"the limit stayed at {tier.limit}, not {wanted}")
+
+
+def _fill(directory: Path, keep_free: int) -> Path:
+    """A filler file taking all but ``keep_free`` bytes of the file system."""
+    stat = os.statvfs(directory)
+    filler = directory / "filler"
+    free = stat.f_bavail * stat.f_frsize
+    # (the file system may round a little: what it refuses stays free)
+    with open(filler, "wb") as out, contextlib.suppress(OSError):
+        os.posix_fallocate(out.fileno(), 0, max(0, free - keep_free))
+    return filler
+
+
+async def test_the_limit_comes_back_when_the_file_system_gives_room_back(small_fs: Path) -> None:
+    capacity = 4 << 20  # half the 8 MiB file system: the limit is the capacity
+    tier = DiskTier(small_fs, capacity, touch_interval=0.05)
+    await tier.start()
+    try:
+        size = 64 * 1024
+        for i in range(48):  # 3 MiB stored
+            assert await tier.put(block_id("before", i), payload(i, size))
+        filler = _fill(small_fs, 0)  # another program takes every free byte
+        for i in range(48):  # fills fail, the tier evicts to what the file system leaves
+            await tier.put(block_id("during", i), payload(i, size))
+        assert tier.limit < capacity * 3 // 4, tier.limit
+        filler.unlink()  # ...and gives it all back
+        await _limit_reaches(tier, capacity)
+        for i in range(64):  # caching goes on up to the capacity, not the lowered limit
+            assert await tier.put(block_id("after", i), payload(i, size))
+        assert tier.stats().used_bytes > capacity * 3 // 4
+    finally:
+        await tier.close()
+
+
+async def test_fills_in_flight_do_not_ratchet_the_limit_down(small_fs: Path) -> None:
+    tier = DiskTier(small_fs, 1 << 30, touch_interval=0.05)  # the file system is the bound
+    await tier.start()
+    try:
+        size = 256 * 1024  # 16 in flight are half the file system
+
+        async def fill(worker: int) -> None:
+            for i in range(16):
+                await tier.put(block_id(f"w{worker}", i), payload((worker, i), size))
+
+        await asyncio.gather(*(fill(worker) for worker in range(16)))  # 64 MiB through 8 MiB
+        assert tier.rooms_made > 1  # the disk filled, more than once
+        # Each full disk measured the same room: the limit holds most of the file system,
+        # not 10% less per full disk (the fills in flight are the tier's own bytes).
+        assert tier.limit >= (8 << 20) * 6 // 10, tier.limit
+        assert tier.space.writing == 0
+    finally:
+        await tier.close()

@@ -152,6 +152,32 @@ async def test_a_stalled_get_is_hedged_and_the_hedge_serves_the_client(
             proxy.release()
 
 
+async def test_a_stalled_origin_is_not_stampeded_by_hedges(tmp_path, proxy, origin_client, bucket):
+    """16 blocks read at once while every origin GET hangs: a hedge is for the one slow
+    request among fast ones, not for an origin that answers nobody (each block once,
+    a hedge or two; before, each block's GET was hedged and both retried: ~6 GETs)."""
+    keys = [f"stall/{i:02d}" for i in range(16)]
+    for key in keys:
+        put(origin_client, bucket, key, 100 * KiB)
+    settings = fault_config(proxy, read_timeout="1s",
+                            retry={"hedge_after": "200ms", "deadline": "3s"})  # fmt: skip
+    settings["cache"]["read_ahead"] = 0
+    async with hoard_app(tmp_path, settings) as node:
+        try:
+            proxy.reset()
+            proxy.faults = lambda number, path, byte_range: Fault("hang")
+            answers = await asyncio.gather(
+                *(_get_body(f"{node.endpoint}/{bucket}/{key}") for key in keys)
+            )
+            statuses = sorted(status for status, _ in answers)
+            gets = proxy.counts["GetObject"]
+            print("STAMPEDE", statuses, gets)
+            assert statuses == [503] * 16, statuses
+            assert gets <= 2 * 16, gets
+        finally:
+            proxy.release()
+
+
 async def test_a_read_waits_at_most_the_deadline_then_503_before_headers_or_a_cut_after(
     tmp_path, proxy, origin_client, bucket
 ):
@@ -206,6 +232,44 @@ def test_a_cache_disk_smaller_than_its_size_evicts_and_keeps_caching(
             node.stop()
         errors = [line for line in node.log().splitlines() if "disk tier:" in line]
         assert len(errors) <= 4, errors  # once per kind and interval, not per block
+    finally:
+        subprocess.run(["umount", "-l", str(cache_dir)], check=False)
+
+
+def test_the_disk_limit_gauge_falls_with_a_filler_and_comes_back_without_it(
+    tmp_path, proxy, origin_client, bucket
+):
+    cache_dir = tmp_path / "small"
+    cache_dir.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(cache_dir)],
+                             capture_output=True, check=False)  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here")
+    try:
+        settings = fault_config(proxy)
+        settings["cache"] = {"dir": str(cache_dir), "block_size": "256KiB", "size": "4MiB",
+                             "memory": "1MiB", "memory_item_max": "16KiB", "read_ahead": 0}  # fmt: skip
+        objects = {f"o/{i:02d}": put(origin_client, bucket, f"o/{i:02d}", MiB) for i in range(8)}
+        node = HoardProcess(tmp_path, settings).start()
+        gauge = 'hoard_cache_limit_bytes{tier="disk"}'
+        try:
+            urls = {key: f"{node.endpoint}/{bucket}/{key}" for key in objects}
+            assert get_many([urls[key] for key in list(objects)[:3]]) == list(objects.values())[:3]
+            assert metric(node.endpoint, gauge) == 4 * MiB
+            filler = cache_dir / "filler"  # another program takes what is free
+            stat = os.statvfs(cache_dir)
+            with open(filler, "wb") as out, contextlib.suppress(OSError):
+                os.posix_fallocate(out.fileno(), 0, stat.f_bavail * stat.f_frsize)
+            for key in list(objects)[3:]:
+                assert get_many([urls[key]]) == [objects[key]]  # served, though not stored
+            assert metric(node.endpoint, gauge) < 4 * MiB
+            filler.unlink()
+            deadline = time.monotonic() + 30  # the tier re-measures its room once a second
+            while metric(node.endpoint, gauge) < 4 * MiB:
+                assert time.monotonic() < deadline, "the disk limit never came back"
+                time.sleep(0.1)
+        finally:
+            node.stop()
     finally:
         subprocess.run(["umount", "-l", str(cache_dir)], check=False)
 

@@ -64,8 +64,10 @@ partial reaches ``blocks/`` and blocks already stored keep serving, so the
 caller can go on serving from memory. A full file system (ENOSPC, or SQLite's
 "database or disk is full") also lowers the tier's limit and evicts down to
 it, rows committed before files go, so later fills replace old blocks; the
-limit, the passes that make room and the errors logged once per interval and
-kind are ``disk_space.FullDisk``'s (``space``).
+flush loop measures the room again and raises the limit back (at most to the
+capacity) when the file system gives space back. The limit, the passes that
+make room, the fills in flight counted as the tier's own, and the errors logged
+once per interval and kind are ``disk_space.FullDisk``'s (``space``).
 
 Other programs writing into ``cache.dir``: a block is checked (header, size,
 checksum) when it is opened, and a kept descriptor is lent again only while
@@ -201,7 +203,9 @@ class DiskTier:
 
     @property
     def limit(self) -> int:
-        """The capacity, or less once the file system filled first (``disk_space.py``)."""
+        """The capacity, or less while the file system gives the tier less room
+        (lowered by a full disk, raised by the flush loop when room comes back:
+        ``disk_space.py``)."""
         return self.space.limit
 
     @property
@@ -499,3 +503,4 @@ class DiskTier:
         while True:
             await asyncio.sleep(self._touch_interval)
             await self.flush()
+            await self.space.recheck()  # a limit lowered by a full disk comes back with room

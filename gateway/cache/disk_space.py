@@ -1,14 +1,27 @@
-"""A file system that fills before the disk tier's capacity: learn a lower ceiling, evict to it.
+"""A file system that fills before the disk tier's capacity: learn a lower ceiling, evict to it,
+and take the room back when it comes back.
 
 ``cache.size`` is what the operator meant the tier to hold; the file system
 may hold less (a smaller volume than configured, other programs' files, the
 index and its write-ahead log). The first ``ENOSPC`` (or ``EDQUOT``, or
-SQLite's "database or disk is full") tells the tier the truth: it lowers its
-limit to a *low watermark* — ``LOW_WATERMARK`` of what it holds plus what the
-file system still has free, or of its current limit if less — and evicts least
+SQLite's "database or disk is full") tells the tier the truth: it sets its
+limit to a *low watermark* — ``LOW_WATERMARK`` of the room the file system
+gives the tier (``room``: the bytes it holds, the bytes of its fills in
+flight, and the bytes still free), never above the capacity — and evicts least
 recently used blocks down to it.
 Later fills then replace old blocks, as they would at capacity, instead of
 failing one by one while the tier stays frozen at what it wrote first.
+
+The watermark is computed afresh from that room each time, never from the
+limit before: the tier's own fills in flight (part files in ``tmp/``, every
+worker's) are its own bytes, not someone else's, so a disk they filled gives
+the same limit again instead of 10% less each time (which ratcheted a 160 MiB
+disk down to 64 MiB under a busy fill). The pass that makes room evicts
+further, below the limit, by what this process's fills still have to write
+(``writing``, at most half the limit), so they can land; the limit stays.
+While the limit is below the capacity, ``recheck`` (the tier's flush loop, once a
+second) measures the room again and raises the limit when it grew: space that
+other programs gave back is taken back without a restart.
 
 Making room must not destroy what the index still names: the eviction's rows
 are committed first and only then are its files removed. But on a full disk
@@ -28,10 +41,12 @@ room was made, and it may try again (``block_fill.Filler._store_after_room``).
 
 Not guaranteed: that the reserve's bytes go to the eviction's commit rather
 than to a sibling worker's append racing it (then the commit fails, nothing is
-removed, and the next full disk tries again); the lowered limit is per process and lasts until restart
-(space freed later by other programs is not taken back until then); the
-statvfs figure is a snapshot, so a file system that other writers keep
-filling may report full again, and each report lowers the limit again.
+removed, and the next full disk tries again); that a sibling worker's fills in
+flight are made room for (only their part files are counted, not what they still
+have to write); the limit is per process, and ``recheck`` only raises it (a
+file system that others fill is learnt at the next full disk); the statvfs
+figure is a snapshot, so a file system that other writers keep filling may
+report full again, and each report lowers the limit to what is left.
 """
 
 from __future__ import annotations
@@ -71,14 +86,32 @@ def is_full(exc: BaseException) -> bool:
     return False
 
 
-def ceiling(directory: Path, held: int, limit: int) -> int:
-    """The low watermark after a full disk (a thread call): ``LOW_WATERMARK`` of the
-    current ``limit`` or of what the file system can give the tier (``held`` bytes
-    plus the free ones), whichever is less. Each full disk lowers it again: the
-    tier's own files cost more than the bytes it counts (pages, the index and its
-    log), so one step may not be enough."""
+def room(directory: Path, held: int) -> int:
+    """The bytes the file system gives the tier (a thread call): the ``held`` bytes
+    it counts, its fills in flight (every worker's part files in ``tmp/``: the tier's
+    own bytes, not another program's), and the bytes still free. The index and its
+    log are not counted: they are what the margin under the watermark is for."""
     stat = os.statvfs(directory)
-    return int(min(limit, held + stat.f_bavail * stat.f_frsize) * LOW_WATERMARK)
+    return held + in_flight(directory / "tmp") + stat.f_bavail * stat.f_frsize
+
+
+def in_flight(tmp: Path) -> int:
+    """Bytes allocated to the part files under ``tmp`` (a thread call): the fills in
+    flight, few at a time; one finishing meanwhile is not counted."""
+    total = 0
+    with contextlib.suppress(FileNotFoundError), os.scandir(tmp) as entries:
+        for entry in entries:
+            with contextlib.suppress(FileNotFoundError):  # renamed into place meanwhile
+                total += entry.stat(follow_symlinks=False).st_blocks * 512
+    return total
+
+
+def ceiling(directory: Path, held: int, capacity: int) -> int:
+    """The low watermark (a thread call): ``LOW_WATERMARK`` of the ``room`` the file
+    system gives the tier, at most ``capacity``. Measured afresh each time, so a
+    second full disk with the same room gives the same limit (not 10% less), and
+    a room that grew gives a higher one."""
+    return min(capacity, int(room(directory, held) * LOW_WATERMARK))
 
 
 async def evict_to(
@@ -126,13 +159,16 @@ class FullDisk:
         logger: logging.Logger,
     ) -> None:
         self.directory = directory
-        self.limit = capacity  # lowered when the file system fills first
+        self.capacity = capacity
+        self.limit = capacity  # lowered when the file system fills first, raised when room returns
+        self.writing = 0  # bytes this process's fills in flight will take (``begin_write``)
         self.errors = ErrorLog(logger)
         self.reserve = Reserve(directory / "reserve")
         self.rooms_made = 0  # full-disk passes that made room: a write lost to one may retry
         self._index = index
         self._remove_evicted = remove
         self._on_full = on_full
+        self._log = logger
         self._room_passes: Group[str, None] = Group()  # one pass at a time, shared by its waiters
 
     async def failed(self, step: str, exc: BaseException, block: BlockId) -> None:
@@ -161,11 +197,40 @@ class FullDisk:
         """
         await self._room_passes.do("room", self._room_pass)
 
+    def begin_write(self, size: int) -> None:
+        """A fill of ``size`` file bytes started: room a full disk's pass makes for it."""
+        self.writing += size
+
+    def end_write(self, size: int) -> None:
+        """That fill landed or was given up."""
+        self.writing -= size
+
+    async def recheck(self) -> bool:
+        """Measure the room again while the limit is below the capacity, and raise the
+        limit if the room grew (space given back by other programs); True if raised.
+        Never lowers it: a full disk does that, with the eviction that goes with it."""
+        if self.limit >= self.capacity:
+            return False
+        held = self._index.totals.used
+        try:
+            higher = await asyncio.to_thread(ceiling, self.directory, held, self.capacity)
+        except OSError:
+            return False
+        if higher <= self.limit:
+            return False
+        self._log.info("disk tier: room came back; limit raised from %d to %d bytes",
+                       self.limit, higher)  # fmt: skip
+        self.limit = higher
+        return True
+
     async def _room_pass(self) -> None:
         try:
             held = self._index.totals.used
-            self.limit = await asyncio.to_thread(ceiling, self.directory, held, self.limit)
-            evicted = await evict_to(self._index, self.reserve, self.limit, self._remove_evicted)
+            self.limit = await asyncio.to_thread(ceiling, self.directory, held, self.capacity)
+            # Below the limit by what our fills in flight still need, so they land; the
+            # limit itself is not lowered by them (at most half of it is given to them).
+            target = self.limit - min(self.writing, self.limit // 2)
+            evicted = await evict_to(self._index, self.reserve, target, self._remove_evicted)
             self.rooms_made += 1
             if self._on_full is not None:
                 self._on_full()

@@ -66,6 +66,10 @@ class BlockWriter:
         self._finished = False  # committed or aborting: no more writes
         self._pending: asyncio.Future[None] | None = None  # a write still running in a thread
         self._on_release = on_release  # ends a claim held in memory, once
+        # Counted as the tier's own until it lands or is given up, so a full disk makes
+        # room for it rather than lowering the limit under it (disk_space.FullDisk).
+        self._writing = HEADER_SIZE + length
+        tier.space.begin_write(self._writing)
 
     async def write(self, data: bytes) -> None:
         """Append ``data``. Raises OSError (ENOSPC...) after removing the part file."""
@@ -138,6 +142,8 @@ class BlockWriter:
             os.close(fd)
 
     def _end_claim(self) -> None:
+        writing, self._writing = self._writing, 0
+        self._tier.space.end_write(writing)
         release, self._on_release = self._on_release, None
         if release is not None:
             release()

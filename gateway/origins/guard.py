@@ -21,7 +21,10 @@ Body chunks are paced by the bytes/s bucket as they are read. A GET's first
 chunk is read inside its try, so a body that fails before its first byte is
 retried like any failed request; a body that breaks after it is resumed from
 the next byte, and a GET that stalls is hedged (``resume.py``), each resume a
-retry by the rules above.
+retry by the rules above. A hedge takes a slot like any request, is tried
+once, and is bounded (``stalls.py``): none while the origin answers none of
+the reads waiting on it (a stall, not a slow tail: then no retry of a
+timed-out try either), and at most a share of the requests otherwise.
 
 Every request is observed here (``GuardEvents.call``: count, latency to the
 answer, failure), so the origin metrics count what really went to the origin —
@@ -58,6 +61,7 @@ from gateway.origins.breaker import CircuitBreaker, State
 from gateway.origins.limits import PriorityGate, TokenBucket
 from gateway.origins.resume import Patience, ResumingStream, first_of, within
 from gateway.origins.retry import Backoff, RetryBudget, retryable
+from gateway.origins.stalls import HedgeBudget, StallWatch
 from gateway.origins.writable import Capability
 
 
@@ -107,9 +111,12 @@ class OriginGuard:
         self._attempts = config.max_attempts
         self._backoff = Backoff(retry.base_delay, retry.max_delay, rand)
         self.budget = RetryBudget(retry.budget_ratio, retry.budget_min_per_second, clock)
-        self._patience = Patience(
-            retry.hedge_after, retry.deadline, may_hedge=lambda: not self.gate.queued
-        )
+        # Hedges for a slow tail, not for a stalled origin (stalls.py): a read overdue
+        # for its next byte is watched, each answer and chunk tells the origin is alive.
+        self.stalls = StallWatch()
+        self.hedges = HedgeBudget(clock)
+        self._patience = Patience(retry.hedge_after, retry.deadline, self._may_hedge,
+                                  self.stalls.overdue)  # fmt: skip
         self.breaker = CircuitBreaker(
             config.breaker.failures,
             config.breaker.open_for,
@@ -141,10 +148,13 @@ class OriginGuard:
         async def open_stream() -> ObjectStream:
             return await self.inner.get_object(bucket, key, byte_range, if_match)
 
-        def opening() -> Awaitable[ObjectStream]:
-            return self._call("GetObject", open_stream, holds_slot=True, raced=True)
+        def opening(attempts: int = self._attempts) -> Awaitable[ObjectStream]:
+            return self._call("GetObject", open_stream, True, raced=True, attempts=attempts)
 
-        stream = await first_of(opening(), opening, self._opening(), _aclose, self._events.hedged)
+        def hedge() -> Awaitable[ObjectStream]:  # tried once: the read it hedges goes on
+            return opening(attempts=1)
+
+        stream = await first_of(opening(), hedge, self._opening(), _aclose, self._events.hedged)
         end, version = stream.end, stream.info.etag
 
         async def reopen(first: int) -> ObjectStream:
@@ -180,16 +190,19 @@ class OriginGuard:
         request: Callable[[], Awaitable[Any]],
         holds_slot: bool = False,
         raced: bool = False,
+        attempts: int | None = None,
     ) -> Any:
         """One origin request, observed here (count, latency, failure) whoever asked for it.
         ``raced``: a racer of ``first_of``, whose deadline bounds it (a second timer for
-        the same deadline would cost every cold GET and never fire first)."""
+        the same deadline would cost every cold GET and never fire first). ``attempts``:
+        tries in all (default ``max_attempts``)."""
         with self._events.call(operation):
-            return await self._guarded(operation, request, holds_slot, raced)
+            return await self._guarded(operation, request, holds_slot, raced,
+                                       attempts or self._attempts)  # fmt: skip
 
     async def _guarded(
         self, operation: str, request: Callable[[], Awaitable[Any]], holds_slot: bool,
-        raced: bool,
+        raced: bool, attempts: int,
     ) -> Any:  # fmt: skip
         ticket = self.breaker.admit()
         if ticket is None:
@@ -198,9 +211,10 @@ class OriginGuard:
                 f"next try in {self.breaker.retry_in:.1f}s"
             )
         self.budget.record_request()
+        self.hedges.record_request()
         ok: bool | None = None
         try:
-            tries = self._tries(operation, request, holds_slot)
+            tries = self._tries(operation, request, holds_slot, attempts)
             # Every try, every backoff within the deadline.
             result = await (tries if raced else within(self._opening().deadline, tries))
             ok = True
@@ -212,14 +226,15 @@ class OriginGuard:
             self.breaker.record(ticket, ok)
 
     async def _tries(
-        self, operation: str, request: Callable[[], Awaitable[Any]], holds_slot: bool
-    ) -> Any:
+        self, operation: str, request: Callable[[], Awaitable[Any]], holds_slot: bool,
+        attempts: int,
+    ) -> Any:  # fmt: skip
         tries = 1
         while True:
             try:
                 return await self._attempt(request, holds_slot)
             except errors.HoardError as exc:
-                if not self._may_retry(exc, operation, tries):
+                if tries >= attempts or not self._may_retry(exc, operation, tries):
                     raise
                 await self._sleep(self._backoff.delay(tries))
                 if self.breaker.state is State.OPEN:
@@ -231,11 +246,19 @@ class OriginGuard:
             return False
         if self.breaker.state is State.OPEN:
             return False
+        if self.stalls.stalled():  # another try would only wait in the same queue
+            return False
         if not self.budget.try_spend():
             self._events.budget_exhausted(operation)
             return False
         self._events.retried(operation)
         return True
+
+    def _may_hedge(self) -> bool:
+        """Whether a read overdue for its next byte gets a hedge (``stalls.py``): not
+        while requests queue for a slot (a hedge would only queue), not while the origin
+        answers none of the reads waiting on it, and within the hedge budget."""
+        return not self.gate.queued and not self.stalls.stalled() and self.hedges.try_spend()
 
     def _opening(self) -> Patience:
         """The patience of a request until its answer: a background request (warm,
@@ -262,13 +285,19 @@ class OriginGuard:
         release = await self._take_slot()
         try:
             result = await request()
+        except errors.HoardError as exc:
+            release()
+            if not retryable(exc):  # an answer about the request: the origin is alive
+                self.stalls.delivered()
+            raise
         except BaseException:
             release()
             raise
+        self.stalls.delivered()
         if not holds_slot:
             release()
             return result
-        stream = GuardedStream(result, release)
+        stream = GuardedStream(result, release, self.stalls.delivered)
         try:
             await stream.prime()  # inside the try: a body that fails at once is retried
         except BaseException:
@@ -326,8 +355,11 @@ class GuardedStream:
     """A GET's body, holding its slot until read or closed (paced by the ``ResumingStream``
     around it, so that time held back by the bytes/s limit is not taken for a stall)."""
 
-    def __init__(self, inner: ObjectStream, release: Callable[[], None]) -> None:
+    def __init__(
+        self, inner: ObjectStream, release: Callable[[], None], delivered: Callable[[], None]
+    ) -> None:
         self.info = inner.info
+        self._delivered = delivered  # each chunk tells the stall watch the origin is alive
         self.start = inner.start
         self.end = inner.end
         self._inner = inner
@@ -359,11 +391,13 @@ class GuardedStream:
     async def _next(self) -> bytes | None:
         assert self._chunks is not None
         try:
-            return await anext(self._chunks)
+            chunk = await anext(self._chunks)
         except StopAsyncIteration:
             self._ended = True
             self._release()  # the whole body is read: no longer in flight
             return None
+        self._delivered()
+        return chunk
 
     async def __anext__(self) -> bytes:
         if self._chunks is None:

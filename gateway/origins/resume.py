@@ -25,7 +25,8 @@ race's task and timers (a cold small object paid for two such races).
 
 Not guaranteed: one hedge per stall (a hedge that stalls too is waited for,
 up to the deadline), and none while requests queue for the origin's
-concurrency slots; the deadline of a client's opening GET includes its wait
+concurrency slots, while the origin answers none of the reads waiting on it
+(a stall, not a slow tail: ``stalls.py``) or when the hedge budget is spent; the deadline of a client's opening GET includes its wait
 for a slot, and a background GET (warm, prefetch, read-ahead) has none until
 its first byte (it may queue behind clients as long as they keep coming).
 """
@@ -33,8 +34,10 @@ its first byte (it may queue behind clients as long as they keep coming).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -49,12 +52,16 @@ class Patience:
     """How long a read waits: until it hedges, and until it gives up (``inf``: never).
 
     ``may_hedge`` is asked before a hedge starts: an origin whose requests queue
-    for a concurrency slot is slow because of us, and a hedge would only queue.
+    for a concurrency slot is slow because of us, and a hedge would only queue; one
+    that answers none of the reads waiting on it is stalled (``stalls.py``).
+    ``overdue()`` is entered by a read that waited ``hedge_after`` for nothing,
+    before ``may_hedge`` is asked, and left when the read ends.
     """
 
     hedge_after: float
     deadline: float
     may_hedge: Callable[[], bool] = lambda: True
+    overdue: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext
 
 
 async def first_of(
@@ -84,23 +91,26 @@ async def first_of(
         if done:
             racers.clear()  # taken below, outside this try: its failure goes on as it is
         else:
-            async with asyncio.timeout_at(_seconds(give_up)):
-                hedging = patience.hedge_after < patience.deadline and patience.may_hedge()
-                if hedging:
-                    racers.add(asyncio.ensure_future(backup()))
-                while racers:
-                    finished, _ = await asyncio.wait(racers, return_when=asyncio.FIRST_COMPLETED)
-                    racers -= finished
-                    winner = next((task for task in finished if task.exception() is None), None)
-                    failures += [e for task in finished if (e := task.exception()) is not None]
-                    if winner is None:
-                        continue
+            with patience.overdue():  # from now until the race ends (stalls.py)
+                async with asyncio.timeout_at(_seconds(give_up)):
+                    hedging = patience.hedge_after < patience.deadline and patience.may_hedge()
                     if hedging:
-                        hedged(winner is not first)
-                    for task in finished - {winner}:
-                        if task.exception() is None:
-                            await discard(task.result())
-                    return winner.result()
+                        racers.add(asyncio.ensure_future(backup()))
+                    while racers:
+                        finished, _ = await asyncio.wait(
+                            racers, return_when=asyncio.FIRST_COMPLETED
+                        )
+                        racers -= finished
+                        winner = next((task for task in finished if task.exception() is None), None)
+                        failures += [e for task in finished if (e := task.exception()) is not None]
+                        if winner is None:
+                            continue
+                        if hedging:
+                            hedged(winner is not first)
+                        for task in finished - {winner}:
+                            if task.exception() is None:
+                                await discard(task.result())
+                        return winner.result()
     except TimeoutError:
         raise errors.OriginUnavailable(
             f"no byte from the origin in {patience.deadline:g}s"

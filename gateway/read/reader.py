@@ -45,7 +45,10 @@ T = TypeVar("T")
 
 # What ``_held_entry`` finds: mount, origin key, held metadata, and its entry.
 Known = tuple[Mount, str, ObjectInfo, Entry]
-_FIRST_REFS = 65_536  # objects whose first block's name is kept (~300 bytes each)
+# Objects whose first block's name is kept (~300 bytes each): a hot set, as the front's
+# route memo (``s3/front.py``, ROUTES_KEPT): every fresh key adds one, so 65,536 would be
+# ~20 MB a worker beyond its configured tiers; a miss costs ~4 us.
+_FIRST_REFS = 4096
 
 
 class Reader:

@@ -151,6 +151,11 @@ class HitPath:
         # admitted but not answered there.
         self._handed: dict[int, tuple[RawRequestMessage, Principal, int, bool]] = {}
 
+    @property
+    def front(self) -> S3Front:
+        """The front whose admission this path shares (its memo of routes, for one)."""
+        return self._front
+
     def answer_now(
         self, message: RawRequestMessage, transport: asyncio.Transport, sockfd: int | None
     ) -> bool:
