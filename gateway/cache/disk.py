@@ -107,7 +107,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from gateway.cache import disk_claims, disk_recovery, disk_space, segment_sql
+from gateway.cache import disk_claims, disk_recovery, disk_space
 from gateway.cache import disk_files as files
 from gateway.cache.block import HEADER_SIZE, BlockId, encode_header
 from gateway.cache.disk_files import BlockFile, Corrupt, FillAbandoned, PartFollower
@@ -313,7 +313,7 @@ class DiskTier:
         if follower is None:
 
             def landed() -> bool:  # the block's row is in (SQLite busy: not yet known)
-                return self._indexed_now(block.digest) is True
+                return disk_claims.indexed_now(self._index, block.digest) is True
 
             if claims is not None:
                 await claims.wait(block.digest, landed, _CLAIM_WAIT)
@@ -359,7 +359,7 @@ class DiskTier:
         if not claims.take(block.digest):
             return None
         try:
-            indexed = await self._indexed(block.digest)
+            indexed = await disk_claims.indexed(self._index, block.digest)
         except BaseException:
             claims.release(block.digest)
             raise
@@ -368,21 +368,6 @@ class DiskTier:
             return None
         release = functools.partial(claims.release, block.digest)
         return BlockWriter(self, block, -1, None, length, on_release=release)
-
-    def _indexed_now(self, digest: str) -> bool | None:
-        """Whether the index holds ``digest``, on the loop; None if SQLite is busy."""
-        try:
-            return self._index.read_now(segment_sql.locate, digest) is not None
-        except sqlite3.OperationalError:
-            return None
-
-    async def _indexed(self, digest: str) -> bool:
-        """``_indexed_now``, asked in the index thread when SQLite is busy on the loop."""
-        found = self._indexed_now(digest)
-        if found is not None:
-            return found
-        index = self._index
-        return await opening(index.run(index.read, segment_sql.locate, digest)) is not None
 
     async def put(self, block: BlockId, data: bytes) -> bool:
         """Store ``data`` as ``block``; False if not stored (claimed elsewhere, no space)."""

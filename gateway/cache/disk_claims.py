@@ -133,3 +133,19 @@ async def wait_for_row(final: Path, landed: Callable[[], bool], timeout: float) 
             await asyncio.sleep(_ROW_POLL)
     finally:
         os.close(fd)
+
+
+def indexed_now(index: DiskIndex, digest: str) -> bool | None:
+    """Whether the index holds ``digest``, on the loop; None if SQLite is busy."""
+    try:
+        return index.read_now(segment_sql.locate, digest) is not None
+    except sqlite3.OperationalError:
+        return None
+
+
+async def indexed(index: DiskIndex, digest: str) -> bool:
+    """``indexed_now``, asked in the index thread when SQLite is busy on the loop."""
+    found = indexed_now(index, digest)
+    if found is not None:
+        return found
+    return await opening(index.run(index.read, segment_sql.locate, digest)) is not None

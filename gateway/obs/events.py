@@ -13,6 +13,8 @@ nine series values one write each.
 from __future__ import annotations
 
 import contextlib
+import time
+from collections.abc import Iterator
 
 from gateway.obs.metrics import (
     BREAKER_STATES,
@@ -69,8 +71,19 @@ class OriginGuardMetrics:
     def hedged(self, won: bool) -> None:
         self._m.origin_hedges.labels(self._origin, "true" if won else "false").inc()
 
-    def call(self, operation: str) -> contextlib.AbstractContextManager[None]:
-        return self._m.origin_call(self._origin, operation)
+    @contextlib.contextmanager
+    def call(self, operation: str) -> Iterator[None]:
+        """Count one origin request, its latency to the answer, and its failure if any."""
+        m = self._m
+        m.add(m.origin_requests, self._origin, operation)
+        started = time.perf_counter()
+        try:
+            yield
+        except Exception as exc:
+            m.origin_errors.labels(self._origin, operation, type(exc).__name__).inc()
+            raise
+        finally:
+            m.observe(m.origin_duration, (self._origin, operation), time.perf_counter() - started)
 
     def breaker(self, state: str) -> None:
         self._m.origin_breaker_open.labels(self._origin).set(0 if state == "closed" else 1)

@@ -24,9 +24,7 @@ the base of ``Metrics``) and ``metrics_process.py`` (workers' summed scrapes).
 
 from __future__ import annotations
 
-import contextlib
-import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -406,19 +404,6 @@ class Metrics(PerRequestSeries):
         """The ``origin`` label of the origin named ``name`` in the config. A ``Metrics``
         built without the names (a test's own) labels an origin by its name."""
         return self._origin_labels.get(name, name)
-
-    @contextlib.contextmanager
-    def origin_call(self, origin: str, operation: str) -> Iterator[None]:
-        """Count one origin request, its latency to the answer, and its failure if any."""
-        self.add(self.origin_requests, origin, operation)
-        started = time.perf_counter()
-        try:
-            yield
-        except Exception as exc:
-            self._child(self.origin_errors, origin, operation, type(exc).__name__).inc()
-            raise
-        finally:
-            self.observe(self.origin_duration, (origin, operation), time.perf_counter() - started)
 
     def _create_known_series(self) -> None:
         """Export bounded label sets at 0 from the start.

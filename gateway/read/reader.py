@@ -29,7 +29,7 @@ from typing import TypeVar
 from gateway.blocks.source import BlockSource
 from gateway.cache.block import BlockId, block_plan
 from gateway.coherence.invalidator import Invalidator
-from gateway.core import errors
+from gateway.core.errors import OriginChanged
 from gateway.core.ranges import RangeSpec
 from gateway.metadata.heads import Entry
 from gateway.metadata.source import MetadataSource, scope_of
@@ -364,7 +364,7 @@ class Reader:
                 # it consumes faster than read-ahead lands blocks.
                 if (i > 0 or sequential) and block_sources.keys() & {"origin", "peer"}:
                     self.metrics.read_ahead_window.observe(self.streams.policy.caught_up(window))
-        except errors.OriginChanged:
+        except OriginChanged:
             # Every tier at once: the next read (or this one's retry) sees the new version.
             await self._coherence.heal(mount, okey)
             raise
