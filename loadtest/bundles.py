@@ -12,7 +12,8 @@ Readers, each against a fresh (cold) Hoard, same origin, same run:
 - ``direct``: ``boto3`` straight at the origin (no Hoard), the reference.
 
 Per reader and epoch: objects/s, Hoard's CPU µs per object (its process
-tree's CPU time before and after), origin GETs. Then the cold case over the
+tree's CPU time before and after), the client's CPU µs per object (this
+process's, and its reaped children's: a DataLoader's workers), origin GETs. Then the cold case over the
 WAN-emulating origin (the counting proxy holding each request ``--rtt-ms``):
 a single-threaded per-object cold read against a bundle of the same keys.
 
@@ -26,6 +27,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -120,11 +122,13 @@ def measure(reader: str, origin: Origin, keys: list[str], args: argparse.Namespa
         for phase in ("cold", "warm"):
             pids = tree([proc.pid]) if proc is not None else []
             before, cpu = origin.counts(), cpu_seconds(pids)
+            client = _client_cpu()
             started = time.perf_counter()
             _epoch(reader, endpoint, order, args)()
             elapsed = time.perf_counter() - started
             row[phase] = {
                 "objects_per_s": round(len(keys) / elapsed),
+                "client_cpu_us_per_object": round((_client_cpu() - client) * 1e6 / len(keys)),
                 "hoard_cpu_us_per_object": round((cpu_seconds(pids) - cpu) * 1e6 / len(keys))
                 if proc is not None else None,
                 "origin_gets": diff_counts(origin.counts(), before).get("GET", 0),
@@ -132,6 +136,13 @@ def measure(reader: str, origin: Origin, keys: list[str], args: argparse.Namespa
     finally:
         stop_process(proc, 15)
     return row
+
+
+def _client_cpu() -> float:
+    """CPU seconds of this process and of its children reaped so far (a DataLoader's
+    workers, once their epoch ends; Hoard is reaped only after its last epoch)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
 
 
 def _available(reader: str) -> bool:
