@@ -6,6 +6,10 @@ Readers, each against a fresh (cold) Hoard, same origin, same run:
 - ``s3torch``: s3torchconnector's ``S3MapDataset`` (a GET per sample) in a
   ``DataLoader`` (``--loader-workers`` workers, batch ``--loader-batch``), when
   ``s3torchconnector`` and torch are installed;
+- ``s3torch-nginx``: the same loader through nginx as an S3 caching proxy
+  (``targets.Nginx``, ``nginx-cache.conf``; as many nginx workers as CPUs,
+  where Hoard runs one worker: the ratio is the conservative one); its
+  "Hoard CPU" column is nginx's;
 - ``bundle-loader``: ``gateway.client.torch.BundleDataset`` in the same
   ``DataLoader`` (each batch one ``POST ?bundle``);
 - ``bundle-250``: ``gateway.client.bundle`` in this process, ``--bundle`` keys a request;
@@ -28,19 +32,21 @@ import json
 import os
 import random
 import resource
+import shutil
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from loadtest.datasets import ORIGIN_KEY, ORIGIN_SECRET
 from loadtest.origin import Origin, diff_counts
-from loadtest.procs import cpu_seconds, stop_process, tree
+from loadtest.procs import Pinning, cpu_seconds, stop_process, tree
 from loadtest.smallobjects import BUCKET, seed, start_hoard
-from loadtest.targets import HOARD_KEY, HOARD_SECRET
+from loadtest.targets import HOARD_KEY, HOARD_SECRET, Context, Nginx
 
-READERS = ("direct", "boto3", "s3torch", "bundle-loader", "bundle-250")
+READERS = ("direct", "boto3", "s3torch", "s3torch-nginx", "bundle-loader", "bundle-250")
 
 
 def _boto3_epoch(endpoint: str, keys: list[str], creds: tuple[str, str], threads: int) -> None:
@@ -55,11 +61,13 @@ def _boto3_epoch(endpoint: str, keys: list[str], creds: tuple[str, str], threads
         list(pool.map(lambda k: client.get_object(Bucket=BUCKET, Key=k)["Body"].read(), keys))
 
 
-def _s3torch_epoch(endpoint: str, keys: list[str], args: argparse.Namespace) -> None:
+def _s3torch_epoch(
+    endpoint: str, keys: list[str], creds: tuple[str, str], args: argparse.Namespace
+) -> None:
     from s3torchconnector import S3ClientConfig, S3MapDataset
     from torch.utils.data import DataLoader
 
-    os.environ.update(AWS_ACCESS_KEY_ID=HOARD_KEY, AWS_SECRET_ACCESS_KEY=HOARD_SECRET)
+    os.environ.update(AWS_ACCESS_KEY_ID=creds[0], AWS_SECRET_ACCESS_KEY=creds[1])
     dataset = S3MapDataset.from_objects(
         [f"s3://{BUCKET}/{k}" for k in keys], region="us-east-1", endpoint=endpoint,
         transform=_read_all, s3client_config=S3ClientConfig(force_path_style=True),
@@ -73,12 +81,18 @@ def _read_all(reader: Any) -> int:
     return len(reader.read())
 
 
+def _length(key: str, data: bytes) -> int:
+    """What the bundle loader hands the main process, as ``_read_all`` for s3torch: the
+    bytes are read in the worker, and not pickled through the loader's queue after."""
+    return len(data)
+
+
 def _bundle_loader_epoch(endpoint: str, keys: list[str], args: argparse.Namespace) -> None:
     from torch.utils.data import DataLoader
 
     from gateway.client.torch import BundleDataset
 
-    dataset = BundleDataset(BUCKET, keys, endpoint, aws_access_key_id=HOARD_KEY,
+    dataset = BundleDataset(BUCKET, keys, endpoint, _length, aws_access_key_id=HOARD_KEY,
                             aws_secret_access_key=HOARD_SECRET, region_name="us-east-1")  # fmt: skip
     loader = DataLoader(dataset, batch_size=args.loader_batch, num_workers=args.loader_workers,
                         collate_fn=list)  # fmt: skip
@@ -99,11 +113,13 @@ def _bundle_epoch(endpoint: str, keys: list[str], size: int) -> None:
 def _epoch(
     reader: str, endpoint: str, keys: list[str], args: argparse.Namespace
 ) -> Callable[[], None]:
-    creds = (ORIGIN_KEY, ORIGIN_SECRET) if reader == "direct" else (HOARD_KEY, HOARD_SECRET)
+    at_origin = reader in ("direct", "s3torch-nginx")  # nginx passes the origin's signatures on
+    creds = (ORIGIN_KEY, ORIGIN_SECRET) if at_origin else (HOARD_KEY, HOARD_SECRET)
     return {
         "direct": lambda: _boto3_epoch(endpoint, keys, creds, args.threads),
         "boto3": lambda: _boto3_epoch(endpoint, keys, creds, args.threads),
-        "s3torch": lambda: _s3torch_epoch(endpoint, keys, args),
+        "s3torch": lambda: _s3torch_epoch(endpoint, keys, creds, args),
+        "s3torch-nginx": lambda: _s3torch_epoch(endpoint, keys, creds, args),
         "bundle-loader": lambda: _bundle_loader_epoch(endpoint, keys, args),
         "bundle-250": lambda: _bundle_epoch(endpoint, keys, args.bundle),
     }[reader]
@@ -111,16 +127,23 @@ def _epoch(
 
 def measure(reader: str, origin: Origin, keys: list[str], args: argparse.Namespace,
             workdir: Path) -> dict[str, Any]:  # fmt: skip
-    """A cold and a warm epoch of ``reader`` (a fresh Hoard unless ``direct``)."""
-    proc, endpoint = None, origin.endpoint
-    if reader != "direct":
+    """A cold and a warm epoch of ``reader`` (a fresh Hoard, or nginx, unless ``direct``)."""
+    proc, nginx, endpoint = None, None, origin.endpoint
+    if reader == "s3torch-nginx":
+        ctx = Context(origin.endpoint, SimpleNamespace(local_root=workdir),  # type: ignore[arg-type]
+                      workdir, Pinning(enabled=False), 1 << 30)  # fmt: skip
+        nginx = Nginx("nginx", ctx)
+        nginx.start()
+        endpoint = nginx.endpoints[0]
+    elif reader != "direct":
         proc, endpoint = start_hoard(workdir / "hoard", origin.endpoint, 1 << 30, 1)
+    roots = [proc.pid] if proc is not None else nginx.pids() if nginx is not None else []
     row: dict[str, Any] = {}
     try:
         order = keys[:]
         random.Random(args.seed).shuffle(order)
         for phase in ("cold", "warm"):
-            pids = tree([proc.pid]) if proc is not None else []
+            pids = tree(roots)
             before, cpu = origin.counts(), cpu_seconds(pids)
             client = _client_cpu()
             started = time.perf_counter()
@@ -130,11 +153,13 @@ def measure(reader: str, origin: Origin, keys: list[str], args: argparse.Namespa
                 "objects_per_s": round(len(keys) / elapsed),
                 "client_cpu_us_per_object": round((_client_cpu() - client) * 1e6 / len(keys)),
                 "hoard_cpu_us_per_object": round((cpu_seconds(pids) - cpu) * 1e6 / len(keys))
-                if proc is not None else None,
+                if roots else None,
                 "origin_gets": diff_counts(origin.counts(), before).get("GET", 0),
             }  # fmt: skip
     finally:
         stop_process(proc, 15)
+        if nginx is not None:
+            nginx.stop()
     return row
 
 
@@ -146,12 +171,14 @@ def _client_cpu() -> float:
 
 
 def _available(reader: str) -> bool:
-    if reader not in ("s3torch", "bundle-loader"):
+    if reader == "s3torch-nginx" and shutil.which("nginx") is None:
+        return False
+    if reader not in ("s3torch", "s3torch-nginx", "bundle-loader"):
         return True
     try:
         import torch  # noqa: F401
 
-        if reader == "s3torch":
+        if reader.startswith("s3torch"):
             import s3torchconnector  # noqa: F401
     except ImportError:
         return False
