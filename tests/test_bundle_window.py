@@ -13,7 +13,10 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from gateway.client.bundle import BundleClient
+import pytest
+
+from gateway.app.server import HIT_PATH
+from gateway.client.bundle import BundleClient, BundleError
 from gateway.s3.bundle.ahead import MAX_AHEAD
 from tests.conftest import seed
 from tests.inprocess import threaded_app
@@ -86,4 +89,26 @@ def test_the_window_grows_past_small_objects_and_sends_what_is_ready(
             assert pool.submit(list, answer).result(60) == list(cold.items())
         assert client.skipped == []
         assert proxy.gets() == COLD
+        client.close()
+
+
+def test_fail_mode_knows_held_keys_without_the_origin(
+    tmp_path: Path, proxy: OriginProxy, bucket: str
+):
+    # ``Reader.size_now`` answers a held key's size on the loop; anything else is None
+    # and goes the read's way (``block_refs``), so a missing key is still a 404.
+    objects = _objects(bucket, "k", 3)
+    with threaded_app(tmp_path, config(proxy)) as hoard:
+        reader = hoard.app[HIT_PATH]._reader
+        client = BundleClient(hoard.endpoint, **CREDENTIALS)
+        assert [reader.size_now(bucket, key) for key in objects] == [None] * 3  # nothing held
+        assert list(client.bundle(bucket, list(objects))) == list(objects.items())
+        assert [reader.size_now(bucket, key) for key in objects] == list(map(len, objects.values()))
+        proxy.reset()
+        assert list(client.bundle(bucket, list(objects))) == list(objects.items())
+        assert proxy.counts == {}  # held: nothing asked of the origin
+        with pytest.raises(BundleError) as caught:
+            list(client.bundle(bucket, [*objects, "k/none"]))
+        assert caught.value.code == "BundleKeyNotFound"
+        assert reader.size_now(bucket, "k/none") is None  # a negative entry: not a size
         client.close()
