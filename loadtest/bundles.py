@@ -16,7 +16,9 @@ Readers, each against a fresh (cold) Hoard, same origin, same run:
 - ``direct``: ``boto3`` straight at the origin (no Hoard), the reference.
 
 Per reader and epoch: objects/s, Hoard's CPU µs per object (its process
-tree's CPU time before and after), the client's CPU µs per object (this
+tree's CPU time before and after; before the warm epoch, the server is left
+to finish what the cold one started, until a half second passes without a
+tick of its CPU: ``settled_s``), the client's CPU µs per object (this
 process's, and its reaped children's: a DataLoader's workers), origin GETs. Then the cold case over the
 WAN-emulating origin (the counting proxy holding each request ``--rtt-ms``):
 a single-threaded per-object cold read against a bundle of the same keys.
@@ -144,6 +146,8 @@ def measure(reader: str, origin: Origin, keys: list[str], args: argparse.Namespa
         random.Random(args.seed).shuffle(order)
         for phase in ("cold", "warm"):
             pids = tree(roots)
+            if phase == "warm" and pids:
+                row["settled_s"] = _settle(pids)
             before, cpu = origin.counts(), cpu_seconds(pids)
             client = _client_cpu()
             started = time.perf_counter()
@@ -161,6 +165,19 @@ def measure(reader: str, origin: Origin, keys: list[str], args: argparse.Namespa
         if nginx is not None:
             nginx.stop()
     return row
+
+
+def _settle(pids: list[int], quiet: float = 0.5, longest: float = 30.0) -> float:
+    """Wait until the server spends no CPU tick in ``quiet`` seconds (what the cold epoch
+    left behind, disk writes of its fills, done), at most ``longest``: the warm epoch's
+    CPU is then its own. Returns the seconds waited."""
+    started = time.perf_counter()
+    while time.perf_counter() - started < longest:
+        before = cpu_seconds(pids)
+        time.sleep(quiet)
+        if cpu_seconds(pids) - before < 0.005:  # under one clock tick
+            break
+    return round(time.perf_counter() - started, 1)
 
 
 def _client_cpu() -> float:
