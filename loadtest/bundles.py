@@ -6,13 +6,20 @@ Readers, each against a fresh (cold) Hoard, same origin, same run:
 - ``s3torch``: s3torchconnector's ``S3MapDataset`` (a GET per sample) in a
   ``DataLoader`` (``--loader-workers`` workers, batch ``--loader-batch``), when
   ``s3torchconnector`` and torch are installed;
+- ``s3torch-nginx``: the same loader through nginx as an S3 caching proxy
+  (``targets.Nginx``, ``nginx-cache.conf``; as many nginx workers as CPUs,
+  where Hoard runs one worker: the ratio is the conservative one); its
+  "Hoard CPU" column is nginx's;
 - ``bundle-loader``: ``gateway.client.torch.BundleDataset`` in the same
   ``DataLoader`` (each batch one ``POST ?bundle``);
 - ``bundle-250``: ``gateway.client.bundle`` in this process, ``--bundle`` keys a request;
 - ``direct``: ``boto3`` straight at the origin (no Hoard), the reference.
 
 Per reader and epoch: objects/s, Hoard's CPU µs per object (its process
-tree's CPU time before and after), origin GETs. Then the cold case over the
+tree's CPU time before and after; before the warm epoch, the server is left
+to finish what the cold one started, until a half second passes without a
+tick of its CPU: ``settled_s``), the client's CPU µs per object (this
+process's, and its reaped children's: a DataLoader's workers), origin GETs. Then the cold case over the
 WAN-emulating origin (the counting proxy holding each request ``--rtt-ms``):
 a single-threaded per-object cold read against a bundle of the same keys.
 
@@ -26,19 +33,22 @@ import argparse
 import json
 import os
 import random
+import resource
+import shutil
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from loadtest.datasets import ORIGIN_KEY, ORIGIN_SECRET
 from loadtest.origin import Origin, diff_counts
-from loadtest.procs import cpu_seconds, stop_process, tree
+from loadtest.procs import Pinning, cpu_seconds, stop_process, tree
 from loadtest.smallobjects import BUCKET, seed, start_hoard
-from loadtest.targets import HOARD_KEY, HOARD_SECRET
+from loadtest.targets import HOARD_KEY, HOARD_SECRET, Context, Nginx
 
-READERS = ("direct", "boto3", "s3torch", "bundle-loader", "bundle-250")
+READERS = ("direct", "boto3", "s3torch", "s3torch-nginx", "bundle-loader", "bundle-250")
 
 
 def _boto3_epoch(endpoint: str, keys: list[str], creds: tuple[str, str], threads: int) -> None:
@@ -53,11 +63,13 @@ def _boto3_epoch(endpoint: str, keys: list[str], creds: tuple[str, str], threads
         list(pool.map(lambda k: client.get_object(Bucket=BUCKET, Key=k)["Body"].read(), keys))
 
 
-def _s3torch_epoch(endpoint: str, keys: list[str], args: argparse.Namespace) -> None:
+def _s3torch_epoch(
+    endpoint: str, keys: list[str], creds: tuple[str, str], args: argparse.Namespace
+) -> None:
     from s3torchconnector import S3ClientConfig, S3MapDataset
     from torch.utils.data import DataLoader
 
-    os.environ.update(AWS_ACCESS_KEY_ID=HOARD_KEY, AWS_SECRET_ACCESS_KEY=HOARD_SECRET)
+    os.environ.update(AWS_ACCESS_KEY_ID=creds[0], AWS_SECRET_ACCESS_KEY=creds[1])
     dataset = S3MapDataset.from_objects(
         [f"s3://{BUCKET}/{k}" for k in keys], region="us-east-1", endpoint=endpoint,
         transform=_read_all, s3client_config=S3ClientConfig(force_path_style=True),
@@ -71,12 +83,18 @@ def _read_all(reader: Any) -> int:
     return len(reader.read())
 
 
+def _length(key: str, data: bytes) -> int:
+    """What the bundle loader hands the main process, as ``_read_all`` for s3torch: the
+    bytes are read in the worker, and not pickled through the loader's queue after."""
+    return len(data)
+
+
 def _bundle_loader_epoch(endpoint: str, keys: list[str], args: argparse.Namespace) -> None:
     from torch.utils.data import DataLoader
 
     from gateway.client.torch import BundleDataset
 
-    dataset = BundleDataset(BUCKET, keys, endpoint, aws_access_key_id=HOARD_KEY,
+    dataset = BundleDataset(BUCKET, keys, endpoint, _length, aws_access_key_id=HOARD_KEY,
                             aws_secret_access_key=HOARD_SECRET, region_name="us-east-1")  # fmt: skip
     loader = DataLoader(dataset, batch_size=args.loader_batch, num_workers=args.loader_workers,
                         collate_fn=list)  # fmt: skip
@@ -97,11 +115,13 @@ def _bundle_epoch(endpoint: str, keys: list[str], size: int) -> None:
 def _epoch(
     reader: str, endpoint: str, keys: list[str], args: argparse.Namespace
 ) -> Callable[[], None]:
-    creds = (ORIGIN_KEY, ORIGIN_SECRET) if reader == "direct" else (HOARD_KEY, HOARD_SECRET)
+    at_origin = reader in ("direct", "s3torch-nginx")  # nginx passes the origin's signatures on
+    creds = (ORIGIN_KEY, ORIGIN_SECRET) if at_origin else (HOARD_KEY, HOARD_SECRET)
     return {
         "direct": lambda: _boto3_epoch(endpoint, keys, creds, args.threads),
         "boto3": lambda: _boto3_epoch(endpoint, keys, creds, args.threads),
-        "s3torch": lambda: _s3torch_epoch(endpoint, keys, args),
+        "s3torch": lambda: _s3torch_epoch(endpoint, keys, creds, args),
+        "s3torch-nginx": lambda: _s3torch_epoch(endpoint, keys, creds, args),
         "bundle-loader": lambda: _bundle_loader_epoch(endpoint, keys, args),
         "bundle-250": lambda: _bundle_epoch(endpoint, keys, args.bundle),
     }[reader]
@@ -109,38 +129,73 @@ def _epoch(
 
 def measure(reader: str, origin: Origin, keys: list[str], args: argparse.Namespace,
             workdir: Path) -> dict[str, Any]:  # fmt: skip
-    """A cold and a warm epoch of ``reader`` (a fresh Hoard unless ``direct``)."""
-    proc, endpoint = None, origin.endpoint
-    if reader != "direct":
+    """A cold and a warm epoch of ``reader`` (a fresh Hoard, or nginx, unless ``direct``)."""
+    proc, nginx, endpoint = None, None, origin.endpoint
+    if reader == "s3torch-nginx":
+        ctx = Context(origin.endpoint, SimpleNamespace(local_root=workdir),  # type: ignore[arg-type]
+                      workdir, Pinning(enabled=False), 1 << 30)  # fmt: skip
+        nginx = Nginx("nginx", ctx)
+        nginx.start()
+        endpoint = nginx.endpoints[0]
+    elif reader != "direct":
         proc, endpoint = start_hoard(workdir / "hoard", origin.endpoint, 1 << 30, 1)
+    roots = [proc.pid] if proc is not None else nginx.pids() if nginx is not None else []
     row: dict[str, Any] = {}
     try:
         order = keys[:]
         random.Random(args.seed).shuffle(order)
         for phase in ("cold", "warm"):
-            pids = tree([proc.pid]) if proc is not None else []
+            pids = tree(roots)
+            if phase == "warm" and pids:
+                row["settled_s"] = _settle(pids)
             before, cpu = origin.counts(), cpu_seconds(pids)
+            client = _client_cpu()
             started = time.perf_counter()
             _epoch(reader, endpoint, order, args)()
             elapsed = time.perf_counter() - started
             row[phase] = {
                 "objects_per_s": round(len(keys) / elapsed),
+                "client_cpu_us_per_object": round((_client_cpu() - client) * 1e6 / len(keys)),
                 "hoard_cpu_us_per_object": round((cpu_seconds(pids) - cpu) * 1e6 / len(keys))
-                if proc is not None else None,
+                if roots else None,
                 "origin_gets": diff_counts(origin.counts(), before).get("GET", 0),
             }  # fmt: skip
     finally:
         stop_process(proc, 15)
+        if nginx is not None:
+            nginx.stop()
     return row
 
 
+def _settle(pids: list[int], quiet: float = 0.5, longest: float = 30.0) -> float:
+    """Wait until the server spends no CPU tick in ``quiet`` seconds (what the cold epoch
+    left behind, disk writes of its fills, done), at most ``longest``: the warm epoch's
+    CPU is then its own. Returns the seconds waited."""
+    started = time.perf_counter()
+    while time.perf_counter() - started < longest:
+        before = cpu_seconds(pids)
+        time.sleep(quiet)
+        if cpu_seconds(pids) - before < 0.005:  # under one clock tick
+            break
+    return round(time.perf_counter() - started, 1)
+
+
+def _client_cpu() -> float:
+    """CPU seconds of this process and of its children reaped so far (a DataLoader's
+    workers, once their epoch ends; Hoard is reaped only after its last epoch)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
 def _available(reader: str) -> bool:
-    if reader not in ("s3torch", "bundle-loader"):
+    if reader == "s3torch-nginx" and shutil.which("nginx") is None:
+        return False
+    if reader not in ("s3torch", "s3torch-nginx", "bundle-loader"):
         return True
     try:
         import torch  # noqa: F401
 
-        if reader == "s3torch":
+        if reader.startswith("s3torch"):
             import s3torchconnector  # noqa: F401
     except ImportError:
         return False

@@ -52,6 +52,19 @@ def test_the_plain_iterator_yields_keys_in_order(
         client.close()
 
 
+def test_large_objects_among_small_ones_come_whole(tmp_path: Path, proxy: OriginProxy, bucket: str):
+    # Multi-block objects (64 KiB blocks), each read past the client's buffer at once.
+    objects = {f"k/{i}": body_of(str(i), size)
+               for i, size in enumerate([200_000, 17, 70_000, 0, 131_072, 40_000])}  # fmt: skip
+    seed(bucket, objects)
+    cfg = config(proxy)
+    with threaded_app(tmp_path, cfg) as hoard:
+        client = BundleClient(hoard.endpoint, **CREDENTIALS)
+        for _ in range(2):  # cold, then warm
+            assert list(client.bundle(bucket, list(objects))) == list(objects.items())
+        client.close()
+
+
 def _sized(key: str, data: bytes) -> tuple[str, int]:
     return key, len(data)
 

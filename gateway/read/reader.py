@@ -197,6 +197,19 @@ class Reader:
         read = self._source.held_for_read(mount, okey, entry)
         return self._held_answer(bucket, key, info, read, found) or True
 
+    def size_now(self, bucket: str, key: str) -> int | None:
+        """``key``'s size as a read would find it, without an await: its metadata held in
+        this worker's memory and served as ``open_object`` serves it (fresh, or stale
+        with one refresh started), the lookup counted as a read's; None when only an await
+        can tell (nothing held, a negative entry, a TTL of 0), and ``block_refs`` tells.
+        For a batch that must know every key is there before its first byte."""
+        self.catch_up()
+        mount = self.namespace.resolve(bucket)
+        if mount.metadata_ttl <= 0:  # asks the origin on every read
+            return None
+        info = self._source.held_for_read(mount, mount.origin_key(key))
+        return None if info is None else info.size
+
     async def _stored_entry(self, bucket: str, key: str) -> Known | None:
         """``_held_entry`` for a key this worker's memory holds nothing of but the node's
         store does (a sibling worker learned it): it is held in memory from now on."""

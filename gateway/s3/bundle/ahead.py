@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from gateway.core import errors
@@ -45,7 +45,9 @@ from gateway.s3.errors import from_domain
 
 log = logging.getLogger(__name__)
 
-AHEAD = 16  # keys open at once: enough round trips overlapped, not a batch in memory
+AHEAD = 16  # keys open at once, at least (and at first): round trips overlapped
+MAX_AHEAD = 64  # keys open at once, at most: small objects, many round trips overlapped
+BUDGET = 16 * 1024 * 1024  # bytes the window is meant to hold, estimated from sizes seen
 
 
 @dataclass(slots=True)
@@ -69,16 +71,18 @@ _Slot = Held | Skipped | asyncio.Task[Held | ObjectRead]
 class Ahead:
     """``keys`` of ``bucket`` opened up to ``ahead`` at a time, handed out in order."""
 
-    def __init__(
-        self, reader: Reader, bucket: str, keys: list[str], may_warm: bool, ahead: int = AHEAD
-    ) -> None:
+    def __init__(self, reader: Reader, bucket: str, keys: list[str], may_warm: bool,
+                 before_wait: Callable[[], Awaitable[None]] | None = None) -> None:  # fmt: skip
         """``may_warm``: whether the caller may warm ``bucket`` (its cold reads count for
-        auto-warm, as its GETs' would)."""
+        auto-warm, as its GETs' would); ``before_wait``: called before the consumer
+        waits for a key not yet open."""
         self._reader = reader
         self._may_warm = may_warm
         self._bucket = bucket
         self._keys = keys
-        self._ahead = ahead
+        self._before_wait = before_wait
+        self._ahead = AHEAD
+        self._seen = self._seen_bytes = 0  # objects opened, and their bytes
         self._next = 0
         self._window: deque[tuple[str, _Slot]] = deque()
 
@@ -87,7 +91,19 @@ class Ahead:
         while self._window:
             key, slot = self._window.popleft()
             self._fill()
-            yield key, await self._settled(slot)
+            if isinstance(slot, asyncio.Task) and not slot.done() and self._before_wait:
+                await self._before_wait()
+            opened = await self._settled(slot)
+            if not isinstance(opened, Skipped):
+                self._saw(opened.info.size)
+            yield key, opened
+
+    def _saw(self, size: int) -> None:
+        """One more object's size: the window is as wide as ``BUDGET`` holds at the mean."""
+        self._seen += 1
+        self._seen_bytes += size
+        mean = max(1, self._seen_bytes // self._seen)
+        self._ahead = min(MAX_AHEAD, max(AHEAD, BUDGET // mean))
 
     def _fill(self) -> None:
         while len(self._window) < self._ahead and self._next < len(self._keys):

@@ -42,7 +42,7 @@ from gateway.pieces import FileSegment
 from gateway.read.object_read import ObjectRead
 from gateway.s3.bundle import request as bundle_request
 from gateway.s3.bundle import tar
-from gateway.s3.bundle.ahead import AHEAD, Ahead, Held, Skipped, close
+from gateway.s3.bundle.ahead import MAX_AHEAD, Ahead, Held, Skipped, close
 from gateway.s3.bundle.sink import GzipSink, Sink
 from gateway.s3.call import Call
 from gateway.s3.chunked import RequestBody, read_whole
@@ -82,21 +82,29 @@ async def bundle_objects(call: Call) -> web.StreamResponse:
 
 
 async def _all_present(call: Call, wanted: list[str]) -> dict[str, str]:
-    """Fail mode: 404 ``BundleKeyNotFound`` unless every key is there; else the totals."""
-    unique = list(dict.fromkeys(wanted))
-    slots = asyncio.Semaphore(AHEAD)  # as many lookups at once as the stream opens keys
+    """Fail mode: 404 ``BundleKeyNotFound`` unless every key is there; else the totals.
 
-    async def size_of(key: str) -> int | None:
-        async with slots:
-            try:
-                refs = await call.reader.block_refs(call.bucket, key)
-            except errors.NoSuchKey:
-                return None
-        return sum(ref.length for ref in refs)
+    A key whose metadata this worker holds is known there and then, without a task
+    (a warm batch is a loop); only the others are looked up as reads, ``MAX_AHEAD`` at once (a lookup holds no
+    bytes: a cold one fills the cache; the origin guard's limits apply underneath)."""
+    sizes: dict[str, int | None] = {}
+    for key in wanted:
+        if key not in sizes:
+            sizes[key] = call.reader.size_now(call.bucket, key)
+    unknown = [key for key, size in sizes.items() if size is None]
+    if unknown:
+        slots = asyncio.Semaphore(MAX_AHEAD)
 
-    found = await asyncio.gather(*(size_of(key) for key in unique))
-    sizes = dict(zip(unique, found, strict=True))
-    missing = [key for key in unique if sizes[key] is None]
+        async def size_of(key: str) -> int | None:
+            async with slots:
+                try:
+                    refs = await call.reader.block_refs(call.bucket, key)
+                except errors.NoSuchKey:
+                    return None
+            return sum(ref.length for ref in refs)
+
+        sizes.update(zip(unknown, await asyncio.gather(*map(size_of, unknown)), strict=True))
+    missing = [key for key, size in sizes.items() if size is None]
     if missing:
         raise S3Error(Code.BundleKeyNotFound, fields={"MissingKeys": missing})
     total = sum(sizes[key] or 0 for key in wanted)
@@ -110,7 +118,7 @@ async def _stream(
     served: Counter[str] = Counter()
     skipped: list[dict[str, str]] = []
     count = size = 0
-    ahead = Ahead(call.reader, call.bucket, wanted, call.may_warm)
+    ahead = Ahead(call.reader, call.bucket, wanted, call.may_warm, sink.flush)
     try:
         async for key, opened in ahead:
             if isinstance(opened, Skipped):

@@ -38,7 +38,11 @@ _TEMPLATE[116:124] = b"0000000\0"  # gid
 _TEMPLATE[257:265] = b"ustar\x0000"  # magic and version
 _TEMPLATE[329:337] = b"0000000\0"  # devmajor
 _TEMPLATE[337:345] = b"0000000\0"  # devminor
+_TEMPLATE[148:156] = b"        "  # the checksum counts its own field as spaces
 _TEMPLATE_BYTES = bytes(_TEMPLATE)
+# The checksum is the sum of the header's bytes: the template's (zeros where name, size,
+# mtime and typeflag go), plus those fields' own, summed per member (not all 512 bytes).
+_TEMPLATE_SUM = sum(_TEMPLATE_BYTES)
 
 
 def member(name: str, size: int, mtime: int) -> bytes:
@@ -70,11 +74,10 @@ def padding(size: int) -> bytes:
 def _header(name: bytes, size: int, mtime: int, typeflag: bytes) -> bytes:
     block = bytearray(_TEMPLATE_BYTES)
     block[0 : len(name)] = name
-    block[124:136] = b"%011o\0" % size
-    block[136:148] = b"%011o\0" % mtime
+    numbers = b"%011o\0%011o\0" % (size, mtime)
+    block[124:148] = numbers
     block[156:157] = typeflag
-    block[148:156] = b"        "  # the checksum counts its own field as spaces
-    block[148:156] = b"%06o\0 " % sum(block)
+    block[148:156] = b"%06o\0 " % (_TEMPLATE_SUM + sum(name) + sum(numbers) + typeflag[0])
     return bytes(block)
 
 
