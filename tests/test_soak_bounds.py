@@ -3,7 +3,8 @@
 Issue 34's soak (``python -m loadtest soak``) found a worker's RSS rising
 ~6 MiB/min under a mixed load with bounded tiers: the request-line memos
 (routes, SigV4 canonical paths) kept every path they were asked, up to 65,536
-each, and every fresh key or missing one is a new path. This runs the soak's
+each, and every fresh key or missing one is a new path; the presigned verdicts
+kept every URL, up to 65,536. This runs the soak's
 short mode (GETs of fresh keys, presigned) past the memos' bounds and checks
 the memos, not RSS over time.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from gateway.app.server import HIT_PATH
 from gateway.s3 import sigv4
+from gateway.s3.auth import PresignedMemo
 from gateway.s3.front import ROUTES_KEPT
 from loadtest.soak import fresh_keys
 from tests.harness import ACCESS_KEY, SECRET_KEY
@@ -27,3 +29,5 @@ def test_fresh_keys_do_not_grow_the_request_memos_past_their_bounds(tmp_path, pr
         front = hoard.app[HIT_PATH].front
         assert front.routes_kept <= ROUTES_KEPT
         assert sigv4._candidate_uris.cache_info().currsize <= sigv4.CANDIDATES_KEPT
+        # Each fresh presigned URL is a verdict to remember: a hot set, not every URL.
+        assert 0 < len(front.presigned_verdicts) <= PresignedMemo.LIMIT

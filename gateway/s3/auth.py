@@ -82,6 +82,11 @@ class Authenticator:
         self._presigned = PresignedMemo(self._clock)
         self.generation += 1
 
+    @property
+    def presigned(self) -> PresignedMemo:
+        """The verdicts on presigned URLs kept (a bounded hot set)."""
+        return self._presigned
+
     def authenticate(self, request: RequestView) -> Principal:
         """The verified caller; ``S3Error`` for a bad signature or a refused anonymous call."""
         key = self._presigned.key(request)
@@ -120,9 +125,14 @@ class PresignedMemo:
     common case): method, path and query as sent (the query holds the
     signature and the expiry), and the Host header. Expiry is checked on every
     use; a URL whose expiry cannot be read is not remembered.
+
+    A hot set, as the front's route memo (``front.ROUTES_KEPT``): every new URL
+    is an entry of ~1 KB (its path and query, a ``Principal``), so a load of
+    fresh presigned URLs grew each worker to 65,536 of them, ~60 MB beyond its
+    configured tiers (issue 34's soak); a URL not kept costs one HMAC check.
     """
 
-    _LIMIT = 65_536
+    LIMIT = 4096
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self._clock = clock
@@ -147,6 +157,9 @@ class PresignedMemo:
                 return None
         return (request.method, request.raw_path, query, request.headers.get("Host", ""))
 
+    def __len__(self) -> int:
+        return len(self._entries)
+
     def get(self, key: tuple[str, str, str, str] | None) -> Principal | None:
         entry = self._entries.get(key) if key is not None else None
         if entry is None:
@@ -155,6 +168,7 @@ class PresignedMemo:
         if self._clock() > expires:
             del self._entries[key]  # type: ignore[arg-type]
             return None  # the verifier answers "Request has expired"
+        self._entries.move_to_end(key)  # type: ignore[arg-type]
         return principal
 
     def remember(
@@ -164,7 +178,8 @@ class PresignedMemo:
         if key is None or expires is None or principal.anonymous:
             return
         self._entries[key] = (expires, principal)
-        if len(self._entries) > self._LIMIT:
+        self._entries.move_to_end(key)
+        if len(self._entries) > self.LIMIT:
             self._entries.popitem(last=False)
 
 

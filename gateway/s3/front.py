@@ -24,7 +24,7 @@ from gateway.core import errors
 from gateway.obs import request_keys as keys
 from gateway.read.reader import Reader
 from gateway.s3 import buckets, cors, listing, objects, writes, xml
-from gateway.s3.auth import ANONYMOUS, Authenticator
+from gateway.s3.auth import ANONYMOUS, Authenticator, PresignedMemo
 from gateway.s3.body import BodySender
 from gateway.s3.bundle.operation import bundle_objects
 from gateway.s3.call import Call
@@ -106,6 +106,11 @@ class S3Front:
     @property
     def reader(self) -> Reader:
         return self._reader
+
+    @property
+    def presigned_verdicts(self) -> PresignedMemo:
+        """The presigned URLs' verdicts kept (``auth.PresignedMemo``)."""
+        return self._auth.presigned
 
     @property
     def routes_kept(self) -> int:
