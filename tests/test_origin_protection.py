@@ -65,9 +65,9 @@ async def test_64_concurrent_cold_reads_never_exceed_the_concurrency_cap(
         assert proxy.counts["GetObject"] >= 64 * 3
         assert proxy.max_in_flight <= 4, proxy.max_in_flight
         assert await metric(node.endpoint, "hoard_origin_throttled_total",
-                            origin="moto", limit="concurrency") > 0  # fmt: skip
+                            origin="o0", limit="concurrency") > 0  # fmt: skip
         assert await metric(node.endpoint, "hoard_origin_in_flight_requests",
-                            origin="moto", priority="client") == 0  # fmt: skip
+                            origin="o0", priority="client") == 0  # fmt: skip
 
 
 async def test_an_origin_answering_slowdown_half_the_time_still_serves_every_read(
@@ -85,12 +85,12 @@ async def test_an_origin_answering_slowdown_half_the_time_still_serves_every_rea
             assert bodies == [objects[key] for key in keys]
             assert proxy.slow_downs == 40 and proxy.counts["GetObject"] == 80
             retries = await metric(node.endpoint, "hoard_origin_retries_total",
-                                   origin="moto", operation="GetObject")  # fmt: skip
+                                   origin="o0", operation="GetObject")  # fmt: skip
             assert retries == proxy.slow_downs
             # Within the budget: 20 % of the 40 requests plus the floor (10/s over 10 s).
             assert retries <= 0.2 * 40 + 10 * 10
             assert await metric(node.endpoint, "hoard_origin_retry_budget_exhausted_total",
-                                origin="moto", operation="GetObject") == 0  # fmt: skip
+                                origin="o0", operation="GetObject") == 0  # fmt: skip
         finally:
             proxy.mode = "ok"
 
@@ -114,7 +114,7 @@ async def test_a_dead_origin_opens_the_breaker_while_cached_reads_keep_working(
             proxy.mode = "down"
             for i in range(3):  # three misses fail at the origin (two tries each)...
                 assert await status_of(f"{base}/cold/{i}") == 503
-            assert await metric(node.endpoint, "hoard_origin_breaker_open", origin="moto") == 1
+            assert await metric(node.endpoint, "hoard_origin_breaker_open", origin="o0") == 1
             proxy.reset()
             assert await status_of(f"{base}/cold/3") == 503  # ...then misses fail fast
             assert sum(proxy.counts.values()) == 0
@@ -124,8 +124,8 @@ async def test_a_dead_origin_opens_the_breaker_while_cached_reads_keep_working(
             proxy.mode = "ok"
             await asyncio.sleep(1.1)  # open_for: the next miss is the probe
             assert await get_all([f"{base}/cold/3"]) == [cold]
-            assert await metric(node.endpoint, "hoard_origin_breaker_open", origin="moto") == 0
+            assert await metric(node.endpoint, "hoard_origin_breaker_open", origin="o0") == 0
             assert await metric(node.endpoint, "hoard_origin_breaker_transitions_total",
-                                origin="moto", state="closed") == 1  # fmt: skip
+                                origin="o0", state="closed") == 1  # fmt: skip
         finally:
             proxy.mode = "ok"
