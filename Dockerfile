@@ -17,9 +17,17 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 FROM ${PYTHON_IMAGE} AS builder
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
+# A C compiler for the hit path's compiled twins (setup.py; Cython comes from
+# pyproject.toml's build requirements). The final stage gets the built wheel only.
+# Not pinned: the base image fixes the Debian release, and a pinned point version
+# disappears from its mirrors at the next security update, breaking the build.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # pyproject.toml names README.md as the package's long description.
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY gateway ./gateway
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 

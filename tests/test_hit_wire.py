@@ -438,3 +438,79 @@ async def test_a_wire_hit_is_logged_and_counted_as_a_hit_behind_aiohttp(
     on_wire, behind = ({k: v for k, v in lines[i].items() if k not in variable} for i in ids)
     assert on_wire == behind
     assert on_wire["source"] == "memory" and on_wire["status"] == 200
+
+
+async def test_a_body_shaped_like_a_hit_is_read_as_a_body_not_answered(
+    tmp_path, proxy, seeded
+) -> None:
+    """The wire parses a read itself only while every byte before it was whole bodiless
+    heads: a PUT's body that is, byte for byte, a GET of a held object (sent in reads of
+    its own, after its head) is the PUT's body, as aiohttp's parser reads it."""
+    target = f"/{seeded}/small.bin"
+    async with serve(tmp_path, proxy, seeded) as served:
+        await _warm(served, target)
+        hits = served.hits()
+        smuggled = served.request(target)
+        put = served.request(f"/{seeded}/put.bin", method="PUT",
+                             extra=f"Content-Length: {len(smuggled)}\r\n")  # fmt: skip
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        writer.write(put)
+        await writer.drain()
+        await asyncio.sleep(0.05)  # a read of its own (no answer comes before the body)
+        writer.write(smuggled)
+        assert (await read_answer(reader)).status == 200  # the PUT's, and only it
+        writer.write(served.request(target))  # the connection still serves hits, in order
+        answer = await read_answer(reader)
+        assert (answer.status, answer.body) == (200, SMALL)
+        assert served.hits() == hits + 1
+        writer.write(served.request(f"/{seeded}/put.bin"))
+        assert (await read_answer(reader)).body == smuggled  # what the PUT stored
+        writer.close()
+
+
+async def test_heads_split_over_reads_or_closing_go_through_aiohttp(
+    tmp_path, proxy, seeded
+) -> None:
+    """A head that arrives in two reads, and one that closes its connection, are not
+    plain: aiohttp parses them; the first is still a hit, the second the general path's
+    (as every closing request), and both answers are the object."""
+    target = f"/{seeded}/small.bin"
+    async with serve(tmp_path, proxy, seeded) as served:
+        await _warm(served, target)
+        hits = served.hits()
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        request = served.request(target)
+        writer.write(request[:20])
+        await writer.drain()
+        await asyncio.sleep(0.05)  # the rest in a read of its own
+        writer.write(request[20:])
+        assert (await read_answer(reader)).body == SMALL
+        writer.write(served.request(target, extra="Connection: close\r\n"))
+        answer = await read_answer(reader)
+        assert (answer.status, answer.body) == (200, SMALL)
+        assert await reader.read() == b""  # closed, as asked
+        writer.close()
+        assert served.hits() == hits + 1
+
+
+async def test_the_rest_of_a_split_head_shaped_like_a_hit_is_read_as_its_rest(
+    tmp_path, proxy, seeded
+) -> None:
+    """A head cut inside a header, whose rest is, byte for byte, a GET of a held object:
+    the rest completes the first head (one request, refused: it is not signed), and is
+    never answered as a hit of its own."""
+    target = f"/{seeded}/small.bin"
+    async with serve(tmp_path, proxy, seeded) as served:
+        await _warm(served, target)
+        hits = served.hits()
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        writer.write(f"GET /{seeded}/other.bin HTTP/1.1\r\nX-Pad: ".encode())
+        await writer.drain()
+        await asyncio.sleep(0.05)  # the rest in a read of its own
+        writer.write(served.request(target))
+        answer = await read_answer(reader)
+        assert answer.status == 403, answer  # the first head's: no signature
+        writer.write(served.request(target))
+        assert (await read_answer(reader)).body == SMALL  # the next request, the next answer
+        writer.close()
+        assert served.hits() == hits + 1

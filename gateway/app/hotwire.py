@@ -3,15 +3,29 @@
 aiohttp's per-request machinery (the ``RequestHandler.start`` loop, a
 ``BaseRequest``, a task per request, a ``StreamResponse``) costs about as much
 CPU as nginx spends on a whole small hit, so no hit path behind it can reach
-nginx. aiohttp's C parser already parses the request inside ``data_received``;
-``HitConnection`` (aiohttp's connection handler, subclassed) lets it, and then,
-while aiohttp's loop for the connection is idle, hands each parsed request at
-the head of the queue to ``HitPath.answer_now`` before aiohttp sees it: a hit
-is answered there and then, synchronously; the first request that is not one
-(or that needs an await: a miss, a disk lookup not yet done, an error) wakes
-aiohttp's loop, which answers it and every request queued behind it, in order.
-A hit never overtakes an earlier request of its connection: the protocol only
-answers while aiohttp has nothing of that connection queued or running.
+nginx. ``HitConnection`` (aiohttp's connection handler, subclassed) answers
+hits before aiohttp sees them, in ``data_received``, in one of two ways.
+
+While every byte of the connection so far has been whole heads of bodiless
+requests (``core/heads.py``: a loader's GETs, one at a time or pipelined), a
+read that is again nothing but such heads is split and parsed here, and each
+head goes to ``HitPath.answer_now`` in turn; aiohttp's parser never sees the
+heads answered, so no ``RawRequestMessage``, URL or queue entry is made for
+them. The first head that is not a hit, and every head after it in the read,
+go to aiohttp's parser, and aiohttp's loop answers them. The first read that
+is anything else (a body, part of a head) ends this for the connection: from
+then on only aiohttp's parser knows where a message ends, and two parsers
+must never disagree on it.
+
+Otherwise aiohttp's C parser parses the read and queues the requests, and,
+while aiohttp's loop for the connection is idle, each parsed request at the
+head of the queue goes to ``HitPath.answer_now`` before aiohttp sees it: a
+hit is answered there and then, synchronously; the first request that is not
+one (or that needs an await: a miss, a disk lookup not yet done, an error)
+wakes aiohttp's loop, which answers it and every request queued behind it, in
+order. Either way a hit never overtakes an earlier request of its connection:
+the protocol only answers while aiohttp has nothing of that connection queued
+or running.
 
 What aiohttp would do for the answer is done here too: the request counted on
 the server, the keep-alive deadline moved (a connection serving only hits is
@@ -39,6 +53,8 @@ from aiohttp.http_parser import HttpRequestParser, RawRequestMessage
 from aiohttp.streams import EMPTY_PAYLOAD
 from aiohttp.web_protocol import RequestHandler
 
+from gateway.core.heads import bodiless_heads, parse_head
+
 log = logging.getLogger(__name__)
 
 # Answers a parsed request if it is a hit held now: (message, transport, socket fd or None).
@@ -50,6 +66,7 @@ _HANDLER_INTERNALS = (
     "_close", "_force_close", "_manager", "_keepalive", "_keepalive_timeout",
     "_next_keepalive_close_time", "_msg_queue_resume_size", "_resume_reading_if_drained",
     "_pause_transport_reading", "_resume_transport_reading", "data_received", "resume_writing",
+    "_request_count",
 )  # fmt: skip
 _PARSER_INTERNALS = ("message_consumed", "feed_data")
 
@@ -79,7 +96,7 @@ class HitConnection(RequestHandler):
     ``manager.wire`` (the server's) is the answer; None: aiohttp's handler as it is.
     """
 
-    __slots__ = ("_answering", "_holding", "_sockfd", "_wire")
+    __slots__ = ("_answering", "_holding", "_plain", "_sockfd", "_wire")
 
     def __init__(self, manager: Any, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
@@ -87,6 +104,10 @@ class HitConnection(RequestHandler):
         self._sockfd: int | None = None
         self._answering = False  # answering now: a nested data_received only parses
         self._holding = False  # reading paused by this class until the transport drains
+        # Every byte aiohttp's parser was given so far was whole heads of bodiless
+        # requests, so it holds no part of a message: a read of whole heads may be parsed
+        # here instead (``core/heads.py``). Once not, aiohttp parses the connection's rest.
+        self._plain = True
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -103,8 +124,23 @@ class HitConnection(RequestHandler):
             or self._close
             or self._force_close
         ):
+            if self._plain and bodiless_heads(data) is None:
+                self._plain = False
             super().data_received(data)  # aiohttp's loop has (or is about to have) the queue
             return
+        declined = False
+        if self._plain and not self._messages and not self._paused and not self._answering:
+            heads = bodiless_heads(data)
+            if heads is None:
+                self._plain = False  # from now on, where a message ends is aiohttp's to know
+            else:
+                answered = self._answer_heads(heads)
+                if answered == len(heads):
+                    return
+                data = b"".join(heads[answered:]) if answered else data
+                declined = not self._paused
+        elif self._plain and bodiless_heads(data) is None:
+            self._plain = False
         # aiohttp parses and queues; its loop stays asleep until a request is left for it.
         self._waiter = None
         try:
@@ -114,8 +150,39 @@ class HitConnection(RequestHandler):
         if self._close or self._force_close:
             waiter.cancel()  # what close() or force_close() did to the loop's waiter
             return
-        if not self._answering:
+        if declined:  # the wire asked the hit path already: aiohttp's loop answers it
+            if self._messages and not waiter.done():
+                waiter.set_result(None)
+        elif not self._answering:
             self._answer_queued(waiter)
+
+    def _answer_heads(self, heads: list[bytes]) -> int:
+        """Hits answered from ``heads`` (whole, bodiless, in order: ``core/heads.py``),
+        parsed here rather than by aiohttp, until one is not a hit or writing pauses."""
+        answer, transport = self._wire, self.transport
+        answered = 0
+        self._answering = True
+        try:
+            for raw in heads:
+                if self._paused or transport is None or answer is None:
+                    break
+                head = parse_head(raw)
+                if head is None or not answer(head, transport, self._sockfd):
+                    break
+                answered += 1
+                transport = self.transport  # None once a cut answer closed it
+        finally:
+            self._answering = False
+        if answered:
+            self._answered(answered)
+        return answered
+
+    def _answered(self, count: int) -> None:
+        """What aiohttp does for each request it answers: counted, the idle clock reset."""
+        assert self._manager is not None
+        self._manager.requests_count += count
+        self._request_count += count
+        self._next_keepalive_close_time = self._loop.time() + self._keepalive_timeout
 
     def resume_writing(self) -> None:
         super().resume_writing()
@@ -144,9 +211,7 @@ class HitConnection(RequestHandler):
         finally:
             self._answering = False
         if answered:
-            assert self._manager is not None
-            self._manager.requests_count += answered
-            self._next_keepalive_close_time = self._loop.time() + self._keepalive_timeout
+            self._answered(answered)
         if not self._messages or waiter.done():
             return
         if self._paused:

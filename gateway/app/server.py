@@ -34,6 +34,7 @@ from gateway.app.admin import Admin
 from gateway.app.hotwire import wire_answer
 from gateway.cluster.peer_server import PeerServer
 from gateway.cluster.peers import PREFIX as PEER_PREFIX
+from gateway.core import compiled
 from gateway.obs import request_keys as keys
 from gateway.obs.access_log import AccessLog
 from gateway.obs.metrics import Metrics
@@ -206,6 +207,10 @@ def build_app(
                                    state["request_ids"].new, functools.partial(account, state))  # fmt: skip
     app[HIT_WIRE] = wire_answer(hits.answer_now)
     metrics.hit_wire.set(0 if app[HIT_WIRE] is None else 1)
+    for module, runs in compiled.in_use().items():
+        metrics.compiled.labels(module).set(1 if runs else 0)
+        if not runs:
+            log.info("%s: the Python twin runs (slower; see gateway/core/compiled.py)", module)
 
     async def dispatch(request: web.Request) -> web.StreamResponse:
         path = request.raw_path.split("?", 1)[0]

@@ -249,6 +249,14 @@ class Metrics(PerRequestSeries):
             registry=self.registry,
             multiprocess_mode="min",
         )
+        self.compiled = Gauge(
+            "hoard_compiled_extension",
+            "1: the compiled twin of this module runs (gateway/core/compiled.py); 0: its "
+            "Python twin (not built at install, or HOARD_NO_EXTENSIONS=1).",
+            ["module"],
+            registry=self.registry,
+            multiprocess_mode="min",
+        )
         self.prefetch_streams = Gauge(
             "hoard_prefetch_streams",
             "Epoch-order prefetch streams registered on this node.",

@@ -74,6 +74,7 @@ from aiohttp.http import HttpVersion11
 from aiohttp.http_parser import RawRequestMessage
 
 from gateway.core import errors
+from gateway.core.heads import Head
 from gateway.obs import request_keys as keys
 from gateway.obs.metrics import Metrics
 from gateway.origins.base import ObjectInfo
@@ -114,7 +115,7 @@ class WireRequest(dict[str, Any]):
 
     __slots__ = ("_url", "headers", "host", "method", "raw_path")
 
-    def __init__(self, message: RawRequestMessage, host: str) -> None:
+    def __init__(self, message: RawRequestMessage | Head, host: str) -> None:
         super().__init__()
         self.method: str = message.method
         self.host = host
@@ -147,9 +148,14 @@ class HitPath:
             OrderedDict()
         )
         self._date = (0, "")
-        # id(message) -> (message, principal, credentials generation) of wire requests
-        # admitted but not answered there.
-        self._handed: dict[int, tuple[RawRequestMessage, Principal, int, bool]] = {}
+        # The request (its target and headers, as sent) -> (principal, credentials
+        # generation, settled) of wire requests admitted but not answered there. Keyed by
+        # content, not by object: a head the wire parsed itself (``core/heads.py``) reaches
+        # aiohttp as another object, parsed anew from the same bytes; and by every header,
+        # so only the very request verified is spared its verification.
+        self._handed: dict[
+            tuple[str, tuple[tuple[str, str], ...]], tuple[Principal, int, bool]
+        ] = {}
 
     @property
     def front(self) -> S3Front:
@@ -157,11 +163,11 @@ class HitPath:
         return self._front
 
     def answer_now(
-        self, message: RawRequestMessage, transport: asyncio.Transport, sockfd: int | None
+        self, message: RawRequestMessage | Head, transport: asyncio.Transport, sockfd: int | None
     ) -> bool:
         """Answer ``message`` if it is a hit held now, without awaiting anything; False:
         nothing was sent. ``sockfd``: the connection's socket for sendfile (None: TLS)."""
-        if not isinstance(message, RawRequestMessage):
+        if not isinstance(message, (RawRequestMessage, Head)):
             return False  # what the parser refused: aiohttp's error handler answers it
         host = _plain_message(message)
         if host is None:
@@ -204,13 +210,9 @@ class HitPath:
         if not _plain(request):
             return None
         started = time.perf_counter()
-        # ``_message``: ``message`` is the same object behind a DeprecationWarning, whose
-        # call cost every miss a few µs even where the warning is filtered out (absent in
-        # another aiohttp: the request is then verified again, as without the wire).
-        message = getattr(request, "_message", None)
-        handed = self._handed.pop(id(message), None)
-        if handed is not None and handed[0] is message:
-            _, principal, generation, settled = handed
+        handed = self._handed.pop(_sent_as(request.raw_path, request.headers), None)
+        if handed is not None:
+            principal, generation, settled = handed
             if generation == self._front.credentials_generation:  # no SIGHUP since
                 request[keys.PRINCIPAL] = principal  # verified on the wire a moment ago
                 if settled:  # nothing held there a moment ago: a cold key's way
@@ -243,14 +245,14 @@ class HitPath:
         self._account(request, status, length, time.perf_counter() - started)
         return _Sent()
 
-    def _hand_on(self, message: RawRequestMessage, call: Call, settled: bool) -> None:
+    def _hand_on(self, message: RawRequestMessage | Head, call: Call, settled: bool) -> None:
         """Keep who ``message`` was verified as, for aiohttp's request of the same message
         (``answer``, then the general path): a miss is not verified two more times.
         ``settled``: nothing is held of the key (``Reader.held_now`` False), so ``answer``
         leaves it to the general path at once rather than look again."""
-        # The message is kept, so its id stays its own.
         generation = self._front.credentials_generation
-        self._handed[id(message)] = (message, call.principal, generation, settled)
+        self._handed[_sent_as(message.path, message.headers)] = (call.principal, generation,
+                                                                 settled)  # fmt: skip
         if len(self._handed) > _HANDED:
             del self._handed[next(iter(self._handed))]
 
@@ -392,6 +394,11 @@ def _status(span: Span, size: int) -> tuple[int, int]:
     return (200, size) if span is None else (206, span[1] - span[0] + 1)
 
 
+def _sent_as(target: str, headers: Any) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """A request as its client sent it: its target, and its headers in order."""
+    return target, tuple(headers.items())
+
+
 def _plain(request: web.Request) -> bool:
     """Whether ``request`` is of the kind the hit path may answer (see the module)."""
     if request.method != "GET" or request.version != HttpVersion11:
@@ -402,7 +409,7 @@ def _plain(request: web.Request) -> bool:
     return not any(name in headers for name in _GENERAL_HEADERS)
 
 
-def _plain_message(message: RawRequestMessage) -> str | None:
+def _plain_message(message: RawRequestMessage | Head) -> str | None:
     """The Host of a request parsed on the wire of the kind the hit path may answer
     (``_plain``'s rules; no body, no upgrade); None: not such a request."""
     if message.method != "GET" or message.version != HttpVersion11 or message.should_close:
