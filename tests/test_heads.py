@@ -100,6 +100,7 @@ def test_a_plain_get_parses_as_aiohttp_parses_it(twin) -> None:
             assert ours.url == message.url
             assert not (ours.should_close or ours.upgrade or ours.chunked)
             assert ours.raw == raw
+            assert ours.names == {name.lower() for name in message.headers}
     finally:
         loop.close()
 
@@ -160,5 +161,5 @@ def test_the_twins_agree_on_any_read(parts, tail) -> None:
             theirs = _heads.parse_head(head)
             assert (ours is None) == (theirs is None), head
             if ours is not None:
-                assert (ours.path, list(ours.headers.items())) == (
-                    theirs.path, list(theirs.headers.items()))  # fmt: skip
+                assert (ours.path, list(ours.headers.items()), ours.names) == (
+                    theirs.path, list(theirs.headers.items()), theirs.names)  # fmt: skip

@@ -134,4 +134,4 @@ def parse_head(bytes head):
         at = i + 2
     if "connection" in names and not keeps_open(pairs):
         return None
-    return Head(head, "GET", target, CIMultiDict(pairs))
+    return Head(head, "GET", target, CIMultiDict(pairs), names)

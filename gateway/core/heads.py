@@ -76,18 +76,20 @@ class Head:
     (``method``, ``path``, ``version``, ``headers``, ``url``, and the framing flags, all
     of them off: a plain head keeps the connection open, upgrades nothing, has no body)."""
 
-    __slots__ = ("_url", "headers", "method", "path", "raw")
+    __slots__ = ("_url", "headers", "method", "names", "path", "raw")
 
     version = HttpVersion11
     should_close = False
     upgrade = False
     chunked = False
 
-    def __init__(self, raw: bytes, method: str, path: str, headers: CIMultiDict[str]) -> None:
+    def __init__(self, raw: bytes, method: str, path: str, headers: CIMultiDict[str],
+                 names: set[str]) -> None:  # fmt: skip
         self.raw = raw  # the head's bytes, for aiohttp's parser if the hit path declines it
         self.method = method
         self.path = path
         self.headers = headers
+        self.names = names  # the headers' names in lower case (the parse checked them)
         self._url: URL | None = None
 
     @property
@@ -123,7 +125,7 @@ def parse_head(head: bytes) -> Head | None:
         pairs.append((name, value.strip(" \t")))
     if "connection" in names and not keeps_open(pairs):
         return None
-    return Head(head, "GET", target, CIMultiDict(pairs))
+    return Head(head, "GET", target, CIMultiDict(pairs), names)
 
 
 def keeps_open(pairs: list[tuple[str, str]]) -> bool:

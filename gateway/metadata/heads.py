@@ -102,6 +102,21 @@ class HeadTable:
         if record is not None:
             self._records[k] = record
 
+    def record(self, scope: Hashable, key: str) -> bytes | Entry | None:
+        """What is stored for ``key`` as it is stored (a ticket's mark: ``read/tickets.py``):
+        any change to the entry stores another object."""
+        return self._records.get(self._key(scope, key))
+
+    def touch_if(self, scope: Hashable, key: str, record: bytes | Entry) -> bool:
+        """``touch`` if ``record`` (the very object) is still what is stored for ``key``."""
+        k = self._key(scope, key)
+        records = self._records
+        if records.get(k) is not record:
+            return False
+        del records[k]
+        records[k] = record
+        return True
+
     def peek(self, scope: Hashable, key: str) -> Entry | None:
         """The entry of ``key``, recency unchanged."""
         record = self._records.get(self._key(scope, key))

@@ -160,6 +160,20 @@ class MetadataCache(Freshness):
         held = self._held("head", k, partial(self._load_head, k, policy, fetch), policy, entry)
         return None if held is None else held.value
 
+    def record(self, scope: Hashable, key: str) -> object | None:
+        """The stored form of ``key``'s head, as a mark of that very answer (``still_held``)."""
+        return self._heads.record(scope, key)
+
+    def still_held(
+        self, scope: Hashable, key: str, record: object, fresh_until: float, label: str
+    ) -> bool:
+        """Whether ``record`` (``record``'s answer) is still ``key``'s and fresh: if so it is
+        marked recently used and counted as a hit, as ``head_held`` marks and counts it."""
+        if self._clock() >= fresh_until or not self._heads.touch_if(scope, key, record):  # type: ignore[arg-type]
+            return False
+        self._count("head", "hit", label)
+        return True
+
     def known(self, scope: Hashable, key: str) -> tuple[ObjectInfo, float] | None:
         """The held metadata of ``key``, fresh or stale, and when it was learned."""
         entry = self.known_entry(scope, key)

@@ -31,7 +31,6 @@ from gateway.cache.block import BlockId, block_plan
 from gateway.coherence.invalidator import Invalidator
 from gateway.core.errors import OriginChanged
 from gateway.core.ranges import RangeSpec
-from gateway.metadata.heads import Entry
 from gateway.metadata.source import MetadataSource, scope_of
 from gateway.obs.metrics import Metrics
 from gateway.origins.base import BucketInfo, ListPage, ObjectInfo
@@ -40,11 +39,10 @@ from gateway.pieces import BlockRef, FileSegment, Piece
 from gateway.read.first_block import FirstBlock, block_ref
 from gateway.read.object_read import ObjectRead, Precondition
 from gateway.read.readahead import ReadAheadPolicy, Streams, Window
+from gateway.read.tickets import Known, Tickets
 
 T = TypeVar("T")
 
-# What ``_held_entry`` finds: mount, origin key, held metadata, and its entry.
-Known = tuple[Mount, str, ObjectInfo, Entry]
 # Objects whose first block's name is kept (~300 bytes each): a hot set, as the front's
 # route memo (``s3/front.py``, ROUTES_KEPT): every fresh key adds one, so 65,536 would be
 # ~20 MB a worker beyond its configured tiers; a miss costs ~4 us.
@@ -69,6 +67,7 @@ class Reader:
         self.streams = Streams(read_ahead or ReadAheadPolicy(4, 4, 10.0))
         # (bucket, key) -> the mount and block 0 of the version last held (``_first_ref``)
         self._first_refs: dict[tuple[str, str], tuple[Mount, BlockRef]] = {}
+        self._tickets = Tickets(self.metadata)  # a hit's lookups, kept per key while they hold
         # Told ``(bucket, key)`` of every object GET: epoch-order prefetch subscribes
         # (it looks keys up through this reader, so it is built after it).
         self.observers: list[Callable[[str, str], None]] = []
@@ -179,6 +178,13 @@ class Reader:
         True when only an await could tell (a disk block not yet looked up, the store
         busy, metadata to fetch), and then ``held`` tells."""
         self.catch_up()
+        ticket = self._tickets.valid(bucket, key)
+        if ticket is not None:
+            found = self.blocks.cached_held(ticket.ref, 0, ticket.info.size)
+            if found is None:
+                return True
+            self._observed(bucket, key)
+            return ticket.info, *found
         known = self._held_entry(bucket, key)
         if known is None:
             try:
@@ -188,14 +194,18 @@ class Reader:
             if known is None:
                 return False
         mount, okey, info, entry = known
-        found = self.blocks.cached_held(self._first_ref(bucket, key, mount, okey, info), 0,
-                                        info.size)  # fmt: skip
+        ref = self._first_ref(bucket, key, mount, okey, info)
+        found = self.blocks.cached_held(ref, 0, info.size)
         if found is None:
             return True
         # The entry ``_held_entry`` peeked at, served and counted without a second lookup:
         # nothing was awaited since, so it is still the one held.
         read = self._source.held_for_read(mount, okey, entry)
-        return self._held_answer(bucket, key, info, read, found) or True
+        answer = self._held_answer(bucket, key, info, read, found)
+        if answer is None:
+            return True
+        self._tickets.keep(bucket, key, known, ref, answer[0])
+        return answer
 
     def size_now(self, bucket: str, key: str) -> int | None:
         """``key``'s size as a read would find it, without an await: its metadata held in

@@ -417,8 +417,10 @@ def _plain_message(message: RawRequestMessage | Head) -> str | None:
     if message.upgrade or message.chunked or message.path.startswith(("/_hoard/", "/metrics")):
         return None
     headers = message.headers
-    # A hit carries a few headers: each is looked up, not each of those that refuse one.
-    if not _GENERAL_LOWER.isdisjoint(map(str.lower, headers)):
+    # A hit carries a few headers: each is looked up, not each of those that refuse one
+    # (a head the wire parsed has their names in lower case already).
+    names = message.names if isinstance(message, Head) else map(str.lower, headers)
+    if not _GENERAL_LOWER.isdisjoint(names):
         return None
     return headers.get("Host")
 

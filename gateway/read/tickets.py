@@ -1,0 +1,86 @@
+"""A hit's lookups, done once per key and then only re-checked: a ticket per key.
+
+Every warm hit of a key asks the same questions with the same answers: which
+mount the bucket is, the key's name at the origin, its metadata (found in
+the worker's table, unpacked, checked fresh, counted), block 0's name, the
+object's headers as the client sees them. Asked anew, that is a dozen calls
+and a fifth of a hit's CPU. A ticket keeps the answers, and beside them the
+one thing that says whether they still hold: the stored record of the key's
+metadata, the very object (``HeadTable.record``). Every change to what is
+held of the key stores another object (a refresh, a write by this worker or,
+caught up first, by a sibling, an eviction), and a ticket whose record is no
+longer the one stored is thrown away, as is one whose answer is no longer
+fresh. So a ticket is valid exactly when the lookups would find the same
+answer fresh, and using it does what they do: the record marked recently
+used, the lookup counted as a metadata hit (``MetadataCache.still_held``).
+
+What a ticket does not keep is the block: ``BlockSource.cached_held`` looks
+it up on every use (memory or disk, each with its own checks), and a ticket
+holds no block's bytes, so an evicted block is freed as before. Tickets are a
+hot set (``LIMIT``, oldest first out); a key without one takes the lookups,
+and gets one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+from gateway.metadata.heads import Entry
+from gateway.metadata.memory import MetadataCache
+from gateway.metadata.source import policy_of, scope_of
+from gateway.origins.base import ObjectInfo
+from gateway.origins.namespace import Mount
+from gateway.pieces import BlockRef
+
+# What ``Reader._held_entry`` finds: mount, origin key, held metadata, and its entry.
+Known = tuple[Mount, str, ObjectInfo, Entry]
+
+
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    scope: Hashable
+    okey: str  # the key at the origin
+    record: object  # the metadata's stored record when the ticket was made
+    fresh_until: float  # the metadata's freshness, on the metadata table's clock
+    label: str  # the mount's label, as lookups are counted
+    ref: BlockRef  # block 0
+    info: ObjectInfo  # the object's metadata, named as the client named it
+
+
+class Tickets:
+    """The tickets of the keys hit last (see the module)."""
+
+    LIMIT = 16_384  # ~200 bytes each beyond what they share with the tables
+
+    def __init__(self, metadata: MetadataCache) -> None:
+        self._metadata = metadata
+        self._kept: dict[tuple[str, str], Ticket] = {}
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def valid(self, bucket: str, key: str) -> Ticket | None:
+        """``key``'s ticket if its answers still hold (used: marked and counted), else None."""
+        ticket = self._kept.get((bucket, key))
+        if ticket is None:
+            return None
+        if not self._metadata.still_held(ticket.scope, ticket.okey, ticket.record,
+                                         ticket.fresh_until, ticket.label):  # fmt: skip
+            del self._kept[(bucket, key)]
+            return None
+        return ticket
+
+    def keep(self, bucket: str, key: str, known: Known, ref: BlockRef, info: ObjectInfo) -> None:
+        """A ticket for what the lookups just found of ``key`` (nothing awaited since)."""
+        mount, okey, _, entry = known
+        scope = scope_of(mount)
+        record = self._metadata.record(scope, okey)
+        if record is None:
+            return
+        kept = self._kept
+        kept.pop((bucket, key), None)
+        kept[(bucket, key)] = Ticket(scope, okey, record, entry.fresh_until,
+                                     policy_of(mount).label, ref, info)  # fmt: skip
+        if len(kept) > self.LIMIT:
+            del kept[next(iter(kept))]
