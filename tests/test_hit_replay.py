@@ -136,3 +136,28 @@ async def test_a_remembered_url_with_any_query_byte_changed_is_refused_as_withou
             await _remembered(served, auth, target)  # the original stays remembered
             assert _plain(answered) == _plain(await _fresh(served, auth, changed)), i
             await _remembered(served, auth, target)
+
+
+async def test_a_remembered_url_with_an_unsigned_amz_header_or_a_second_signature_is_refused(
+    tmp_path, proxy, seeded
+) -> None:
+    """Every ``x-amz-*`` header must be signed: a remembered URL does not spare a request
+    that adds one (nor one that adds an ``Authorization`` too) the check."""
+    async with serve(tmp_path, proxy, seeded) as served:
+        auth, _ = _clocked(served)
+        target = presign("GET", served.host, f"/{seeded}/small.bin", expires=600)
+        await _warm(served, f"/{seeded}/small.bin")
+        for extra in ("x-amz-request-payer: requester", "Authorization: AWS4-HMAC-SHA256 x"):
+            await _remembered(served, auth, target)
+            reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+            raw = f"GET {target} HTTP/1.1\r\nHost: {served.host}\r\n{extra}\r\n\r\n".encode()
+            writer.write(raw)
+            refused = await read_answer(reader)
+            writer.close()
+            assert refused.status in (400, 403), extra
+            auth.reload(CREDENTIALS, False)  # nothing remembered
+            reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+            writer.write(raw)
+            fresh = await read_answer(reader)
+            writer.close()
+            assert _plain((refused.status, refused.body)) == _plain((fresh.status, fresh.body))

@@ -82,6 +82,10 @@ class Authenticator:
         self._presigned = PresignedMemo(self._clock)
         self.generation += 1
 
+    def now(self) -> float:
+        """The clock presigned expiries are read on."""
+        return self._clock()
+
     @property
     def presigned(self) -> PresignedMemo:
         """The verdicts on presigned URLs kept (a bounded hot set)."""
@@ -144,7 +148,8 @@ class PresignedMemo:
     def key(request: RequestView) -> tuple[str, str, str, str] | None:
         """What a remembered verdict on ``request`` is kept under; None: not memoisable."""
         # Reads only, and no x-amz-* headers: a memo hit must not skip the check
-        # that every x-amz-* header a request carries is signed.
+        # that every x-amz-* header a request carries is signed (nor the refusal of a
+        # second signature in an Authorization header).
         query = request.raw_query
         if "Signature=" not in query or request.method not in _READS:
             return None  # (the query first: a header-signed request walks no header here)
@@ -153,12 +158,20 @@ class PresignedMemo:
         ):
             return None  # other signed headers would have to be part of the key
         for name in request.headers:
-            if name.lower().startswith("x-amz-"):
+            lower = name.lower()
+            # An Authorization beside the query's signature is refused ("only one auth
+            # mechanism"): the verifier must see it every time.
+            if lower.startswith("x-amz-") or lower == "authorization":
                 return None
         return (request.method, request.raw_path, query, request.headers.get("Host", ""))
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def expiry(self, request: RequestView) -> float | None:
+        """Until when the verdict kept on ``request`` holds; None: none is kept."""
+        entry = self._entries.get(self.key(request))  # type: ignore[arg-type]
+        return None if entry is None else entry[0]
 
     def get(self, key: tuple[str, str, str, str] | None) -> Principal | None:
         entry = self._entries.get(key) if key is not None else None

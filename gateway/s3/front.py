@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 from urllib.parse import parse_qsl
@@ -24,7 +25,7 @@ from gateway.core import errors
 from gateway.obs import request_keys as keys
 from gateway.read.reader import Reader
 from gateway.s3 import buckets, cors, listing, objects, writes, xml
-from gateway.s3.auth import ANONYMOUS, Authenticator, PresignedMemo
+from gateway.s3.auth import ANONYMOUS, Authenticator, PresignedMemo, Principal
 from gateway.s3.body import BodySender
 from gateway.s3.bundle.operation import bundle_objects
 from gateway.s3.call import Call
@@ -102,6 +103,11 @@ class S3Front:
         self._body_idle = body_idle
         # A hot set of request lines (a refused route raises and is not kept): see ROUTES_KEPT.
         self._line = functools.lru_cache(maxsize=ROUTES_KEPT)(self._line_of)
+        # (method, host, target) -> a presigned read's line, caller, the authenticator and
+        # its credentials' generation, expiry (``_kept_read``): a hot set, as the routes.
+        self._reads: OrderedDict[
+            tuple[str, str, str], tuple[_Line, Principal, Authenticator, int, float]
+        ] = OrderedDict()
 
     @property
     def reader(self) -> Reader:
@@ -155,36 +161,80 @@ class S3Front:
         The hit path (``hits.py``) admits requests here too, so both paths check
         the same signatures and the same per-key limits.
         """
+        line, principal = self._kept_read(request) or self._checked(request)
+        found = line.route
+        request[keys.OPERATION] = found.operation
+        request[keys.BUCKET] = found.bucket
+        request[keys.MOUNT] = line.mount
+        query = dict(line.query) if line.query else {}  # a handler's own: never the memo's
+        call = Call(request, found, query, principal, self._reader, request_id, self._body,
+                    self._writer, self._body_idle)  # fmt: skip
+        return call, (line.served if line.served is not None else self._served(found))
+
+    def _checked(self, request: web.Request) -> tuple[_Line, Principal]:
+        """The line and the verified caller of ``request``, checked in full (a presigned
+        read's verdict is then kept: ``_kept_read``)."""
         method = request.method
         raw_path, _, raw_query = request.raw_path.partition("?")
         copy_source = request.headers.get("x-amz-copy-source")
         line = self._line(method, request.host, raw_path, raw_query, copy_source is not None)
         found = line.route
-        request[keys.OPERATION] = found.operation
-        request[keys.BUCKET] = found.bucket
-        request[keys.MOUNT] = line.mount
         if method == "OPTIONS":
             # A CORS preflight is never signed (browsers send none): the bucket's CORS
             # rules at the origin answer it, as S3 does.
             cors.checked_preflight(request.headers)
-            principal = ANONYMOUS
-        else:
-            principal = request.get(keys.PRINCIPAL)  # type: ignore[assignment]
-            if principal is None:
-                view = RequestView(method, raw_path, raw_query, request.headers)
-                principal = request[keys.PRINCIPAL] = self._auth.authenticate(view)
-            if principal.anonymous and not found.served:
-                # Anonymous reads are object reads and listings Hoard answers itself, never
-                # an ACL, version, upload or tagging read fetched with Hoard's credentials.
-                raise S3Error(Code.AccessDenied)
-            mutating = method in _MUTATING and found.operation not in READS
-            principal.authorize(found.bucket, mutating=mutating)
+            return line, ANONYMOUS
+        principal = request.get(keys.PRINCIPAL)
+        view = None
+        if principal is None:
+            view = RequestView(method, raw_path, raw_query, request.headers)
+            principal = request[keys.PRINCIPAL] = self._auth.authenticate(view)
+        if principal.anonymous and not found.served:
+            # Anonymous reads are object reads and listings Hoard answers itself, never
+            # an ACL, version, upload or tagging read fetched with Hoard's credentials.
+            raise S3Error(Code.AccessDenied)
+        mutating = method in _MUTATING and found.operation not in READS
+        principal.authorize(found.bucket, mutating=mutating)
         if copy_source is not None:  # a copy also reads its source: may this caller?
             principal.authorize(copy_source_bucket(copy_source), mutating=False)
-        query = dict(line.query) if line.query else {}  # a handler's own: never the memo's
-        call = Call(request, found, query, principal, self._reader, request_id, self._body,
-                    self._writer, self._body_idle)  # fmt: skip
-        return call, (line.served if line.served is not None else self._served(found))
+        elif view is not None and not principal.anonymous:
+            self._keep_read(request, view, line, principal)
+        return line, principal
+
+    def _kept_read(self, request: web.Request) -> tuple[_Line, Principal] | None:
+        """What admitting this very request decided before (its line, its caller), if that
+        still holds: a presigned read's verdict, kept until the URL expires or the
+        credentials are reloaded, for a request carrying no ``x-amz-*`` header (which its
+        signature would have to cover) and no ``Authorization``."""
+        key = (request.method, request.host, request.raw_path)
+        kept = self._reads.get(key)
+        if kept is None or keys.PRINCIPAL in request:
+            return None
+        line, principal, auth, generation, expires = kept
+        if auth is not self._auth or generation != auth.generation or auth.now() > expires:
+            del self._reads[key]
+            return None
+        for name in request.headers:
+            lower = name.lower()
+            if lower.startswith("x-amz-") or lower == "authorization":
+                return None
+        self._reads.move_to_end(key)
+        request[keys.PRINCIPAL] = principal
+        return line, principal
+
+    def _keep_read(
+        self, request: web.Request, view: RequestView, line: _Line, principal: Principal
+    ) -> None:
+        """Keep the verdict on a presigned read (``_kept_read``), as the presigned memo
+        would (``PresignedMemo.key``: reads only, only ``host`` signed, no ``x-amz-*``)."""
+        expires = self._auth.presigned.expiry(view)
+        if expires is None:
+            return
+        key = (request.method, request.host, request.raw_path)
+        self._reads[key] = (line, principal, self._auth, self._auth.generation, expires)
+        self._reads.move_to_end(key)
+        if len(self._reads) > ROUTES_KEPT:
+            self._reads.popitem(last=False)
 
     def _line_of(self, method: str, host: str, raw_path: str, raw_query: str, copy: bool) -> _Line:
         """What the request line alone decides (pure in its arguments, for the process's
