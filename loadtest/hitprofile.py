@@ -14,13 +14,13 @@ methods, so nothing of the code under test is changed):
 | stage | what is timed |
 |---|---|
 | parse | the wire's split and parse of the request's bytes (timed alone: compiled, or Python with ``HOARD_NO_EXTENSIONS=1``), and ``_plain_message`` |
-| signature | ``Authenticator.authenticate`` (a presigned URL's verdict memo included) |
+| signature | ``Authenticator.authenticate`` (a presigned URL's verdict memo included), or the front's kept verdict on a presigned read (``S3Front._kept_read``) |
 | admission | ``HitPath._admitted`` less the signature: request id, route, limits, ``Call`` |
-| metadata | ``Reader.catch_up`` and the held metadata lookup |
+| metadata | ``Reader.catch_up`` and the held metadata lookup, or the key's ticket (``read/tickets.py``) |
 | block | ``Reader.held_now`` less the metadata: the block and the segment's trust |
 | headers | ``HitPath._prepared``: the range read, the header block filled in |
 | send | the transport's ``writelines`` (memory) or ``_write_segment`` (sendfile) |
-| accounting | ``Metrics.hit``, the server's ``account`` (metrics, access log), and the
+| accounting | the server's ``account_hit`` (``Metrics.hit_answered``, the access log), and the
   tally's flush to the series at the end of each loop turn (every 64 hits here) |
 | glue | ``answer_now`` less all of the above: what binds them |
 
@@ -211,9 +211,11 @@ def instrumented(app: Any, timers: Timers) -> Iterator[None]:
     auth = hits._front._auth
     patched = [
         (auth, "authenticate", "signature"),
+        (hits._front, "_kept_read", "signature"),
         (hits, "_admitted", "admitted"),
         (reader, "catch_up", "metadata"),
         (reader, "_held_entry", "metadata"),
+        (reader._tickets, "valid", "metadata"),
         (reader, "held_now", "lookup"),
         (hits, "_prepared", "headers"),
         (hits._metrics, "hit", "accounting"),

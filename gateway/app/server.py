@@ -85,6 +85,26 @@ async def _observe(
     return response
 
 
+def account_hit(
+    state: dict, request: web.BaseRequest, status: int, body_bytes: int, elapsed: float,
+    source: str,
+) -> None:  # fmt: skip
+    """``account`` of a hit answered from ``source`` (``s3/hits.py``), counted as such
+    (``Metrics.hit_answered``: the same series ``account`` moves, in one call)."""
+    if keys.CUT in request:
+        state["metrics"].hit(source)
+        request[keys.SOURCE], request[keys.SERVED] = source, {source: body_bytes}
+        account(state, request, status, body_bytes, elapsed)
+        return
+    state["metrics"].hit_answered(source, status, request[keys.MOUNT], elapsed, body_bytes)
+    access = state["access_log"]
+    if access.enabled:
+        access.record(
+            request[keys.REQUEST_ID], request.method, request.path, "GetObject",
+            request[keys.BUCKET], status, body_bytes, elapsed, source, "-", None,
+        )  # fmt: skip
+
+
 def account(
     state: dict, request: web.BaseRequest, status: int, body_bytes: int, elapsed: float
 ) -> None:
@@ -204,7 +224,7 @@ def build_app(
         "request_ids": RequestIds(),
     }
     app[HIT_PATH] = hits = HitPath(front, front.reader, front.body, metrics,
-                                   state["request_ids"].new, functools.partial(account, state))  # fmt: skip
+                                   state["request_ids"].new, functools.partial(account_hit, state))  # fmt: skip
     app[HIT_WIRE] = wire_answer(hits.answer_now)
     metrics.hit_wire.set(0 if app[HIT_WIRE] is None else 1)
     for module, runs in compiled.in_use().items():

@@ -70,6 +70,7 @@ class Metrics(PerRequestSeries):
         super().__init__()  # the per-request series' children and tally (metric_tally.py)
         # (operation, status, mount) -> its request, duration and bytes series (``answered``)
         self._answer_series: dict[tuple[str, int | str, str], tuple[Any, Any, Any]] = {}
+        self._hit_series: dict[tuple[str, int, str], tuple[Any, ...]] = {}  # hit_answered's
         self._origin_labels = {name: f"o{index}" for index, name in enumerate(origins)}
         self.registry = registry or CollectorRegistry()
         self._process = ProcessTreeCollector(tree=multiprocess_dir is not None)
@@ -489,6 +490,23 @@ class Metrics(PerRequestSeries):
     def hit(self, source: str) -> None:
         """Count one GET answered by the hit path, by the tier it came from."""
         self._tally.add(self._child(self.hit_path, source))
+
+    def hit_answered(
+        self, source: str, status: int, mount: str, seconds: float, body_bytes: int
+    ) -> None:
+        """A whole hit's counts in one call: ``answered`` (a GetObject), ``served`` from
+        ``source``, and ``hit``; the five series of one label set looked up once together."""
+        series = self._hit_series.get((source, status, mount))
+        if series is None:
+            series = self._hit_series[(source, status, mount)] = (
+                self._child(self.requests, "GetObject", str(status), mount),
+                self._child(self.response_bytes, "GetObject", mount),
+                self._child(self.bytes_served, source, mount),
+                self._child(self.hit_path, source),
+                self._child(self.request_duration, "GetObject", mount),
+            )
+        self._tally.add_each(series[:4], (1.0, body_bytes, body_bytes, 1.0))
+        self._tally.observe(series[4], seconds)
 
     def render(self) -> bytes:
         for refresh in self.before_render:

@@ -50,6 +50,14 @@ class Tally:
         if not self._scheduled:
             self._schedule()
 
+    def add_each(self, series: tuple[Any, ...], amounts: tuple[float, ...]) -> None:
+        """``add`` of each of ``series`` its amount, in one call (a hit's counts)."""
+        counts = self._counts
+        for one, amount in zip(series, amounts, strict=True):
+            counts[one] = counts.get(one, 0.0) + amount
+        if not self._scheduled:
+            self._schedule()
+
     def observe(self, series: Any, value: float) -> None:
         values = self._observed.get(series)
         if values is None:

@@ -105,7 +105,8 @@ _OWN_LOWER = frozenset(name.lower() for name in (*_PER_REQUEST, "Content-Length"
 _OK, _PARTIAL = b"HTTP/1.1 200 OK\r\n", b"HTTP/1.1 206 Partial Content\r\n"
 Span = tuple[int, int] | None  # the inclusive bytes a range selects; None: the whole object
 
-Account = Callable[[web.BaseRequest, int, int, float], None]
+# The metrics and access-log line of a hit: request, status, body bytes, seconds, tier.
+Account = Callable[[web.BaseRequest, int, int, float, str], None]
 
 
 class WireRequest(dict[str, Any]):
@@ -201,8 +202,7 @@ class HitPath:
         finally:
             if isinstance(piece, FileSegment):
                 piece.release()
-        self._metrics.hit(tier)
-        self._account(request, status, length, time.perf_counter() - started)  # type: ignore[arg-type]
+        self._account(request, status, length, time.perf_counter() - started, tier)  # type: ignore[arg-type]
         return True
 
     async def answer(self, request: web.Request) -> web.StreamResponse | None:
@@ -241,8 +241,7 @@ class HitPath:
             await request.writer.drain()
         except Exception as exc:  # the headers are gone: cut, as objects._stream does
             _cut(request, transport, exc, 0)
-        self._metrics.hit(tier)
-        self._account(request, status, length, time.perf_counter() - started)
+        self._account(request, status, length, time.perf_counter() - started, tier)
         return _Sent()
 
     def _hand_on(self, message: RawRequestMessage | Head, call: Call, settled: bool) -> None:
@@ -319,7 +318,6 @@ class HitPath:
         request_id = request[keys.REQUEST_ID]
         tail = (f"{now}Server: Hoard\r\nx-amz-request-id: {request_id}\r\n"
                 f"x-amz-id-2: {request_id}\r\n\r\n").encode()  # fmt: skip
-        request[keys.SOURCE], request[keys.SERVED] = tier, {tier: length}
         return block + tail
 
     def _rendered(
