@@ -8,7 +8,9 @@ yields their bytes. A cold object's metadata is learned from the first block
 the client needs (``first_block.py``: one origin round trip, not two).
 ``object_read.py`` is one object being read (its metadata, then its
 pieces), ``readahead.py`` how far ahead of a sequential reader to fetch,
-and ``manifests.py`` a small object read whole (a list of keys to come).
+``manifests.py`` a small object read whole (a list of keys to come), and
+``tickets.py`` a hit's lookups kept per key while they hold (the hit path
+asks the same questions of a warm key on every read).
 
 The reader does not build what it uses: the metadata source, the
 invalidator and the block source come from the wiring. It never writes:
