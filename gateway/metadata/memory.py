@@ -164,15 +164,16 @@ class MetadataCache(Freshness):
         """The stored form of ``key``'s head, as a mark of that very answer (``still_held``)."""
         return self._heads.record(scope, key)
 
-    def still_held(
-        self, scope: Hashable, key: str, record: object, fresh_until: float, label: str
-    ) -> bool:
+    def still_held(self, scope: Hashable, key: str, record: object, fresh_until: float) -> bool:
         """Whether ``record`` (``record``'s answer) is still ``key``'s and fresh: if so it is
-        marked recently used and counted as a hit, as ``head_held`` marks and counts it."""
-        if self._clock() >= fresh_until or not self._heads.touch_if(scope, key, record):  # type: ignore[arg-type]
+        marked recently used, as ``head_held`` marks it (``count_head_hit`` counts it)."""
+        if self._clock() >= fresh_until:
             return False
+        return self._heads.touch_if(scope, key, record)  # type: ignore[arg-type]
+
+    def count_head_hit(self, label: str) -> None:
+        """Count a head answered from memory (a ticket's use), as ``head_held`` counts it."""
         self._count("head", "hit", label)
-        return True
 
     def known(self, scope: Hashable, key: str) -> tuple[ObjectInfo, float] | None:
         """The held metadata of ``key``, fresh or stale, and when it was learned."""

@@ -183,6 +183,7 @@ class Reader:
             found = self.blocks.cached_held(ticket.ref, 0, ticket.info.size)
             if found is None:
                 return True
+            self._tickets.used(ticket)
             self._observed(bucket, key)
             return ticket.info, *found
         known = self._held_entry(bucket, key)

@@ -12,7 +12,8 @@ caught up first, by a sibling, an eviction), and a ticket whose record is no
 longer the one stored is thrown away, as is one whose answer is no longer
 fresh. So a ticket is valid exactly when the lookups would find the same
 answer fresh, and using it does what they do: the record marked recently
-used, the lookup counted as a metadata hit (``MetadataCache.still_held``).
+used (``MetadataCache.still_held``), the lookup counted as a metadata hit
+once the block is found too (``used``).
 
 What a ticket does not keep is the block: ``BlockSource.cached_held`` looks
 it up on every use (memory or disk, each with its own checks), and a ticket
@@ -61,15 +62,22 @@ class Tickets:
         return len(self._kept)
 
     def valid(self, bucket: str, key: str) -> Ticket | None:
-        """``key``'s ticket if its answers still hold (used: marked and counted), else None."""
+        """``key``'s ticket if its answers still hold (the metadata marked recently used),
+        else None; ``used`` counts it once the block is found too."""
         ticket = self._kept.get((bucket, key))
         if ticket is None:
             return None
         if not self._metadata.still_held(ticket.scope, ticket.okey, ticket.record,
-                                         ticket.fresh_until, ticket.label):  # fmt: skip
+                                         ticket.fresh_until):  # fmt: skip
             del self._kept[(bucket, key)]
             return None
         return ticket
+
+    def used(self, ticket: Ticket) -> None:
+        """``ticket`` answered a read: its metadata counted as a hit, as the lookups count
+        one (not before the block is found: a read that must wait is counted by the
+        lookups it then makes)."""
+        self._metadata.count_head_hit(ticket.label)
 
     def keep(self, bucket: str, key: str, known: Known, ref: BlockRef, info: ObjectInfo) -> None:
         """A ticket for what the lookups just found of ``key`` (nothing awaited since)."""
