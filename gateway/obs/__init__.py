@@ -1,7 +1,8 @@
 """Observability: what Hoard tells its operators, in one place.
 
 ``metrics.py`` defines every Prometheus metric (one place, as the house
-rules ask), ``tally.py`` adds per-request counts up in plain Python and hands
+rules ask), ``counting.py`` is what one request counts (the methods
+``Metrics`` inherits), ``tally.py`` adds per-request counts up in plain Python and hands
 them to their series once per loop turn (the hit path's budget),
 ``events.py`` turns the guard's, blocks' and peers' events into those
 metrics, ``process.py`` covers the node's processes and the workers'

@@ -18,15 +18,15 @@ alone (disk bytes, pins, warm jobs: ``app/wiring.py``'s ``tier_levels``), so it 
 counted once; ``max`` where every worker sees the same value (the cluster's
 live members, an open breaker).
 
-Definitions only: the machinery is ``metric_tally.py`` (``PerRequestSeries``,
-the base of ``Metrics``) and ``metrics_process.py`` (workers' summed scrapes).
+Definitions only: what a request counts is ``counting.py`` (``RequestCounting``,
+the base of ``Metrics``), the machinery ``tally.py`` (``PerRequestSeries``) and
+``process.py`` (workers' summed scrapes).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -37,8 +37,8 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from gateway.obs.counting import RequestCounting
 from gateway.obs.process import ProcessTreeCollector, render_node
-from gateway.obs.tally import PerRequestSeries
 
 # Tiers an object byte can come from, and outcomes of a metadata lookup.
 SOURCES = ("memory", "disk", "origin", "peer")
@@ -60,17 +60,14 @@ _LATENCY_BUCKETS = (
 )  # fmt: skip
 
 
-class Metrics(PerRequestSeries):
+class Metrics(RequestCounting):
     content_type = CONTENT_TYPE_LATEST
 
     def __init__(self, registry: CollectorRegistry | None = None,
                  multiprocess_dir: Path | None = None, origins: Iterable[str] = ()) -> None:  # fmt: skip
         """``origins``: the configured origins' names, in the config's order: the ``origin``
         label of each is its position (``o0``, ``o1``...), never its name."""
-        super().__init__()  # the per-request series' children and tally (metric_tally.py)
-        # (operation, status, mount) -> its request, duration and bytes series (``answered``)
-        self._answer_series: dict[tuple[str, int | str, str], tuple[Any, Any, Any]] = {}
-        self._hit_series: dict[tuple[str, int, str], tuple[Any, ...]] = {}  # hit_answered's
+        super().__init__()  # the per-request series' children, tally and counts (counting.py)
         self._origin_labels = {name: f"o{index}" for index, name in enumerate(origins)}
         self.registry = registry or CollectorRegistry()
         self._process = ProcessTreeCollector(tree=multiprocess_dir is not None)
@@ -444,69 +441,6 @@ class Metrics(PerRequestSeries):
                     self.metadata_lookups.labels(kind, state, mount)
             for outcome in REVALIDATIONS:
                 self.revalidations.labels(outcome, mount)
-
-    def answered(
-        self, operation: str, status: int | str, mount: str, seconds: float, body_bytes: int
-    ) -> None:
-        """Count one S3 response: its operation, status, latency and body bytes."""
-        series = self._answer_series.get((operation, status, mount))
-        if series is None:  # the three children of one label set, looked up once together
-            series = self._answer_series[(operation, status, mount)] = (
-                self._child(self.requests, operation, str(status), mount),
-                self._child(self.request_duration, operation, mount),
-                self._child(self.response_bytes, operation, mount),
-            )
-        tally = self._tally
-        tally.add(series[0])
-        tally.observe(series[1], seconds)
-        tally.add(series[2], body_bytes)
-
-    def cut(self, operation: str, reason: str, mount: str, seconds: float, body_bytes: int) -> None:
-        """Count one response cut mid-body: as status "cut" (not its 200), and by reason."""
-        self.answered(operation, "cut", mount, seconds, body_bytes)
-        self._child(self.responses_cut, reason).inc()
-
-    def metadata_lookup(self, kind: str, state: str, mount: str) -> None:
-        """Count one metadata lookup by outcome (``METADATA_STATES``)."""
-        self._tally.add(self._child(self.metadata_lookups, kind, state, mount))
-
-    def revalidated(self, outcome: str, mount: str) -> None:
-        """Count one revalidation of a known object by outcome (``REVALIDATIONS``)."""
-        self._child(self.revalidations, outcome, mount).inc()
-
-    def served(self, mount: str, tally: Mapping[str, int]) -> None:
-        """Count object bytes handed to a client, by the tier that supplied them (``SOURCES``)."""
-        for source, count in tally.items():
-            if count:
-                self._tally.add(self._child(self.bytes_served, source, mount), count)
-
-    def bundle(self, sent: int, skipped: int, object_bytes: int) -> None:
-        """Count one batch GET: its keys sent and skipped, and its object bytes."""
-        self._tally.add(self._child(self.bundles))
-        self._tally.add(self._child(self.bundle_keys, "sent"), sent)
-        self._tally.add(self._child(self.bundle_keys, "skipped"), skipped)
-        self._tally.add(self._child(self.bundle_bytes), object_bytes)
-
-    def hit(self, source: str) -> None:
-        """Count one GET answered by the hit path, by the tier it came from."""
-        self._tally.add(self._child(self.hit_path, source))
-
-    def hit_answered(
-        self, source: str, status: int, mount: str, seconds: float, body_bytes: int
-    ) -> None:
-        """A whole hit's counts in one call: ``answered`` (a GetObject), ``served`` from
-        ``source``, and ``hit``; the five series of one label set looked up once together."""
-        series = self._hit_series.get((source, status, mount))
-        if series is None:
-            series = self._hit_series[(source, status, mount)] = (
-                self._child(self.requests, "GetObject", str(status), mount),
-                self._child(self.response_bytes, "GetObject", mount),
-                self._child(self.bytes_served, source, mount),
-                self._child(self.hit_path, source),
-                self._child(self.request_duration, "GetObject", mount),
-            )
-        self._tally.add_each(series[:4], (1.0, body_bytes, body_bytes, 1.0))
-        self._tally.observe(series[4], seconds)
 
     def render(self) -> bytes:
         for refresh in self.before_render:
