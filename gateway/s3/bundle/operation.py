@@ -7,18 +7,24 @@ fail mode every key is then looked up as a read would (``Reader.block_refs``:
 a cold key's lookup is the GET of its first block, which fills it, so the
 stream that follows reads it from the cache), and a missing one is a 404
 ``BundleKeyNotFound`` listing them all, before any byte; the count and bytes
-are then known, and go out as leading ``x-tigris-bundle-*`` headers.
+are then known, and go out as leading ``x-tigris-bundle-*`` headers. So is
+the archive's length (``tar.archive_length``): a client that asks for it
+(``X-Hoard-Bundle-Framing: length``, see ``request``) gets it as the
+Content-Length, and the body goes out unframed through ``LengthSink``. Each
+member must then be the size its lookup found (an object that changed since,
+larger or smaller, is a cut before its header), and the bytes sent must add
+up to the length announced, or the answer is cut.
 
-Then the 200 goes out, chunked, and each key in request order: its TAR
-header, its bytes, its padding. A key that could not be opened (missing,
+Then the 200 goes out, chunked (unless its length was asked for), and each
+key in request order: its TAR header, its bytes, its padding. A key that could not be opened (missing,
 refused, its origin down) is left out and listed, at the end, in a
 ``__bundle_errors.json`` entry (skip mode; written only when something was
 skipped). Once an object's header is out, its bytes must all follow: a
 failure mid-object (the origin gone for good, the object changed) cuts the
 connection (``objects.cut_short``: the log line and ``hoard_responses_cut_total``),
 as a GET's body is cut, so no client ever reads an entry with wrong bytes or
-a wrong length; without the last chunk the client's HTTP layer reports the
-cut. In fail mode a key found missing mid-stream (deleted since the check)
+a wrong length; without the last chunk (or short of the Content-Length)
+the client's HTTP layer reports the cut. In fail mode a key found missing mid-stream (deleted since the check)
 is such a failure too.
 
 NOTE (departure from Tigris's docs): the ``x-tigris-bundle-count``,
@@ -43,7 +49,7 @@ from gateway.read.object_read import ObjectRead
 from gateway.s3.bundle import request as bundle_request
 from gateway.s3.bundle import tar
 from gateway.s3.bundle.ahead import MAX_AHEAD, Ahead, Held, Skipped, close
-from gateway.s3.bundle.sink import GzipSink, Sink
+from gateway.s3.bundle.sink import GzipSink, LengthSink, Sink
 from gateway.s3.call import Call
 from gateway.s3.chunked import RequestBody, read_whole
 from gateway.s3.errors import Code, S3Error
@@ -70,19 +76,33 @@ async def bundle_objects(call: Call) -> web.StreamResponse:
     wanted = bundle_request.parse_keys(raw)
     call.request[keys.OBJECTS] = len(wanted)
     headers = {"Content-Type": _TYPES[options.compression]}
+    sizes = None
     if options.on_error == "fail":
-        headers.update(await _all_present(call, wanted))
+        sizes = await _all_present(call, wanted)
+        headers.update(_totals(wanted, sizes))
     response = web.StreamResponse(status=200, headers=headers)
-    response.enable_chunked_encoding()
+    length, sink_type = _framing(options, wanted, sizes)
+    if length is None:
+        response.enable_chunked_encoding()
+    else:
+        response.content_length = length
     writer = await response.prepare(call.request)
     assert writer is not None
-    sink = (GzipSink if options.compression == "gzip" else Sink)(call.request, writer, call.body)
-    await _stream(call, response, sink, wanted, strict=options.on_error == "fail")
+    sink = sink_type(call.request, writer, call.body)
+    await _stream(call, response, sink, wanted, sizes, length)
     return response
 
 
-async def _all_present(call: Call, wanted: list[str]) -> dict[str, str]:
-    """Fail mode: 404 ``BundleKeyNotFound`` unless every key is there; else the totals.
+def _framing(options: bundle_request.Options, wanted: list[str],
+             sizes: dict[str, int] | None) -> tuple[int | None, type[Sink]]:  # fmt: skip
+    """The answer's Content-Length (None: chunked) and the sink that writes its body."""
+    if sizes is not None and options.compression == "none" and options.framing == "length":
+        return tar.archive_length((key, sizes[key]) for key in wanted), LengthSink
+    return None, GzipSink if options.compression == "gzip" else Sink
+
+
+async def _all_present(call: Call, wanted: list[str]) -> dict[str, int]:
+    """Fail mode: 404 ``BundleKeyNotFound`` unless every key is there; else their sizes.
 
     A key whose metadata this worker holds is known there and then, without a task
     (a warm batch is a loop); only the others are looked up as reads, ``MAX_AHEAD`` at once (a lookup holds no
@@ -107,14 +127,19 @@ async def _all_present(call: Call, wanted: list[str]) -> dict[str, str]:
     missing = [key for key, size in sizes.items() if size is None]
     if missing:
         raise S3Error(Code.BundleKeyNotFound, fields={"MissingKeys": missing})
-    total = sum(sizes[key] or 0 for key in wanted)
+    return {key: size for key, size in sizes.items() if size is not None}
+
+
+def _totals(wanted: list[str], sizes: dict[str, int]) -> dict[str, str]:
+    total = sum(sizes[key] for key in wanted)
     return {"x-tigris-bundle-count": str(len(wanted)), "x-tigris-bundle-bytes": str(total),
             "x-tigris-bundle-skipped": "0"}  # fmt: skip
 
 
-async def _stream(
-    call: Call, response: web.StreamResponse, sink: Sink, wanted: list[str], strict: bool
-) -> None:
+async def _stream(call: Call, response: web.StreamResponse, sink: Sink, wanted: list[str],
+                  sizes: dict[str, int] | None, length: int | None) -> None:  # fmt: skip
+    """The archive, in order; ``sizes``: fail mode's (each member must match its lookup),
+    ``length``: the Content-Length sent (the bytes sent must add up to it)."""
     served: Counter[str] = Counter()
     skipped: list[dict[str, str]] = []
     count = size = 0
@@ -122,17 +147,20 @@ async def _stream(
     try:
         async for key, opened in ahead:
             if isinstance(opened, Skipped):
-                if strict:
+                if sizes is not None:
                     raise _Broken(f"{key!r} is gone since it was checked: {opened.reason}")
                 skipped.append({"key": key, "reason": opened.reason})
                 continue
-            size += await _entry(sink, key, opened, served)
+            expected = None if sizes is None else sizes[key]
+            size += await _entry(sink, key, opened, served, expected)
             count += 1
         if skipped:
             data = json.dumps({"skipped": skipped}).encode()
             await sink.write(tar.member(ERRORS_ENTRY, len(data), 0) + data + tar.padding(len(data)))
         await sink.write(tar.END)
         await sink.finish()
+        if length is not None and sink.sent != length:
+            raise _Broken(f"{sink.sent} bytes sent of the {length} announced")
         await response.write_eof()
     except Exception as exc:
         cut_short(call, exc, sink.sent, None)
@@ -144,17 +172,20 @@ async def _stream(
         call.reader.metrics.bundle(count, len(skipped), size)
 
 
-async def _entry(sink: Sink, key: str, opened: Held | ObjectRead, served: Counter[str]) -> int:
-    """One object's member: header, bytes (all of them, or ``_Broken``), padding."""
+async def _entry(sink: Sink, key: str, opened: Held | ObjectRead, served: Counter[str],
+                 expected: int | None) -> int:  # fmt: skip
+    """One object's member: header, bytes (all of them, or ``_Broken``), padding.
+    ``expected``: the size fail mode's lookup found (and announced); another is a cut."""
     try:
+        length = opened.info.size if isinstance(opened, Held) else opened.length
+        if expected is not None and length != expected:
+            raise errors.OriginChanged(f"{key!r} is {length} bytes, {expected} when looked up")
         if isinstance(opened, Held):
-            length = opened.info.size
             await sink.write(tar.member(key, length, _mtime(opened)))
             piece, opened.piece = opened.piece, b""  # the sink releases a segment it sends
             await sink.piece(piece)
             served[opened.tier] += length
         else:
-            length = opened.length
             await sink.write(tar.member(key, length, _mtime(opened)))
             done = 0
             async for piece in opened.chunks():  # an origin failure here cuts the answer

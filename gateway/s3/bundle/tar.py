@@ -24,6 +24,8 @@ here knows about HTTP or objects: names, sizes and times in, bytes out.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 BLOCK = 512
 END = bytes(2 * BLOCK)  # end of archive: two zero blocks
 _MAX_OCTAL = 8**11 - 1  # what a 12-byte ustar number field holds (size, mtime)
@@ -64,6 +66,20 @@ def member(name: str, size: int, mtime: int) -> bytes:
         + padding(len(records))
         + _header(encoded, min(size, _MAX_OCTAL), mtime, b"0")
     )
+
+
+def archive_length(members: Iterable[tuple[str, int]]) -> int:
+    """The bytes of an archive of regular files ``(name, size)``, END included: what
+    ``member``, the data and ``padding`` of each, then ``END``, add up to."""
+    return len(END) + sum(_header_length(name, size) + size + (-size % BLOCK)
+                          for name, size in members)  # fmt: skip
+
+
+def _header_length(name: str, size: int) -> int:
+    """``len(member(name, size, mtime))``, whatever the mtime: one block, unless pax."""
+    if size <= _MAX_OCTAL and len(name) <= 100 and name.isascii():
+        return BLOCK
+    return len(member(name, size, 0))
 
 
 def padding(size: int) -> bytes:
