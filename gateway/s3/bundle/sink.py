@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import zlib
 
 from aiohttp import web
@@ -97,6 +98,14 @@ class LengthSink(Sink):
     buffer passes the high-water mark, the next write waits for the client to drain
     it (``drain``), so a client that stops reading holds a buffer, not the batch. A
     larger segment goes through ``BodySender.send`` as a GET's does.
+
+    The socket is corked (``TCP_CORK``) while the body is written: a member's
+    header and padding, written apart from its bytes, would otherwise leave as small
+    packets of their own, each waking the client for half a kilobyte (two wakeups,
+    and as many context switches, per object on a machine with few cores). Corked,
+    the kernel sends full frames only; ``flush`` (before the stream waits for a key)
+    and ``finish`` uncork it, so nothing waits in the socket while the stream does,
+    and a keep-alive connection's next answer is not corked.
     """
 
     def __init__(
@@ -107,12 +116,16 @@ class LengthSink(Sink):
         self._sockfd = socket_for_sendfile(self._transport)
         self._queued: list[bytes | memoryview] = []
         self._queued_size = 0
+        # sendfile's socket (None over TLS, whose transport writes records of its own)
+        self._socket = None if self._sockfd is None else self._transport.get_extra_info("socket")
+        self._cork(True)
 
     async def write(self, data: bytes | memoryview) -> None:
         self._queued.append(data)
         self._queued_size += len(data)
         if self._queued_size >= _GATHER:
-            await self.flush()
+            self._out_now()
+            await self._drained()
 
     async def piece(self, piece: Piece) -> None:
         if not isinstance(piece, FileSegment):
@@ -132,7 +145,18 @@ class LengthSink(Sink):
 
     async def flush(self) -> None:
         self._out_now()
+        self._cork(False)  # what is corked goes out now
+        self._cork(True)
         await self._drained()
+
+    async def finish(self) -> None:
+        self._out_now()
+        self._cork(False)
+        await self._drained()
+
+    def _cork(self, on: bool) -> None:
+        if self._socket is not None:
+            self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, int(on))
 
     def _out_now(self) -> asyncio.Transport:
         """What is queued, on the transport (the response's headers first); the transport."""
