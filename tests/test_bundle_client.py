@@ -109,9 +109,10 @@ def test_fail_mode_is_read_unframed_and_a_cut_between_members_is_an_error(
     hoard = HoardProcess(tmp_path, config(proxy)).start()
     try:
         client = BundleClient(hoard.endpoint, **CREDENTIALS)
-        keys, changed = ["train/0001.jpg", "train/0002.jpg", "train/0004.jpg"], "train/0002.jpg"
-        assert list(client.bundle(bucket, keys[:2])) == [(k, data[k]) for k in keys[:2]]
-        proxy.faults = fail_nth(1, Fault("hang"), keys[2])
+        keys, changed = ["train/0001.jpg", "train/0004.jpg", "train/0002.jpg"], "train/0002.jpg"
+        held = [(k, data[k]) for k in (keys[0], changed)]
+        assert list(client.bundle(bucket, [keys[0], changed])) == held
+        proxy.faults = fail_nth(1, Fault("hang"), keys[1])
         got: list[tuple[str, bytes]] = []
         with ThreadPoolExecutor(1) as pool:
             reading = pool.submit(lambda: got.extend(client.bundle(bucket, keys)))
@@ -120,7 +121,7 @@ def test_fail_mode_is_read_unframed_and_a_cut_between_members_is_an_error(
             proxy.release()
             with pytest.raises(TarFormatError):
                 reading.result(30)
-        assert got in ([], [(keys[0], data[keys[0]])])
+        assert got == [(k, data[k]) for k in keys[: len(got)]] and len(got) < 3
         assert list(client.bundle(bucket, keys[:1])) == [(keys[0], data[keys[0]])]  # reusable
         client.close()
     finally:

@@ -3,9 +3,10 @@
 Order of things: options from the headers (a bad one refused before the body
 is read), the body read whole under its 5 MiB limit and verified against the
 signed payload hash (``RequestBody``, as every body), the keys checked. In
-fail mode every key is then looked up as a read would (``Reader.block_refs``:
-a cold key's lookup is the GET of its first block, which fills it, so the
-stream that follows reads it from the cache), and a missing one is a 404
+fail mode every key is then looked up as a read would (the held ones at the
+head of the list opened there and then, ``ahead.held_first``; a cold key's
+lookup, ``Reader.block_refs``, is the GET of its first block, which fills it,
+so the stream that follows reads it from the cache), and a missing one is a 404
 ``BundleKeyNotFound`` listing them all, before any byte; the count and bytes
 are then known, and go out as leading ``x-tigris-bundle-*`` headers. So is
 the archive's length (``tar.archive_length``): a client that asks for it
@@ -39,6 +40,8 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
+from collections.abc import Awaitable
+from typing import TypeVar
 
 from aiohttp import web
 
@@ -48,13 +51,14 @@ from gateway.pieces import FileSegment
 from gateway.read.object_read import ObjectRead
 from gateway.s3.bundle import request as bundle_request
 from gateway.s3.bundle import tar
-from gateway.s3.bundle.ahead import MAX_AHEAD, Ahead, Held, Skipped, close
+from gateway.s3.bundle.ahead import MAX_AHEAD, Ahead, Held, Skipped, close, held_first
 from gateway.s3.bundle.sink import GzipSink, LengthSink, Sink
 from gateway.s3.call import Call
 from gateway.s3.chunked import RequestBody, read_whole
 from gateway.s3.errors import Code, S3Error
 from gateway.s3.objects import cut_short
 
+T = TypeVar("T")
 ERRORS_ENTRY = "__bundle_errors.json"
 _TYPES = {"none": "application/x-tar", "gzip": "application/gzip"}
 
@@ -76,9 +80,10 @@ async def bundle_objects(call: Call) -> web.StreamResponse:
     wanted = bundle_request.parse_keys(raw)
     call.request[keys.OBJECTS] = len(wanted)
     headers = {"Content-Type": _TYPES[options.compression]}
-    sizes = None
+    sizes, first = None, []
     if options.on_error == "fail":
-        sizes = await _all_present(call, wanted)
+        first = held_first(call.reader, call.bucket, wanted)
+        sizes = await _released_unless(_all_present(call, wanted, first), first)
         headers.update(_totals(wanted, sizes))
     response = web.StreamResponse(status=200, headers=headers)
     length, sink_type = _framing(options, wanted, sizes)
@@ -86,11 +91,22 @@ async def bundle_objects(call: Call) -> web.StreamResponse:
         response.enable_chunked_encoding()
     else:
         response.content_length = length
-    writer = await response.prepare(call.request)
+    writer = await _released_unless(response.prepare(call.request), first)
     assert writer is not None
     sink = sink_type(call.request, writer, call.body)
-    await _stream(call, response, sink, wanted, sizes, length)
+    ahead = Ahead(call.reader, call.bucket, wanted, call.may_warm, sink.flush, first)
+    await _stream(call, response, sink, ahead, sizes, length)
     return response
+
+
+async def _released_unless(step: Awaitable[T], first: list[Held]) -> T:
+    """``step``'s result; if it raises, the held answers ``first`` are released first."""
+    try:
+        return await step
+    except BaseException:
+        for held in first:
+            await close(held)
+        raise
 
 
 def _framing(options: bundle_request.Options, wanted: list[str],
@@ -101,14 +117,18 @@ def _framing(options: bundle_request.Options, wanted: list[str],
     return None, GzipSink if options.compression == "gzip" else Sink
 
 
-async def _all_present(call: Call, wanted: list[str]) -> dict[str, int]:
+async def _all_present(call: Call, wanted: list[str], first: list[Held]) -> dict[str, int]:
     """Fail mode: 404 ``BundleKeyNotFound`` unless every key is there; else their sizes.
 
-    A key whose metadata this worker holds is known there and then, without a task
-    (a warm batch is a loop); only the others are looked up as reads, ``MAX_AHEAD`` at once (a lookup holds no
-    bytes: a cold one fills the cache; the origin guard's limits apply underneath)."""
-    sizes: dict[str, int | None] = {}
-    for key in wanted:
+    The keys of ``first`` were opened already (held whole: ``held_first``); a key whose
+    metadata this worker holds is known there and then, without a task (a warm batch
+    is a loop); only the others are looked up as reads, ``MAX_AHEAD`` at once (a lookup
+    holds no bytes: a cold one fills the cache; the origin guard's limits apply
+    underneath)."""
+    sizes: dict[str, int | None] = {
+        key: held.info.size for key, held in zip(wanted[: len(first)], first, strict=True)
+    }
+    for key in wanted[len(first) :]:
         if key not in sizes:
             sizes[key] = call.reader.size_now(call.bucket, key)
     unknown = [key for key, size in sizes.items() if size is None]
@@ -136,14 +156,13 @@ def _totals(wanted: list[str], sizes: dict[str, int]) -> dict[str, str]:
             "x-tigris-bundle-skipped": "0"}  # fmt: skip
 
 
-async def _stream(call: Call, response: web.StreamResponse, sink: Sink, wanted: list[str],
+async def _stream(call: Call, response: web.StreamResponse, sink: Sink, ahead: Ahead,
                   sizes: dict[str, int] | None, length: int | None) -> None:  # fmt: skip
-    """The archive, in order; ``sizes``: fail mode's (each member must match its lookup),
-    ``length``: the Content-Length sent (the bytes sent must add up to it)."""
+    """The archive, in ``ahead``'s order; ``sizes``: fail mode's (each member must match
+    its lookup), ``length``: the Content-Length sent (the bytes sent must add up to it)."""
     served: Counter[str] = Counter()
     skipped: list[dict[str, str]] = []
     count = size = 0
-    ahead = Ahead(call.reader, call.bucket, wanted, call.may_warm, sink.flush)
     try:
         async for key, opened in ahead:
             if isinstance(opened, Skipped):
