@@ -68,7 +68,7 @@ def _members(archive: bytes) -> list[tuple[str, bytes]]:
         return [(m.name, tar.extractfile(m).read()) for m in tar]  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("tier", ["memory", "disk"])
+@pytest.mark.parametrize("tier", ["memory", "disk", "large blocks"])
 def test_a_fail_mode_answer_has_a_content_length_equal_to_its_bytes(
     tmp_path: Path, proxy: OriginProxy, bucket: str, data: dict[str, bytes], tier: str
 ):
@@ -76,8 +76,10 @@ def test_a_fail_mode_answer_has_a_content_length_equal_to_its_bytes(
     keys = ["img/001.jpg", "ü/ключ " + "x" * 120, "empty", "big/multi.bin", "img/002.jpg",
             "img/001.jpg"]  # fmt: skip
     cfg = config(proxy)
-    if tier == "disk":
+    if tier != "memory":
         cfg["cache"]["memory_item_max"] = "1KiB"  # no block stays in memory: disk segments
+    if tier == "large blocks":  # the six-block object is one block: a segment past _NOW_MAX
+        cfg["cache"]["block_size"] = "1MiB"
     with threaded_app(tmp_path, cfg) as hoard:
         for _ in ("cold", "warm"):
             headers, body = _raw_bundle(hoard.port, bucket, keys, **LENGTH)
