@@ -11,6 +11,7 @@ with the dataset.
 
 from __future__ import annotations
 
+import importlib
 import os
 import pickle
 import tracemalloc
@@ -171,3 +172,23 @@ def test_data_loader_workers_use_the_client_made_with_the_dataset(
             assert [item for batch in loader for item in batch] == [(k, data[k]) for k in keys]
     # One client, made here: workers inherit it and open only their own connections.
     assert made.read_text().split() == [str(os.getpid())]
+
+
+def test_credentials_given_whole_need_no_botocore_session(
+    tmp_path: Path, proxy: OriginProxy, bucket: str, data: dict[str, bytes], monkeypatch
+):
+    # An endpoint, a key, its secret and a region are all a client needs: no session is
+    # made for them (10-20 ms of CPU, a dataset), and what is signed with them works.
+    def no_session(**credentials):
+        raise AssertionError("a botocore session was made")
+
+    module = importlib.import_module("gateway.client.bundle")  # the package names a function so
+    monkeypatch.setattr(module, "aws_session", no_session)
+    with threaded_app(tmp_path, config(proxy)) as hoard:
+        client = BundleClient(hoard.endpoint, **CREDENTIALS)
+        keys = sorted(data)[:3]
+        assert list(client.bundle(bucket, keys)) == [(key, data[key]) for key in keys]
+        client.close()
+        with pytest.raises(AssertionError):  # the chain is still asked for what is missing
+            BundleClient(hoard.endpoint, aws_access_key_id=ACCESS_KEY,
+                         aws_secret_access_key=SECRET_KEY)  # fmt: skip
