@@ -23,6 +23,7 @@ access log's and metrics' body bytes, sendfile's included.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import zlib
@@ -39,6 +40,7 @@ _OFF_LOOP = 1024 * 1024  # pieces at least this large are read or compressed in 
 # socket does not take is read and queued, so this is the most a segment adds to the
 # transport's buffer at once. A packed block (256 KiB at most) is one.
 _NOW_MAX = 256 * 1024
+_TCP_CORK: int | None = getattr(socket, "TCP_CORK", None)  # Linux's; elsewhere not corked
 
 
 class Sink:
@@ -117,7 +119,8 @@ class LengthSink(Sink):
         self._queued: list[bytes | memoryview] = []
         self._queued_size = 0
         # sendfile's socket (None over TLS, whose transport writes records of its own)
-        self._socket = None if self._sockfd is None else self._transport.get_extra_info("socket")
+        corks = self._sockfd is not None and _TCP_CORK is not None
+        self._socket = self._transport.get_extra_info("socket") if corks else None
         self._cork(True)
 
     async def write(self, data: bytes | memoryview) -> None:
@@ -156,7 +159,9 @@ class LengthSink(Sink):
 
     def _cork(self, on: bool) -> None:
         if self._socket is not None:
-            self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, int(on))
+            # A socket already closed has nothing to cork: the next write says it is gone.
+            with contextlib.suppress(OSError):
+                self._socket.setsockopt(socket.IPPROTO_TCP, _TCP_CORK, int(on))
 
     def _out_now(self) -> asyncio.Transport:
         """What is queued, on the transport (the response's headers first); the transport."""
