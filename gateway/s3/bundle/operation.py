@@ -5,28 +5,29 @@ is read), the body read whole under its 5 MiB limit and verified against the
 signed payload hash (``RequestBody``, as every body), the keys checked. In
 fail mode every key is then looked up as a read would (the held ones at the
 head of the list opened there and then, ``ahead.held_first``; a cold key's
-lookup, ``Reader.block_refs``, is the GET of its first block, which fills it,
-so the stream that follows reads it from the cache), and a missing one is a 404
-``BundleKeyNotFound`` listing them all, before any byte; the count and bytes
-are then known, and go out as leading ``x-tigris-bundle-*`` headers. So is
-the archive's length (``tar.archive_length``): a client that asks for it
-(``X-Hoard-Bundle-Framing: length``, see ``request``) gets it as the
-Content-Length, and the body goes out unframed through ``LengthSink``. Each
-member must then be the size its lookup found (an object that changed since,
-larger or smaller, is a cut before its header), and the bytes sent must add
-up to the length announced, or the answer is cut.
+lookup, ``Reader.block_refs``, is the GET of its first block, which fills
+it, so the stream that follows reads it from the cache), and a missing one
+is a 404 ``BundleKeyNotFound`` listing them all, before any byte; the count
+and bytes are then known, and go out as leading ``x-tigris-bundle-*``
+headers. So is the archive's length (``tar.archive_length``): a client that
+asks for it (``X-Hoard-Bundle-Framing: length``, see ``request``) gets it as
+the Content-Length, and the body goes out unframed through ``LengthSink``.
+Each member must then be the size its lookup found (an object that changed
+since, larger or smaller, is a cut before its header), and the bytes sent
+must add up to the length announced, or the answer is cut.
 
 Then the 200 goes out, chunked (unless its length was asked for), and each
-key in request order: its TAR header, its bytes, its padding. A key that could not be opened (missing,
-refused, its origin down) is left out and listed, at the end, in a
-``__bundle_errors.json`` entry (skip mode; written only when something was
-skipped). Once an object's header is out, its bytes must all follow: a
-failure mid-object (the origin gone for good, the object changed) cuts the
-connection (``objects.cut_short``: the log line and ``hoard_responses_cut_total``),
-as a GET's body is cut, so no client ever reads an entry with wrong bytes or
-a wrong length; without the last chunk (or short of the Content-Length)
-the client's HTTP layer reports the cut. In fail mode a key found missing mid-stream (deleted since the check)
-is such a failure too.
+key in request order: its TAR header, its bytes, its padding. A key that
+could not be opened (missing, refused, its origin down) is left out and
+listed, at the end, in a ``__bundle_errors.json`` entry (skip mode; written
+only when something was skipped). Once an object's header is out, its bytes
+must all follow: a failure mid-object (the origin gone for good, the object
+changed) cuts the connection (``objects.cut_short``: the log line and
+``hoard_responses_cut_total``), as a GET's body is cut, so no client ever
+reads an entry with wrong bytes or a wrong length; without the last chunk
+(or short of the Content-Length) the client's HTTP layer reports the cut. In
+fail mode a key found missing mid-stream (deleted since the check) is such a
+failure too.
 
 NOTE (departure from Tigris's docs): the ``x-tigris-bundle-count``,
 ``-bytes`` and ``-skipped`` trailers are not sent. aiohttp writes no chunked
