@@ -9,17 +9,18 @@ usable while the last is still on its way. The TAR is read by
 the archive's length (``X-Hoard-Bundle-Framing: length``): Hoard then sends
 it unframed with a Content-Length, read with no chunk decoding, and a body
 that ends short of it is an error here (``TarFormatError``, or
-``http.client.IncompleteRead`` from its tail), as a missing last chunk is. It needs no torch (the dataset
-in ``client/torch.py`` is built on it) and nothing Tigris ships: credentials,
-region and endpoint come from the chain ``boto3.client("s3")`` uses (botocore's
-session: arguments, environment, ``~/.aws``, ``AWS_ENDPOINT_URL``), the
-request is signed over the exact body bytes by the signer Hoard signs its
-origin requests with (``origins/s3_sign.py``: botocore's SigV4, its day's key
-derived once),
-and ``http.client`` carries it over the connections ``client/connections.py``
-keeps, per process: a client made before a ``fork`` (a ``DataLoader``'s
-workers) is used by each child with connections of its own, and its
-credentials, region and signer as the parent found them.
+``http.client.IncompleteRead`` from its tail), as a missing last chunk is.
+
+It needs no torch (the dataset in ``client/torch.py`` is built on it) and
+nothing Tigris ships: credentials, region and endpoint come from the chain
+``boto3.client("s3")`` uses (botocore's session: arguments, environment,
+``~/.aws``, ``AWS_ENDPOINT_URL``; or, given whole, as they are), the request
+is signed over the exact body bytes by the signer Hoard signs its origin
+requests with (``origins/s3_sign.py``: botocore's SigV4, its day's key
+derived once), and ``http.client`` carries it over the connections
+``client/connections.py`` keeps, per process: a client made before a
+``fork`` (a ``DataLoader``'s workers) is used by each child with connections
+of its own, and its credentials, region and signer as the parent found them.
 
 ``on_error`` is ``fail`` by default here (a key missing is ``BundleError``
 404 ``BundleKeyNotFound``, before any byte): a training sample that is not
