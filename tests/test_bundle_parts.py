@@ -74,11 +74,14 @@ def test_options_from_headers():
     headers = {"X-Tigris-Bundle-Format": "TAR", "X-Tigris-Bundle-Compression": "gzip",
                "X-Tigris-Bundle-On-Error": "fail"}  # fmt: skip
     assert request.options(headers) == request.Options("gzip", "fail")
+    framed = {"X-Tigris-Bundle-On-Error": "fail", "X-Hoard-Bundle-Framing": "Length"}
+    assert request.options(framed) == request.Options("none", "fail", "length")
     for name, value, code in [
         ("X-Tigris-Bundle-Format", "zip", Code.InvalidArgument),
         ("X-Tigris-Bundle-Compression", "lz4", Code.InvalidArgument),
         ("X-Tigris-Bundle-Compression", "zstd", Code.NotImplemented),
         ("X-Tigris-Bundle-On-Error", "ignore", Code.InvalidArgument),
+        ("X-Hoard-Bundle-Framing", "raw", Code.InvalidArgument),
     ]:
         with pytest.raises(S3Error) as caught:
             request.options({name: value})

@@ -19,6 +19,7 @@ from gateway.app.server import HIT_PATH
 from gateway.client.bundle import BundleClient, BundleError
 from gateway.s3.bundle.ahead import MAX_AHEAD
 from tests.conftest import seed
+from tests.harness import metric
 from tests.inprocess import threaded_app
 from tests.origin_proxy import Fault, FaultPlan, OriginProxy
 from tests.test_bundle import body_of, config
@@ -111,4 +112,22 @@ def test_fail_mode_knows_held_keys_without_the_origin(
             list(client.bundle(bucket, [*objects, "k/none"]))
         assert caught.value.code == "BundleKeyNotFound"
         assert reader.size_now(bucket, "k/none") is None  # a negative entry: not a size
+        client.close()
+
+
+def test_fail_mode_opens_held_keys_with_their_lookup(
+    tmp_path: Path, proxy: OriginProxy, bucket: str
+):
+    # The held keys of a warm batch are opened as they are looked up (``held_first``),
+    # and the stream sends what was opened: one metadata lookup a key, not two.
+    objects = _objects(bucket, "h", 20)
+    with threaded_app(tmp_path, config(proxy)) as hoard:
+        client = BundleClient(hoard.endpoint, **CREDENTIALS)
+        keys = [*objects, "h/003"]  # one asked twice
+        expected = [(key, objects[key]) for key in keys]
+        assert list(client.bundle(bucket, keys)) == expected  # cold
+        lookups = "hoard_metadata_lookups_total"
+        before = metric(hoard.endpoint, lookups)
+        assert list(client.bundle(bucket, keys)) == expected
+        assert metric(hoard.endpoint, lookups) - before == len(keys)
         client.close()

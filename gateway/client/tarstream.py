@@ -1,4 +1,4 @@
-"""A bundle's TAR read as it streams: ``(name, bytes)`` per member, in a few large reads.
+"""A bundle's TAR read as it streams: ``(name, bytes)`` per member, each in one exact read.
 
 Python's ``tarfile`` in stream mode (``r|``) reads a member as a ``TarInfo``
 (every field decoded and checked, through layers made for archives of any
@@ -7,15 +7,14 @@ call into the HTTP response, then the padding and the next header as reads
 of their own. For a batch of small objects that per-member work, not the
 bytes, is most of a client's CPU. A bundle's archive is simpler than what
 ``tarfile`` is built for: regular files, named, sized, back to back. So here
-a member is three slices of one buffer: its 512-byte header (name, size,
-type), its bytes, its padding to the next block.
+a member is two reads: its 512-byte header (with the previous member's
+padding before it), then exactly its bytes.
 
-The buffer is refilled with ``read1`` (whatever the connection has, up to
-``chunk`` bytes: a 64 KiB chunk of the answer holds a dozen 4 KiB members),
-so a member is never waited for past what it needs. A member's bytes that
-reach past the buffer by more than ``LARGE`` are read with one exact
-``read`` of the rest, straight from the response, not in pieces gathered
-and then copied out again.
+``read(n)`` is the HTTP response's: n bytes, fewer only where the answer
+ends. A member's bytes are the ``bytes`` that one call returns, filled by
+the connection with no copy in between (``http.client`` reads a large
+answer straight into the object it returns); small reads are served from
+the response's own buffer. A member is never waited for past what it needs.
 
 What is read: the ustar header (IEEE Std 1003.1-2001) with its ``prefix``
 field; a size in octal or in base-256 (GNU, for sizes past 8 GiB); pax
@@ -24,13 +23,15 @@ member that follows, global ones (``g``) skipped; GNU long names (``L``).
 Members of other types (directories, links) are skipped with their bytes;
 a regular file is ``0``, ``7`` or the old ``NUL`` (unless its name ends in
 ``/``, a directory). The archive ends at the first zero block: the second
-and whatever follows are the caller's to drain.
+and whatever follows are the caller's to drain. An archive that ends
+anywhere else (inside a header, inside a member, or between two members:
+a cut connection) is a ``TarFormatError``, never a shorter archive.
 
 Not read: v7 archives (no ``ustar`` magic: ``TarFormatError``), checksums
-(TCP and the chunked framing carry the bytes; the magic is checked so a
-reader that lost its place says so instead of inventing members), sparse
-files, pax ``hdrcharset`` (names are UTF-8, undecodable bytes kept as
-surrogates, as ``tarfile`` keeps them).
+(TCP and the HTTP framing carry the bytes; the magic is checked so a reader
+that lost its place says so instead of inventing members), sparse files, pax
+``hdrcharset`` (names are UTF-8, undecodable bytes kept as surrogates, as
+``tarfile`` keeps them).
 """
 
 from __future__ import annotations
@@ -38,86 +39,63 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 BLOCK = 512
-CHUNK = 256 * 1024  # most a buffer refill asks for
-LARGE = 16 * 1024  # a member's bytes past the buffer by more than this: one exact read
 _ZERO = bytes(BLOCK)
 _REGULAR = frozenset(b"07\0")
 _EXTENSIONS = frozenset(b"xgL")
 
 
 class TarFormatError(ValueError):
-    """The bytes are not a TAR this reader understands, or end mid-member."""
+    """The bytes are not a TAR this reader understands, or end mid-archive."""
 
 
 class TarStream:
-    """Members of one archive, read from ``read1`` (up to n bytes, whatever is there)
-    and ``read`` (exactly n bytes, fewer only at the end), as a response offers both."""
+    """Members of one archive, read with ``read`` (exactly n bytes, fewer only at
+    the end), as an HTTP response offers it."""
 
-    def __init__(self, read1: Callable[[int], bytes], read: Callable[[int], bytes],
-                 chunk: int = CHUNK) -> None:  # fmt: skip
-        self._read1 = read1
+    def __init__(self, read: Callable[[int], bytes]) -> None:
         self._read = read
-        self._chunk = chunk
-        self._buffer = b""
-        self._at = 0
 
     def __iter__(self) -> Iterator[tuple[str, bytes]]:
         extended: dict[str, str] = {}  # pax records for the next member
+        padding = 0  # the previous member's, read with the next header
         while True:
-            header = self._take(BLOCK)
+            header = self._header(padding)
             if header == _ZERO:
                 return
-            if len(header) < BLOCK:
-                raise TarFormatError("the archive ends inside a header")
             if header[257:262] != b"ustar":
                 raise TarFormatError("not a ustar header")
             size = _number(header[124:136])
             kind = header[156]
             if kind in _EXTENSIONS:
-                records = self._member(size)
+                records = self._exactly(size)
                 if kind == 0x78:  # 'x': for the next member only
                     extended.update(_pax(records))
                 elif kind == 0x4C:  # 'L': a GNU long name
                     extended["path"] = _text(records.split(b"\0", 1)[0])
+                padding = -size % BLOCK
                 continue
             name = extended.pop("path", None) or _name(header)
-            data = self._member(_number_text(extended.pop("size", None), size))
+            size = _number_text(extended.pop("size", None), size)
+            data = self._exactly(size)
+            padding = -size % BLOCK
             extended.clear()
             if kind in _REGULAR and not (kind == 0 and name.endswith("/")):
                 yield name, data
 
-    def _member(self, size: int) -> bytes:
-        """A member's ``size`` bytes, its padding skipped."""
-        data = self._take(size)
+    def _header(self, padding: int) -> bytes:
+        """The next header block, after ``padding`` bytes that are skipped."""
+        got = self._read(padding + BLOCK)
+        if len(got) < padding + BLOCK:
+            raise TarFormatError("the archive ends before its end (inside or before a header)")
+        return got[padding:] if padding else got
+
+    def _exactly(self, size: int) -> bytes:
+        if size == 0:
+            return b""
+        data = self._read(size)
         if len(data) < size:
             raise TarFormatError(f"the archive ends inside a member ({len(data)} of {size})")
-        padding = -size % BLOCK
-        if padding:
-            self._take(padding)  # checked by the next header's magic
         return data
-
-    def _take(self, count: int) -> bytes:
-        """The next ``count`` bytes (fewer only where the stream ends)."""
-        start = self._at
-        end = start + count
-        if end <= len(self._buffer):
-            self._at = end
-            return self._buffer[start:end]  # the whole buffer is itself, not a copy
-        rest = self._buffer[start:]
-        missing = count - len(rest)
-        if missing > LARGE:  # a large member: the rest in one read, not in pieces
-            self._buffer, self._at = b"", 0
-            return rest + self._read(missing)
-        parts = [rest]
-        while missing > 0:
-            got = self._read1(self._chunk)
-            if not got:
-                break
-            parts.append(got)
-            missing -= len(got)
-        self._buffer = b"".join(parts)
-        self._at = min(count, len(self._buffer))
-        return self._buffer[: self._at]
 
 
 def _number(field: bytes) -> int:

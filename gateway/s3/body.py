@@ -208,6 +208,38 @@ async def _flushed(transport: asyncio.Transport) -> None:
     raise ConnectionResetError("client is not reading")
 
 
+def socket_for_sendfile(transport: asyncio.BaseTransport | None) -> int | None:
+    """The descriptor ``sendfile`` may write to under ``transport``; None over TLS (the
+    bytes must pass through the encrypting transport) or without a socket."""
+    if transport is None or _tls(transport):
+        return None
+    sock = transport.get_extra_info("socket")
+    return None if sock is None else sock.fileno()
+
+
+def write_segment_now(
+    transport: asyncio.Transport, sockfd: int | None, segment: FileSegment
+) -> None:
+    """``segment`` on the connection without an await, in order after what is queued.
+
+    With ``sendfile`` as far as the socket takes it now, when nothing waits in the
+    transport's buffer before it; what the socket does not take (or all of it, over
+    TLS or behind queued bytes) is read with ``pread`` and queued on the transport,
+    which sends it as the client drains (the caller waits with ``drain`` when the
+    transport says so). For segments small enough to hold in memory for a moment: a
+    large one goes through ``BodySender.send``, which never reads it whole. The
+    segment's lease is the caller's to release.
+    """
+    sent = 0
+    if sockfd is not None and transport.get_write_buffer_size() == 0:
+        sent = sendfile_now(sockfd, segment.fd, segment.offset, segment.count)
+    if sent < segment.count:
+        rest = os.pread(segment.fd, segment.count - sent, segment.offset + sent)
+        if len(rest) != segment.count - sent:
+            raise OSError(f"block file ended {segment.count - sent - len(rest)} bytes early")
+        transport.write(rest)
+
+
 def sendfile_now(sockfd: int, fd: int, offset: int, count: int) -> int:
     """Send what the socket takes right now; return how much that was."""
     sent = 0

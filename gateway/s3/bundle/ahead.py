@@ -18,6 +18,12 @@ What the window holds is bounded by ``ahead``: held answers (the cache's own
 bytes, or a leased disk segment) and primed reads (their first piece). A
 client that stops reading stops the consumer, and so the window.
 
+In fail mode the held keys at the head of the list (up to the first that is not
+held whole, and no more than a window) are opened by the lookup itself
+(``held_first``): their held answers are the lookup, and the window starts
+with them, so a warm batch is looked up once a key, not twice, and sends the
+very versions it looked up.
+
 A key that cannot be opened becomes ``Skipped`` with the S3 code of why
 (``NoSuchKey``, ``AccessDenied``, ``ServiceUnavailable``...): nothing of it
 was sent, so skip mode lists it and goes on. Whatever is still in the window
@@ -33,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from gateway.core import errors
@@ -72,10 +78,13 @@ class Ahead:
     """``keys`` of ``bucket`` opened up to ``ahead`` at a time, handed out in order."""
 
     def __init__(self, reader: Reader, bucket: str, keys: list[str], may_warm: bool,
-                 before_wait: Callable[[], Awaitable[None]] | None = None) -> None:  # fmt: skip
+                 before_wait: Callable[[], Awaitable[None]] | None = None,
+                 first: Sequence[Held] = ()) -> None:  # fmt: skip
         """``may_warm``: whether the caller may warm ``bucket`` (its cold reads count for
         auto-warm, as its GETs' would); ``before_wait``: called before the consumer
-        waits for a key not yet open."""
+        waits for a key not yet open; ``first``: the first keys' held answers, opened
+        already (``held_first``), now this window's to send or release."""
+        self._first = first
         self._reader = reader
         self._may_warm = may_warm
         self._bucket = bucket
@@ -108,8 +117,9 @@ class Ahead:
     def _fill(self) -> None:
         while len(self._window) < self._ahead and self._next < len(self._keys):
             key = self._keys[self._next]
+            opened = self._first[self._next] if self._next < len(self._first) else None
             self._next += 1
-            self._window.append((key, self._start(key)))
+            self._window.append((key, opened or self._start(key)))
 
     def _start(self, key: str) -> _Slot:
         try:
@@ -146,8 +156,11 @@ class Ahead:
             return Skipped("InternalError")
 
     async def aclose(self) -> None:
-        """Cancel, close and release whatever the window still holds."""
+        """Cancel, close and release whatever the window still holds (and what of
+        ``first`` it did not take yet)."""
         window, self._window = self._window, deque()
+        window.extend((self._keys[i], self._first[i]) for i in range(self._next, len(self._first)))
+        self._next = len(self._keys)
         tasks = [slot for _, slot in window if isinstance(slot, asyncio.Task)]
         for task in tasks:
             task.cancel()
@@ -159,6 +172,27 @@ class Ahead:
                     continue
                 slot = slot.result()
             await close(slot)
+
+
+def held_first(reader: Reader, bucket: str, keys: list[str]) -> list[Held]:
+    """The held answers of ``keys``' first keys, in order, for as long as each one is
+    held whole and they fit one window (``MAX_AHEAD`` keys, ``BUDGET`` bytes): fail
+    mode's lookup of them, and then the stream's first window, without a second
+    lookup of each. The caller sends or releases them (``Ahead``'s ``first``, ``close``)."""
+    first: list[Held] = []
+    total = 0
+    for key in keys:
+        if len(first) >= MAX_AHEAD or total >= BUDGET:
+            break
+        try:
+            found = reader.held_now(bucket, key)
+        except errors.HoardError:
+            break  # looked up again by the caller, which says why
+        if not isinstance(found, tuple):
+            break
+        first.append(Held(*found))
+        total += first[-1].info.size
+    return first
 
 
 async def close(opened: Opened) -> None:

@@ -3,23 +3,31 @@
 Order of things: options from the headers (a bad one refused before the body
 is read), the body read whole under its 5 MiB limit and verified against the
 signed payload hash (``RequestBody``, as every body), the keys checked. In
-fail mode every key is then looked up as a read would (``Reader.block_refs``:
-a cold key's lookup is the GET of its first block, which fills it, so the
-stream that follows reads it from the cache), and a missing one is a 404
-``BundleKeyNotFound`` listing them all, before any byte; the count and bytes
-are then known, and go out as leading ``x-tigris-bundle-*`` headers.
+fail mode every key is then looked up as a read would (the held ones at the
+head of the list opened there and then, ``ahead.held_first``; a cold key's
+lookup, ``Reader.block_refs``, is the GET of its first block, which fills
+it, so the stream that follows reads it from the cache), and a missing one
+is a 404 ``BundleKeyNotFound`` listing them all, before any byte; the count
+and bytes are then known, and go out as leading ``x-tigris-bundle-*``
+headers. So is the archive's length (``tar.archive_length``): a client that
+asks for it (``X-Hoard-Bundle-Framing: length``, see ``request``) gets it as
+the Content-Length, and the body goes out unframed through ``LengthSink``.
+Each member must then be the size its lookup found (an object that changed
+since, larger or smaller, is a cut before its header), and the bytes sent
+must add up to the length announced, or the answer is cut.
 
-Then the 200 goes out, chunked, and each key in request order: its TAR
-header, its bytes, its padding. A key that could not be opened (missing,
-refused, its origin down) is left out and listed, at the end, in a
-``__bundle_errors.json`` entry (skip mode; written only when something was
-skipped). Once an object's header is out, its bytes must all follow: a
-failure mid-object (the origin gone for good, the object changed) cuts the
-connection (``objects.cut_short``: the log line and ``hoard_responses_cut_total``),
-as a GET's body is cut, so no client ever reads an entry with wrong bytes or
-a wrong length; without the last chunk the client's HTTP layer reports the
-cut. In fail mode a key found missing mid-stream (deleted since the check)
-is such a failure too.
+Then the 200 goes out, chunked (unless its length was asked for), and each
+key in request order: its TAR header, its bytes, its padding. A key that
+could not be opened (missing, refused, its origin down) is left out and
+listed, at the end, in a ``__bundle_errors.json`` entry (skip mode; written
+only when something was skipped). Once an object's header is out, its bytes
+must all follow: a failure mid-object (the origin gone for good, the object
+changed) cuts the connection (``objects.cut_short``: the log line and
+``hoard_responses_cut_total``), as a GET's body is cut, so no client ever
+reads an entry with wrong bytes or a wrong length; without the last chunk
+(or short of the Content-Length) the client's HTTP layer reports the cut. In
+fail mode a key found missing mid-stream (deleted since the check) is such a
+failure too.
 
 NOTE (departure from Tigris's docs): the ``x-tigris-bundle-count``,
 ``-bytes`` and ``-skipped`` trailers are not sent. aiohttp writes no chunked
@@ -33,6 +41,8 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
+from collections.abc import Awaitable
+from typing import TypeVar
 
 from aiohttp import web
 
@@ -42,13 +52,14 @@ from gateway.pieces import FileSegment
 from gateway.read.object_read import ObjectRead
 from gateway.s3.bundle import request as bundle_request
 from gateway.s3.bundle import tar
-from gateway.s3.bundle.ahead import MAX_AHEAD, Ahead, Held, Skipped, close
-from gateway.s3.bundle.sink import GzipSink, Sink
+from gateway.s3.bundle.ahead import MAX_AHEAD, Ahead, Held, Skipped, close, held_first
+from gateway.s3.bundle.sink import GzipSink, LengthSink, Sink
 from gateway.s3.call import Call
 from gateway.s3.chunked import RequestBody, read_whole
 from gateway.s3.errors import Code, S3Error
 from gateway.s3.objects import cut_short
 
+T = TypeVar("T")
 ERRORS_ENTRY = "__bundle_errors.json"
 _TYPES = {"none": "application/x-tar", "gzip": "application/gzip"}
 
@@ -70,25 +81,55 @@ async def bundle_objects(call: Call) -> web.StreamResponse:
     wanted = bundle_request.parse_keys(raw)
     call.request[keys.OBJECTS] = len(wanted)
     headers = {"Content-Type": _TYPES[options.compression]}
+    sizes, first = None, []
     if options.on_error == "fail":
-        headers.update(await _all_present(call, wanted))
+        first = held_first(call.reader, call.bucket, wanted)
+        sizes = await _released_unless(_all_present(call, wanted, first), first)
+        headers.update(_totals(wanted, sizes))
     response = web.StreamResponse(status=200, headers=headers)
-    response.enable_chunked_encoding()
-    writer = await response.prepare(call.request)
+    length, sink_type = _framing(options, wanted, sizes)
+    if length is None:
+        response.enable_chunked_encoding()
+    else:
+        response.content_length = length
+    writer = await _released_unless(response.prepare(call.request), first)
     assert writer is not None
-    sink = (GzipSink if options.compression == "gzip" else Sink)(call.request, writer, call.body)
-    await _stream(call, response, sink, wanted, strict=options.on_error == "fail")
+    sink = sink_type(call.request, writer, call.body)
+    ahead = Ahead(call.reader, call.bucket, wanted, call.may_warm, sink.flush, first)
+    await _stream(call, response, sink, ahead, sizes, length)
     return response
 
 
-async def _all_present(call: Call, wanted: list[str]) -> dict[str, str]:
-    """Fail mode: 404 ``BundleKeyNotFound`` unless every key is there; else the totals.
+async def _released_unless(step: Awaitable[T], first: list[Held]) -> T:
+    """``step``'s result; if it raises, the held answers ``first`` are released first."""
+    try:
+        return await step
+    except BaseException:
+        for held in first:
+            await close(held)
+        raise
 
-    A key whose metadata this worker holds is known there and then, without a task
-    (a warm batch is a loop); only the others are looked up as reads, ``MAX_AHEAD`` at once (a lookup holds no
-    bytes: a cold one fills the cache; the origin guard's limits apply underneath)."""
-    sizes: dict[str, int | None] = {}
-    for key in wanted:
+
+def _framing(options: bundle_request.Options, wanted: list[str],
+             sizes: dict[str, int] | None) -> tuple[int | None, type[Sink]]:  # fmt: skip
+    """The answer's Content-Length (None: chunked) and the sink that writes its body."""
+    if sizes is not None and options.compression == "none" and options.framing == "length":
+        return tar.archive_length((key, sizes[key]) for key in wanted), LengthSink
+    return None, GzipSink if options.compression == "gzip" else Sink
+
+
+async def _all_present(call: Call, wanted: list[str], first: list[Held]) -> dict[str, int]:
+    """Fail mode: 404 ``BundleKeyNotFound`` unless every key is there; else their sizes.
+
+    The keys of ``first`` were opened already (held whole: ``held_first``); a key whose
+    metadata this worker holds is known there and then, without a task (a warm batch
+    is a loop); only the others are looked up as reads, ``MAX_AHEAD`` at once (a lookup
+    holds no bytes: a cold one fills the cache; the origin guard's limits apply
+    underneath)."""
+    sizes: dict[str, int | None] = {
+        key: held.info.size for key, held in zip(wanted[: len(first)], first, strict=True)
+    }
+    for key in wanted[len(first) :]:
         if key not in sizes:
             sizes[key] = call.reader.size_now(call.bucket, key)
     unknown = [key for key, size in sizes.items() if size is None]
@@ -107,32 +148,39 @@ async def _all_present(call: Call, wanted: list[str]) -> dict[str, str]:
     missing = [key for key, size in sizes.items() if size is None]
     if missing:
         raise S3Error(Code.BundleKeyNotFound, fields={"MissingKeys": missing})
-    total = sum(sizes[key] or 0 for key in wanted)
+    return {key: size for key, size in sizes.items() if size is not None}
+
+
+def _totals(wanted: list[str], sizes: dict[str, int]) -> dict[str, str]:
+    total = sum(sizes[key] for key in wanted)
     return {"x-tigris-bundle-count": str(len(wanted)), "x-tigris-bundle-bytes": str(total),
             "x-tigris-bundle-skipped": "0"}  # fmt: skip
 
 
-async def _stream(
-    call: Call, response: web.StreamResponse, sink: Sink, wanted: list[str], strict: bool
-) -> None:
+async def _stream(call: Call, response: web.StreamResponse, sink: Sink, ahead: Ahead,
+                  sizes: dict[str, int] | None, length: int | None) -> None:  # fmt: skip
+    """The archive, in ``ahead``'s order; ``sizes``: fail mode's (each member must match
+    its lookup), ``length``: the Content-Length sent (the bytes sent must add up to it)."""
     served: Counter[str] = Counter()
     skipped: list[dict[str, str]] = []
     count = size = 0
-    ahead = Ahead(call.reader, call.bucket, wanted, call.may_warm, sink.flush)
     try:
         async for key, opened in ahead:
             if isinstance(opened, Skipped):
-                if strict:
+                if sizes is not None:
                     raise _Broken(f"{key!r} is gone since it was checked: {opened.reason}")
                 skipped.append({"key": key, "reason": opened.reason})
                 continue
-            size += await _entry(sink, key, opened, served)
+            expected = None if sizes is None else sizes[key]
+            size += await _entry(sink, key, opened, served, expected)
             count += 1
         if skipped:
             data = json.dumps({"skipped": skipped}).encode()
             await sink.write(tar.member(ERRORS_ENTRY, len(data), 0) + data + tar.padding(len(data)))
         await sink.write(tar.END)
         await sink.finish()
+        if length is not None and sink.sent != length:
+            raise _Broken(f"{sink.sent} bytes sent of the {length} announced")
         await response.write_eof()
     except Exception as exc:
         cut_short(call, exc, sink.sent, None)
@@ -144,17 +192,20 @@ async def _stream(
         call.reader.metrics.bundle(count, len(skipped), size)
 
 
-async def _entry(sink: Sink, key: str, opened: Held | ObjectRead, served: Counter[str]) -> int:
-    """One object's member: header, bytes (all of them, or ``_Broken``), padding."""
+async def _entry(sink: Sink, key: str, opened: Held | ObjectRead, served: Counter[str],
+                 expected: int | None) -> int:  # fmt: skip
+    """One object's member: header, bytes (all of them, or ``_Broken``), padding.
+    ``expected``: the size fail mode's lookup found (and announced); another is a cut."""
     try:
+        length = opened.info.size if isinstance(opened, Held) else opened.length
+        if expected is not None and length != expected:
+            raise errors.OriginChanged(f"{key!r} is {length} bytes, {expected} when looked up")
         if isinstance(opened, Held):
-            length = opened.info.size
             await sink.write(tar.member(key, length, _mtime(opened)))
             piece, opened.piece = opened.piece, b""  # the sink releases a segment it sends
             await sink.piece(piece)
             served[opened.tier] += length
         else:
-            length = opened.length
             await sink.write(tar.member(key, length, _mtime(opened)))
             done = 0
             async for piece in opened.chunks():  # an origin failure here cuts the answer

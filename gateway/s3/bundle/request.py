@@ -22,6 +22,18 @@ hand-made ``curl`` works), ``X-Tigris-Bundle-Compression`` (``none``,
 ``gzip``; ``zstd`` is 501 NotImplemented: see the package essay) and
 ``X-Tigris-Bundle-On-Error`` (``skip``, the default, or ``fail``). Each bad
 value is a 400 naming its header; nothing here reaches an origin.
+
+One option is Hoard's own: ``X-Hoard-Bundle-Framing: length`` (default
+``chunked``) asks that a fail-mode archive without compression, whose length
+is known before its first byte, be sent with a Content-Length instead of
+chunked: the client reads it in large exact reads, and the server sends a disk
+segment with no chunk framing around it. Only a client that asks gets it,
+because it must treat a body shorter than its Content-Length as a failure:
+that is all a cut leaves then. Tigris's client does not (botocore reads with
+``enforce_content_length=False``, and ``tarfile`` ends quietly at a member
+boundary), so it keeps the chunked answer, whose missing last chunk its HTTP
+layer reports. A server that does not know the header answers chunked, which
+the asking client reads too.
 """
 
 from __future__ import annotations
@@ -42,9 +54,11 @@ MAX_KEY_BYTES = 1024  # S3: a key's length in UTF-8
 FORMAT = "X-Tigris-Bundle-Format"
 COMPRESSION = "X-Tigris-Bundle-Compression"
 ON_ERROR = "X-Tigris-Bundle-On-Error"
+FRAMING = "X-Hoard-Bundle-Framing"
 
 Compression = Literal["none", "gzip"]
 OnError = Literal["skip", "fail"]
+Framing = Literal["chunked", "length"]
 
 _CONTROL = re.compile("[\x00-\x1f\x7f]")
 
@@ -53,6 +67,7 @@ _CONTROL = re.compile("[\x00-\x1f\x7f]")
 class Options:
     compression: Compression = "none"
     on_error: OnError = "skip"
+    framing: Framing = "chunked"
 
 
 def options(headers: Mapping[str, str]) -> Options:
@@ -68,7 +83,10 @@ def options(headers: Mapping[str, str]) -> Options:
     on_error = _value(headers, ON_ERROR, "skip")
     if on_error not in ("skip", "fail"):
         raise _bad(ON_ERROR, f"{ON_ERROR} must be skip or fail.")
-    return Options(compression, on_error)  # type: ignore[arg-type]
+    framing = _value(headers, FRAMING, "chunked")
+    if framing not in ("chunked", "length"):
+        raise _bad(FRAMING, f"{FRAMING} must be chunked or length.")
+    return Options(compression, on_error, framing)  # type: ignore[arg-type]
 
 
 def _value(headers: Mapping[str, str], name: str, default: str) -> str:

@@ -24,6 +24,8 @@ here knows about HTTP or objects: names, sizes and times in, bytes out.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 BLOCK = 512
 END = bytes(2 * BLOCK)  # end of archive: two zero blocks
 _MAX_OCTAL = 8**11 - 1  # what a 12-byte ustar number field holds (size, mtime)
@@ -43,6 +45,8 @@ _TEMPLATE_BYTES = bytes(_TEMPLATE)
 # The checksum is the sum of the header's bytes: the template's (zeros where name, size,
 # mtime and typeflag go), plus those fields' own, summed per member (not all 512 bytes).
 _TEMPLATE_SUM = sum(_TEMPLATE_BYTES)
+_MODES = _TEMPLATE_BYTES[100:124]  # mode, uid, gid: between the name and the size
+_TAIL = _TEMPLATE_BYTES[157:]  # after the typeflag: magic, version, devices, zeros
 
 
 def member(name: str, size: int, mtime: int) -> bytes:
@@ -66,19 +70,31 @@ def member(name: str, size: int, mtime: int) -> bytes:
     )
 
 
+def archive_length(members: Iterable[tuple[str, int]]) -> int:
+    """The bytes of an archive of regular files ``(name, size)``, END included: what
+    ``member``, the data and ``padding`` of each, then ``END``, add up to."""
+    return len(END) + sum(_header_length(name, size) + size + (-size % BLOCK)
+                          for name, size in members)  # fmt: skip
+
+
+def _header_length(name: str, size: int) -> int:
+    """``len(member(name, size, mtime))``, whatever the mtime: one block, unless pax."""
+    if size <= _MAX_OCTAL and len(name) <= 100 and name.isascii():
+        return BLOCK
+    return len(member(name, size, 0))
+
+
 def padding(size: int) -> bytes:
     """Zero bytes from the end of ``size`` bytes of data to the next block boundary."""
     return bytes(-size % BLOCK)
 
 
 def _header(name: bytes, size: int, mtime: int, typeflag: bytes) -> bytes:
-    block = bytearray(_TEMPLATE_BYTES)
-    block[0 : len(name)] = name
     numbers = b"%011o\0%011o\0" % (size, mtime)
-    block[124:148] = numbers
-    block[156:157] = typeflag
-    block[148:156] = b"%06o\0 " % (_TEMPLATE_SUM + sum(name) + sum(numbers) + typeflag[0])
-    return bytes(block)
+    checksum = b"%06o\0 " % (_TEMPLATE_SUM + sum(name) + sum(numbers) + typeflag[0])
+    # The template's fixed parts around the fields, joined once (not a 512-byte copy
+    # patched field by field: about half the time a header took).
+    return b"".join((name.ljust(100, b"\0"), _MODES, numbers, checksum, typeflag, _TAIL))
 
 
 def _record(keyword: str, value: bytes) -> bytes:
