@@ -54,6 +54,7 @@ from aiohttp.streams import EMPTY_PAYLOAD
 from aiohttp.web_protocol import RequestHandler
 
 from gateway.core.heads import bodiless_heads, parse_head
+from gateway.s3.body import socket_for_sendfile
 
 log = logging.getLogger(__name__)
 
@@ -111,9 +112,7 @@ class HitConnection(RequestHandler):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        if transport.get_extra_info("sslcontext") is None:  # TLS: bytes through the transport
-            sock = transport.get_extra_info("socket")
-            self._sockfd = sock.fileno() if sock is not None else None
+        self._sockfd = socket_for_sendfile(transport)  # None over TLS
 
     def data_received(self, data: bytes) -> None:
         waiter = self._waiter

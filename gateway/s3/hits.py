@@ -62,7 +62,6 @@ import asyncio
 import dataclasses
 import functools
 import logging
-import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -81,7 +80,7 @@ from gateway.origins.base import ObjectInfo
 from gateway.pieces import FileSegment, Piece
 from gateway.read.reader import Reader
 from gateway.s3.auth import Principal
-from gateway.s3.body import BodySender, sendfile_now
+from gateway.s3.body import BodySender, write_segment_now
 from gateway.s3.call import Call
 from gateway.s3.errors import S3Error
 from gateway.s3.front import S3Front
@@ -426,20 +425,10 @@ def _plain_message(message: RawRequestMessage | Head) -> str | None:
 def _write_segment(
     transport: asyncio.Transport, sockfd: int | None, head: bytes, segment: FileSegment
 ) -> None:
-    """Headers, then the record with ``sendfile`` as far as the socket takes it now; what it
-    does not take (or everything, over TLS or behind bytes still queued) is read with
-    ``pread`` and queued on the transport, in order."""
-    sent = 0
-    if sockfd is not None and transport.get_write_buffer_size() == 0:
-        transport.write(head)
-        if transport.get_write_buffer_size() == 0:  # the headers are on the socket
-            sent = sendfile_now(sockfd, segment.fd, segment.offset, segment.count)
-        head = b""
-    if sent < segment.count:
-        rest = os.pread(segment.fd, segment.count - sent, segment.offset + sent)
-        if len(rest) != segment.count - sent:
-            raise OSError(f"block file ended {segment.count - sent - len(rest)} bytes early")
-        transport.writelines((head, rest))
+    """Headers, then the record (``body.write_segment_now``: sendfile as far as the socket
+    takes it now, the rest read and queued, in order)."""
+    transport.write(head)
+    write_segment_now(transport, sockfd, segment)
 
 
 def _cut(
