@@ -12,6 +12,7 @@ framing, never a member with other bytes.
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import socket
@@ -144,3 +145,51 @@ def _cut_answer(port: int, bucket: str, keys: list[str], framing: str) -> bytes:
         while piece := answer.read(4096):
             got += piece
     return bytes(got)
+
+
+def _dechunked(body: bytes) -> tuple[bytes, dict[str, str], bytes]:
+    """A chunked body decoded (RFC 9112 §7.1): its data, its trailer fields, what follows."""
+    data, at = bytearray(), 0
+    while True:
+        line_end = body.index(b"\r\n", at)
+        size = int(body[at:line_end].split(b";")[0], 16)
+        at = line_end + 2
+        if size == 0:
+            break
+        data += body[at : at + size]
+        assert body[at + size : at + size + 2] == b"\r\n"
+        at += size + 2
+    end = body.index(b"\r\n\r\n", at - 2) + 4  # the trailer section, up to its blank line
+    fields = body[at : end - 2].decode().split("\r\n")
+    trailers = {k.lower(): v for k, _, v in (f.partition(": ") for f in fields if f)}
+    return bytes(data), trailers, body[end:]
+
+
+@pytest.mark.parametrize("options", [{}, {"X-Tigris-Bundle-On-Error": "fail"},
+                                     {"X-Tigris-Bundle-Compression": "gzip"}])  # fmt: skip
+def test_a_chunked_answer_ends_with_the_totals_as_trailers(
+    tmp_path: Path, proxy: OriginProxy, bucket: str, data: dict[str, bytes], options: dict
+):
+    """The members sent, their object bytes and the keys skipped, as Tigris documents them:
+    trailers announced in a ``Trailer`` header, after the last chunk; nothing after them."""
+    keys = ["img/001.jpg", "empty", "big/multi.bin", "img/001.jpg"]
+    if not options:
+        keys.append("not/there")  # skip mode: left out, listed, counted
+    with threaded_app(tmp_path, config(proxy)) as hoard:
+        headers, body = _raw_bundle(hoard.port, bucket, keys, **options)
+    assert headers["transfer-encoding"] == "chunked"
+    assert (
+        headers["trailer"]
+        == "x-tigris-bundle-count, x-tigris-bundle-bytes, x-tigris-bundle-skipped"
+    )
+    archive, trailers, rest = _dechunked(body)
+    assert rest == b""
+    if options.get("X-Tigris-Bundle-Compression") == "gzip":
+        archive = gzip.decompress(archive)
+    sent = [key for key in keys if key in data]
+    assert [name for name, _ in _members(archive)] == sent + (
+        ["__bundle_errors.json"] if not options else []
+    )
+    assert trailers == {"x-tigris-bundle-count": str(len(sent)),
+                        "x-tigris-bundle-bytes": str(sum(len(data[key]) for key in sent)),
+                        "x-tigris-bundle-skipped": "0" if options else "1"}  # fmt: skip

@@ -29,11 +29,13 @@ reads an entry with wrong bytes or a wrong length; without the last chunk
 fail mode a key found missing mid-stream (deleted since the check) is such a
 failure too.
 
-NOTE (departure from Tigris's docs): the ``x-tigris-bundle-count``,
-``-bytes`` and ``-skipped`` trailers are not sent. aiohttp writes no chunked
-trailers, and the one client of the dialect (``tigris-boto3-ext``, over
-urllib3) discards trailers unread; its ``object_count`` & co. read leading
-headers, which this sends in fail mode, where the values are known first.
+A chunked answer ends with the ``x-tigris-bundle-count``, ``-bytes`` and
+``-skipped`` trailers Tigris documents (announced in a ``Trailer`` header):
+the members sent, their object bytes and the keys skipped, known only at the
+end. aiohttp writes no trailers, so the last chunk and the trailer section are
+written here (``_end_with_trailers``). Fail mode also sends the three counts as
+leading headers, where they are known first: the one client of the dialect
+(``tigris-boto3-ext``, over urllib3) reads those, and discards trailers unread.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from collections.abc import Awaitable
 from typing import TypeVar
 
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
 
 from gateway.core import errors
 from gateway.obs import request_keys as keys
@@ -86,8 +89,10 @@ async def bundle_objects(call: Call) -> web.StreamResponse:
         first = held_first(call.reader, call.bucket, wanted)
         sizes = await _released_unless(_all_present(call, wanted, first), first)
         headers.update(_totals(wanted, sizes))
-    response = web.StreamResponse(status=200, headers=headers)
     length, sink_type = _framing(options, wanted, sizes)
+    if length is None:
+        headers["Trailer"] = ", ".join(TRAILERS)
+    response = web.StreamResponse(status=200, headers=headers)
     if length is None:
         response.enable_chunked_encoding()
     else:
@@ -96,7 +101,7 @@ async def bundle_objects(call: Call) -> web.StreamResponse:
     assert writer is not None
     sink = sink_type(call.request, writer, call.body)
     ahead = Ahead(call.reader, call.bucket, wanted, call.may_warm, sink.flush, first)
-    await _stream(call, response, sink, ahead, sizes, length)
+    await _stream(call, response, writer, sink, ahead, sizes, length)
     return response
 
 
@@ -151,14 +156,18 @@ async def _all_present(call: Call, wanted: list[str], first: list[Held]) -> dict
     return {key: size for key, size in sizes.items() if size is not None}
 
 
+TRAILERS = ("x-tigris-bundle-count", "x-tigris-bundle-bytes", "x-tigris-bundle-skipped")
+
+
 def _totals(wanted: list[str], sizes: dict[str, int]) -> dict[str, str]:
     total = sum(sizes[key] for key in wanted)
     return {"x-tigris-bundle-count": str(len(wanted)), "x-tigris-bundle-bytes": str(total),
             "x-tigris-bundle-skipped": "0"}  # fmt: skip
 
 
-async def _stream(call: Call, response: web.StreamResponse, sink: Sink, ahead: Ahead,
-                  sizes: dict[str, int] | None, length: int | None) -> None:  # fmt: skip
+async def _stream(call: Call, response: web.StreamResponse, writer: AbstractStreamWriter,
+                  sink: Sink, ahead: Ahead, sizes: dict[str, int] | None,
+                  length: int | None) -> None:  # fmt: skip
     """The archive, in ``ahead``'s order; ``sizes``: fail mode's (each member must match
     its lookup), ``length``: the Content-Length sent (the bytes sent must add up to it)."""
     served: Counter[str] = Counter()
@@ -181,6 +190,8 @@ async def _stream(call: Call, response: web.StreamResponse, sink: Sink, ahead: A
         await sink.finish()
         if length is not None and sink.sent != length:
             raise _Broken(f"{sink.sent} bytes sent of the {length} announced")
+        if length is None:
+            await _end_with_trailers(call, writer, (count, size, len(skipped)))
         await response.write_eof()
     except Exception as exc:
         cut_short(call, exc, sink.sent, None)
@@ -190,6 +201,22 @@ async def _stream(call: Call, response: web.StreamResponse, sink: Sink, ahead: A
         call.request[keys.SERVED] = served
         call.request[keys.SOURCE] = "+".join(sorted(t for t, n in served.items() if n)) or "-"
         call.reader.metrics.bundle(count, len(skipped), size)
+
+
+async def _end_with_trailers(
+    call: Call, writer: AbstractStreamWriter, totals: tuple[int, int, int]
+) -> None:
+    """The chunked answer's last chunk and its trailer section (RFC 9112 §7.1.2): the
+    members sent, their object bytes, the keys skipped. Written on the transport after
+    every chunk (the sink is finished), then the writer is told the body is framed, so
+    ``write_eof`` ends the answer without a last chunk of its own."""
+    transport = call.request.transport
+    if transport is None or transport.is_closing():
+        raise ConnectionResetError("the client went before the archive's end")
+    fields = "".join(f"{name}: {value}\r\n" for name, value in zip(TRAILERS, totals, strict=True))
+    transport.write(f"0\r\n{fields}\r\n".encode())
+    writer.chunked = False  # type: ignore[attr-defined]  # aiohttp 3.14's StreamWriter
+    await writer.drain()
 
 
 async def _entry(sink: Sink, key: str, opened: Held | ObjectRead, served: Counter[str],
