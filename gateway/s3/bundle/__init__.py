@@ -28,6 +28,8 @@ from either; ``zstandard`` is a compiled dependency whose streaming frames
 Tigris's own integration test cannot read (no content size in the frame
 header). Python 3.14's ``compression.zstd`` would make it free to add.
 
-Not guaranteed: the ``x-tigris-bundle-*`` totals as trailers (see
-``operation``); a ``__bundle_errors.json`` entry when nothing was skipped.
+The ``x-tigris-bundle-*`` totals end every chunked answer as trailers (written
+by ``operation``, as aiohttp writes none), and lead a fail-mode answer as
+headers. Not guaranteed: a ``__bundle_errors.json`` entry when nothing was
+skipped.
 """
