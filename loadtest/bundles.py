@@ -6,10 +6,10 @@ Readers, each against a fresh (cold) Hoard, same origin, same run:
 - ``s3torch``: s3torchconnector's ``S3MapDataset`` (a GET per sample) in a
   ``DataLoader`` (``--loader-workers`` workers, batch ``--loader-batch``), when
   ``s3torchconnector`` and torch are installed;
-- ``s3torch-nginx``: the same loader through nginx as an S3 caching proxy
-  (``targets.Nginx``, ``nginx-cache.conf``; as many nginx workers as CPUs,
-  where Hoard runs one worker: the ratio is the conservative one); its
-  "Hoard CPU" column is nginx's;
+- ``s3torch-nginx`` and ``boto3-nginx``: the same readers through nginx as an S3
+  caching proxy (``targets.Nginx``, ``nginx-cache.conf``; as many nginx workers
+  as CPUs, where Hoard runs one worker: the ratio is the conservative one);
+  their "Hoard CPU" column is nginx's;
 - ``bundle-loader``: ``gateway.client.torch.BundleDataset`` in the same
   ``DataLoader`` (each batch one ``POST ?bundle``);
 - ``bundle-250``: ``gateway.client.bundle`` in this process, ``--bundle`` keys a request;
@@ -48,7 +48,8 @@ from loadtest.procs import Pinning, cpu_seconds, stop_process, tree
 from loadtest.smallobjects import BUCKET, seed, start_hoard
 from loadtest.targets import HOARD_KEY, HOARD_SECRET, Context, Nginx
 
-READERS = ("direct", "boto3", "s3torch", "s3torch-nginx", "bundle-loader", "bundle-250")
+READERS = ("direct", "boto3", "boto3-nginx", "s3torch", "s3torch-nginx", "bundle-loader",
+           "bundle-250")  # fmt: skip
 
 
 def _boto3_epoch(endpoint: str, keys: list[str], creds: tuple[str, str], threads: int) -> None:
@@ -115,11 +116,12 @@ def _bundle_epoch(endpoint: str, keys: list[str], size: int) -> None:
 def _epoch(
     reader: str, endpoint: str, keys: list[str], args: argparse.Namespace
 ) -> Callable[[], None]:
-    at_origin = reader in ("direct", "s3torch-nginx")  # nginx passes the origin's signatures on
+    at_origin = reader == "direct" or reader.endswith("-nginx")  # nginx passes signatures on
     creds = (ORIGIN_KEY, ORIGIN_SECRET) if at_origin else (HOARD_KEY, HOARD_SECRET)
     return {
         "direct": lambda: _boto3_epoch(endpoint, keys, creds, args.threads),
         "boto3": lambda: _boto3_epoch(endpoint, keys, creds, args.threads),
+        "boto3-nginx": lambda: _boto3_epoch(endpoint, keys, creds, args.threads),
         "s3torch": lambda: _s3torch_epoch(endpoint, keys, creds, args),
         "s3torch-nginx": lambda: _s3torch_epoch(endpoint, keys, creds, args),
         "bundle-loader": lambda: _bundle_loader_epoch(endpoint, keys, args),
@@ -131,7 +133,7 @@ def measure(reader: str, origin: Origin, keys: list[str], args: argparse.Namespa
             workdir: Path) -> dict[str, Any]:  # fmt: skip
     """A cold and a warm epoch of ``reader`` (a fresh Hoard, or nginx, unless ``direct``)."""
     proc, nginx, endpoint = None, None, origin.endpoint
-    if reader == "s3torch-nginx":
+    if reader.endswith("-nginx"):
         ctx = Context(origin.endpoint, SimpleNamespace(local_root=workdir),  # type: ignore[arg-type]
                       workdir, Pinning(enabled=False), 1 << 30)  # fmt: skip
         nginx = Nginx("nginx", ctx)
@@ -188,7 +190,7 @@ def _client_cpu() -> float:
 
 
 def _available(reader: str) -> bool:
-    if reader == "s3torch-nginx" and shutil.which("nginx") is None:
+    if reader.endswith("-nginx") and shutil.which("nginx") is None:
         return False
     if reader not in ("s3torch", "s3torch-nginx", "bundle-loader"):
         return True

@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import boto3
 import pytest
 
 from tests.conftest import moto_origin
@@ -178,11 +179,13 @@ def test_a_single_range_is_a_hit_answered_as_the_general_path_answers_it(
     node, proxy, seeded
 ) -> None:
     """Each range from memory and from disk (sendfile at an offset), against the general
-    path's answer to the same range (``x-amz-checksum-mode: DISABLED`` sends it there
-    and changes nothing in the answer)."""
+    path's answer to the same range (an ``If-Match`` of the object's own ETag sends it
+    there and changes nothing in the answer)."""
     for name, body, tier in (("small.bin", SMALL, "memory"), ("medium.bin", MEDIUM, "disk")):
         target, size = f"/{seeded}/{name}", len(body)
-        assert _miss(node, target, tier).status == 200
+        missed = _miss(node, target, tier)
+        assert missed.status == 200
+        etag = missed.headers["ETag"]
         gets = proxy.counts["GetObject"]
         wanted = {
             "bytes=0-8388607": (206, body),  # what s3torchconnector and DLIO ask
@@ -194,7 +197,7 @@ def test_a_single_range_is_a_hit_answered_as_the_general_path_answers_it(
         }
         for value, (status, part) in wanted.items():
             hits = _hits(node, tier)
-            general = _get(node, target, {"Range": value, "x-amz-checksum-mode": "DISABLED"})
+            general = _get(node, target, {"Range": value, "If-Match": etag})
             assert _hits(node, tier) == hits, value  # the general path's answer
             hit = _get(node, target, {"Range": value})
             assert (hit.status, hit.body) == (status, part), value
@@ -315,3 +318,33 @@ def test_disk_tier_hits_take_the_hit_path_with_sendfile(tmp_path, proxy, seeded)
         assert proxy.counts["GetObject"] == gets
     finally:
         assert disk_only.stop() == 0
+
+
+def test_a_hit_asked_for_checksums_answers_as_the_general_path_did(
+    node, proxy, origin_client, seeded
+) -> None:
+    """boto3 >= 1.36 asks for checksums (``x-amz-checksum-mode: ENABLED``) on every
+    GetObject: a hit answers with the object's checksums as the general path does (none
+    on a range), and a default boto3 client, validating them, reads it through hits."""
+    origin_client.put_object(Bucket=seeded, Key="summed.bin", Body=SMALL,
+                             ChecksumAlgorithm="SHA256")  # fmt: skip
+    target, asked = f"/{seeded}/summed.bin", {"x-amz-checksum-mode": "ENABLED"}
+    general = _get(node, target, asked)  # a miss: the general path answers
+    assert general.status == 200 and "x-amz-checksum-sha256" in general.headers
+    deadline = time.monotonic() + 30
+    while metric(node.endpoint, 'hoard_cache_bytes{tier="memory"}') < len(SMALL):
+        assert time.monotonic() < deadline, "the block never landed in memory"
+        time.sleep(0.01)  # polling the event itself (the gauge), not waiting in its place
+    hits = _hits(node, "memory")
+    _same_answer(general, _get(node, target, asked))
+    plain = _get(node, target)
+    assert "x-amz-checksum-sha256" not in plain.headers  # not asked: none, as before
+    ranged = _get(node, target, {**asked, "Range": "bytes=0-99"})
+    assert ranged.status == 206 and "x-amz-checksum-sha256" not in ranged.headers
+    assert _hits(node, "memory") == hits + 3
+
+    client = boto3.client("s3", endpoint_url=node.endpoint, region_name="us-east-1",
+                          aws_access_key_id="test-access",
+                          aws_secret_access_key="test-secret-key")  # fmt: skip
+    assert client.get_object(Bucket=seeded, Key="summed.bin")["Body"].read() == SMALL
+    assert _hits(node, "memory") == hits + 4

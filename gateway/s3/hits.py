@@ -25,7 +25,7 @@ it does not take goes to the general path untouched, which then answers as if
 the hit path did not exist: anything but a GET over HTTP/1.1 with
 keep-alive (HEAD too: it reads no block, and the general path answers it
 from metadata alone); a range past the end (the general path's 416),
-conditionals (``If-*``), ``x-amz-checksum-mode``, ``Expect``, ``response-*``
+conditionals (``If-*``), ``Expect``, ``response-*``
 overrides; a browser's request (``Origin``: its answer carries the bucket's CORS
 headers, which the general path finds, ``cors.py``; a request without it pays
 nothing for this, the header is one more name in the set each is looked up in);
@@ -92,7 +92,7 @@ log = logging.getLogger(__name__)
 # A request carrying any of these is answered by the general path.
 _GENERAL_HEADERS = (
     "If-Match", "If-None-Match", "If-Modified-Since", "If-Unmodified-Since",
-    "x-amz-checksum-mode", "x-amz-copy-source", "Expect", "Origin",
+    "x-amz-copy-source", "Expect", "Origin",
 )  # fmt: skip
 _GENERAL_LOWER = frozenset(name.lower() for name in (*_GENERAL_HEADERS, "Content-Length"))
 _HEADER_BLOCKS = 16_384  # objects whose rendered header block is kept
@@ -142,9 +142,10 @@ class HitPath:
         self._body = body
         self._new_id = new_id
         self._account = account
-        # (bucket, key) -> the metadata it was rendered from, its whole answer's status
-        # line and headers, its own headers alone (for a range), whether they hold a Date
-        self._blocks: OrderedDict[tuple[str, str], tuple[ObjectInfo, bytes, bytes, bool]] = (
+        # (bucket, key, with checksums) -> the metadata it was rendered from, its whole
+        # answer's status line and headers, its own headers alone (for a range), whether
+        # they hold a Date
+        self._blocks: OrderedDict[tuple[str, str, bool], tuple[ObjectInfo, bytes, bytes, bool]] = (
             OrderedDict()
         )
         self._date = (0, "")
@@ -302,7 +303,9 @@ class HitPath:
         """The status line and headers of the answer (of ``span`` of the object; None: all
         of it); None if they cannot be sent as they are (the general path refuses them as
         it always did) or the client is gone. The caller still holds the body."""
-        rendered = self._rendered(bucket, key, info)
+        # S3 sends the whole object's checksums when asked, never on a range (objects.py).
+        checksums = span is None and _asks_checksums(request.headers)
+        rendered = self._rendered(bucket, key, info, checksums)
         if rendered is None or transport.is_closing():
             return None
         whole, own, dated = rendered
@@ -320,22 +323,23 @@ class HitPath:
         return block + tail
 
     def _rendered(
-        self, bucket: str, key: str, info: ObjectInfo
+        self, bucket: str, key: str, info: ObjectInfo, checksums: bool = False
     ) -> tuple[bytes, bytes, bool] | None:
-        """``info``'s whole answer's status line and headers up to the per-request ones,
-        its own headers alone, and whether they hold a ``Date`` of the origin's (then
-        kept, as aiohttp keeps a handler's)."""
-        kept = self._blocks.get((bucket, key))
+        """``info``'s whole answer's status line and headers up to the per-request ones
+        (with its checksums if ``checksums``), its own headers alone, and whether they
+        hold a ``Date`` of the origin's (then kept, as aiohttp keeps a handler's)."""
+        name = (bucket, key, checksums)
+        kept = self._blocks.get(name)
         # Metadata held packed is unpacked anew when read again: equal is as good as same.
         if kept is not None and (kept[0] is info or kept[0] == info):
-            self._blocks.move_to_end((bucket, key))
+            self._blocks.move_to_end(name)
             return kept[1], kept[2], kept[3]
-        rendered = _render(info)
+        rendered = _render(info, checksums)
         if rendered is None:
             return None
         own, dated = rendered
         whole = b"".join((_OK, own, f"Content-Length: {info.size}\r\n".encode()))
-        self._blocks[(bucket, key)] = (info, whole, own, dated)
+        self._blocks[name] = (info, whole, own, dated)
         if len(self._blocks) > _HEADER_BLOCKS:
             self._blocks.popitem(last=False)
         return whole, own, dated
@@ -348,13 +352,19 @@ class HitPath:
         return self._date[1]
 
 
-def _render(info: ObjectInfo) -> tuple[bytes, bool] | None:
+def _asks_checksums(headers: Any) -> bool:
+    """``x-amz-checksum-mode: ENABLED`` (boto3 >= 1.36 sends it on every GetObject)."""
+    mode = headers.get("x-amz-checksum-mode")
+    return mode is not None and mode.upper() == "ENABLED"
+
+
+def _render(info: ObjectInfo, checksums: bool = False) -> tuple[bytes, bool] | None:
     """The object's headers (``object_headers``), without the status line, the length
     and the per-request ones; and whether the origin's ``Date`` is among them. None: a
     value aiohttp would refuse to send (a line break), for the general path to refuse."""
     lines = []
     dated = False
-    for name, value in object_headers(info).items():
+    for name, value in object_headers(info, checksums).items():
         lower = name.lower()
         if lower in _OWN_LOWER:
             continue
