@@ -15,9 +15,11 @@ def _extensions() -> list[Extension]:
         from Cython.Build import cythonize
     except ImportError:
         return []
-    modules = [Extension(name, [name.replace(".", "/") + ".pyx"], optional=True)
-               for name in EXTENSIONS]  # fmt: skip
-    return cythonize(modules, language_level=3, quiet=True)
+    modules = [Extension(name, [name.replace(".", "/") + ".pyx"]) for name in EXTENSIONS]
+    built = cythonize(modules, language_level=3, quiet=True)
+    for extension in built:  # set after: cythonize's copies do not keep the flag
+        extension.optional = True  # no compiler: a warning, and the Python twins run
+    return built
 
 
 setup(ext_modules=_extensions())
