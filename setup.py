@@ -7,7 +7,7 @@ install it) ``pip install`` still succeeds and Hoard runs the Python twins.
 
 from setuptools import Extension, setup
 
-EXTENSIONS = ["gateway.core._heads"]
+EXTENSIONS = ["gateway.core._heads"]  # gateway/core/compiled.py's TWINS
 
 
 def _extensions() -> list[Extension]:

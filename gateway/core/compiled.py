@@ -13,31 +13,32 @@ drifts from the other.
 ``HOARD_NO_EXTENSIONS=1`` in the environment selects the Python path for the
 whole process (as ``AIOHTTP_NO_EXTENSIONS`` does for aiohttp's): read once,
 at import, since an implementation cannot change under a running server.
-``in_use()`` says which twins were loaded, for the start-up log.
+``in_use()`` says which of the ``TWINS`` run, for the start-up log and
+``hoard_compiled_extension``: derived from what was imported, not recorded.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import sys
 from types import ModuleType
 
 NO_EXTENSIONS = os.environ.get("HOARD_NO_EXTENSIONS", "") not in ("", "0")
-_LOADED: dict[str, bool] = {}
+TWINS = ("gateway.core._heads",)  # the compiled modules setup.py builds
 
 
 def twin(name: str) -> ModuleType | None:
     """The compiled module ``name``, or None (not built, or ``HOARD_NO_EXTENSIONS``)."""
-    module = None
-    if not NO_EXTENSIONS:
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            module = None
-    _LOADED[name] = module is not None
-    return module
+    if NO_EXTENSIONS:
+        return None
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
 
 
 def in_use() -> dict[str, bool]:
-    """Each twin asked for so far: whether its compiled module runs."""
-    return dict(_LOADED)
+    """Each of the ``TWINS``: whether its compiled module runs (it was imported, and
+    the Python twins were not asked for)."""
+    return {name: not NO_EXTENSIONS and name in sys.modules for name in TWINS}

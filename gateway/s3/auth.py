@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -157,12 +157,8 @@ class PresignedMemo:
             query.endswith(_HOST_SIGNED) or f"{_HOST_SIGNED}&" in query
         ):
             return None  # other signed headers would have to be part of the key
-        for name in request.headers:
-            lower = name.lower()
-            # An Authorization beside the query's signature is refused ("only one auth
-            # mechanism"): the verifier must see it every time.
-            if lower.startswith("x-amz-") or lower == "authorization":
-                return None
+        if needs_verifier(request.headers):
+            return None
         return (request.method, request.raw_path, query, request.headers.get("Host", ""))
 
     def __len__(self) -> int:
@@ -194,6 +190,18 @@ class PresignedMemo:
         self._entries.move_to_end(key)
         if len(self._entries) > self.LIMIT:
             self._entries.popitem(last=False)
+
+
+def needs_verifier(headers: Iterable[str]) -> bool:
+    """Whether a request carrying these headers must be verified whatever verdict is kept
+    on its URL: an ``x-amz-*`` header (each must be signed, and a presigned URL signs
+    only ``host`` here), or an ``Authorization`` beside the query's signature (refused:
+    "only one auth mechanism")."""
+    for name in headers:
+        lower = name.lower()
+        if lower.startswith("x-amz-") or lower == "authorization":
+            return True
+    return False
 
 
 def _presigned_expiry(raw_query: str) -> float | None:

@@ -25,7 +25,7 @@ from gateway.core import errors
 from gateway.obs import request_keys as keys
 from gateway.read.reader import Reader
 from gateway.s3 import buckets, cors, listing, objects, writes, xml
-from gateway.s3.auth import ANONYMOUS, Authenticator, PresignedMemo, Principal
+from gateway.s3.auth import ANONYMOUS, Authenticator, PresignedMemo, Principal, needs_verifier
 from gateway.s3.body import BodySender
 from gateway.s3.bundle.operation import bundle_objects
 from gateway.s3.call import Call
@@ -214,10 +214,8 @@ class S3Front:
         if auth is not self._auth or generation != auth.generation or auth.now() > expires:
             del self._reads[key]
             return None
-        for name in request.headers:
-            lower = name.lower()
-            if lower.startswith("x-amz-") or lower == "authorization":
-                return None
+        if needs_verifier(request.headers):
+            return None
         self._reads.move_to_end(key)
         request[keys.PRINCIPAL] = principal
         return line, principal

@@ -160,9 +160,8 @@ TRAILERS = ("x-tigris-bundle-count", "x-tigris-bundle-bytes", "x-tigris-bundle-s
 
 
 def _totals(wanted: list[str], sizes: dict[str, int]) -> dict[str, str]:
-    total = sum(sizes[key] for key in wanted)
-    return {"x-tigris-bundle-count": str(len(wanted)), "x-tigris-bundle-bytes": str(total),
-            "x-tigris-bundle-skipped": "0"}  # fmt: skip
+    totals = (len(wanted), sum(sizes[key] for key in wanted), 0)
+    return {name: str(value) for name, value in zip(TRAILERS, totals, strict=True)}
 
 
 async def _stream(call: Call, response: web.StreamResponse, writer: AbstractStreamWriter,
