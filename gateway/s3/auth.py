@@ -12,7 +12,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from gateway.config.settings import Credential
 from gateway.s3 import signing
@@ -209,8 +208,8 @@ def _presigned_expiry(raw_query: str) -> float | None:
     params = signing.query_params(raw_query)  # as the verifier read it: decoded once
     try:
         if "x-amz-date" in params:
-            start = datetime.strptime(params["x-amz-date"], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
-            return start.timestamp() + int(params["x-amz-expires"])
+            start = signing.parse_amz_date(params["x-amz-date"])  # the verifier's reading
+            return None if start is None else start + int(params["x-amz-expires"])
         return float(int(params["expires"]))
     except (KeyError, ValueError):
         return None
