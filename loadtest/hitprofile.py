@@ -387,6 +387,7 @@ async def profile_tier(workdir: Path, origin: Path, keys: dict[int, list[str]], 
     from aiohttp import web
 
     from gateway.app import wiring
+    from gateway.app.cli import settle_collector
     from gateway.config.load import build_settings
 
     app = wiring.build(build_settings(config(workdir, origin, tier)))
@@ -395,6 +396,7 @@ async def profile_tier(workdir: Path, origin: Path, keys: dict[int, list[str]], 
     site = web.SockSite(runner, _listening())
     await site.start()
     port = site._sock.getsockname()[1]  # type: ignore[union-attr]
+    settle_collector()  # as ``hoard serve`` does once its application is built
     host = f"127.0.0.1:{port}"
     out = {}
     try:

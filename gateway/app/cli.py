@@ -229,7 +229,8 @@ def serve(settings: Settings, reload: Callable[[], Settings] | None = None) -> N
     _run(app, settings, sock)
 
 
-def _run(app: web.Application, settings: Settings, sock: socket.socket) -> None:
+def settle_collector() -> None:
+    """The garbage collector as a serving process runs it (``loadtest hitprofile`` too)."""
     # What exists now (modules, the app, its tables) lives as long as the process: kept out
     # of the collector's full passes, which walked it all and paused serving ~50 ms each.
     gc.freeze()
@@ -237,6 +238,10 @@ def _run(app: web.Application, settings: Settings, sock: socket.socket) -> None:
     # reference counting frees; the collector's youngest pass, every 700 of them by
     # default, walked the requests in flight each time (~3% of a cold small object's CPU).
     gc.set_threshold(_YOUNG_COLLECTION, 10, 10)
+
+
+def _run(app: web.Application, settings: Settings, sock: socket.socket) -> None:
+    settle_collector()
     listener.run(
         app, sock, functools.partial(rejected, app), _event_loop(settings.event_loop),
         ssl_context=app.get(TLS_CONTEXT), first=app[HIT_PATH].answer, wire=app[HIT_WIRE],  # type: ignore[arg-type]
