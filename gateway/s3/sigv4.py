@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import hmac
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -197,9 +198,19 @@ def _candidate_uris(raw_path: str) -> tuple[str, ...]:
     return (canonical,) if canonical == raw_path else (canonical, raw_path)
 
 
+# A query part already in canonical form: unreserved characters, and escapes (upper-case
+# hex) of bytes that are not unreserved. Decoded and encoded again, such a part is itself.
+_KEPT_ESCAPE = r"%(?:[01][0-9A-F]|2[0-9ABCF]|3[A-F]|40|5[B-E]|60|7[B-DF]|[89A-F][0-9A-F])"
+_CANONICAL_PART = rf"(?:[A-Za-z0-9_.~-]|{_KEPT_ESCAPE})*"
+_CANONICAL_QUERY = re.compile(rf"{_CANONICAL_PART}(?:={_CANONICAL_PART})?"
+                              rf"(?:&{_CANONICAL_PART}(?:={_CANONICAL_PART})?)*")  # fmt: skip
+
+
 def _canonical_query(raw_query: str, *, presigned: bool) -> str:
     if not raw_query:
         return ""
+    if _CANONICAL_QUERY.fullmatch(raw_query) is not None:
+        return _sorted_query(raw_query, presigned)
     pairs = []
     for item in raw_query.split("&"):
         if not item:
@@ -208,6 +219,19 @@ def _canonical_query(raw_query: str, *, presigned: bool) -> str:
         if presigned and decode(name).lower() == "x-amz-signature":
             continue  # the signature cannot sign itself
         pairs.append((uri_encode(name, safe=""), uri_encode(value, safe="")))
+    return "&".join(f"{name}={value}" for name, value in sorted(pairs))
+
+
+def _sorted_query(raw_query: str, presigned: bool) -> str:
+    """``_canonical_query`` of a query whose every part is canonical already (as most
+    are: a presigned URL's): only sorted, without the signature if presigned."""
+    pairs = []
+    for item in raw_query.split("&"):
+        if item:
+            name, _, value = item.partition("=")
+            # A canonical name spelling x-amz-signature has no escape: its letters are plain.
+            if not (presigned and name.lower() == "x-amz-signature"):
+                pairs.append((name, value))
     return "&".join(f"{name}={value}" for name, value in sorted(pairs))
 
 
