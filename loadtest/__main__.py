@@ -18,6 +18,7 @@ from pathlib import Path
 from loadtest.datasets import SCALES
 from loadtest.run import WORKLOADS, Options, run
 from loadtest.targets import ALL
+from loadtest.wrkload import PHASES
 
 DEFAULT_TARGETS = "direct,nginx,nginx-3,hoard,hoard-cluster,static"
 
@@ -42,6 +43,11 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--workloads", default=",".join(WORKLOADS),
                    type=lambda w: _names(w, tuple(WORKLOADS), "workload"),
                    help=f"comma list of {', '.join(WORKLOADS)}")  # fmt: skip
+    r.add_argument("--phases", default="",
+                   type=lambda p: _names(p, tuple(x.name for x in PHASES), "capacity phase"),
+                   help="capacity only: comma list of its phases, e.g. 'small 4k wide' (default: all)")  # fmt: skip
+    r.add_argument("--wide-objects", type=int, default=None,
+                   help="objects of the capacity phase 'small 4k wide' (default: the scale's)")  # fmt: skip
     r.add_argument("--origin", choices=("auto", "netns", "loopback"), default="auto",
                    help="where moto runs: a network namespace (auto falls back to loopback)")  # fmt: skip
     r.add_argument("--rtt-ms", type=float, default=20.0, help="origin round trip (10 ms each way)")
@@ -88,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         scale=args.scale, targets=args.targets, workloads=args.workloads, origin=args.origin,
         rtt_ms=args.rtt_ms, train_compute_ms=args.train_compute_ms, rate_mbit=args.rate_mbit,
         stream_mbit=args.stream_mbit, pin=not args.no_pin, seed=args.seed,
-        out=args.out, keep=args.keep,
+        out=args.out, keep=args.keep, phases=args.phases, wide_objects=args.wide_objects,
     )  # fmt: skip
     try:
         paths = run(options)

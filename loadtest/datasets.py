@@ -6,21 +6,28 @@ as tar/webdataset or parquet shards. ``rss``: one very large object per client
 of the ``rss`` workload (1 GiB at full scale), made only when that workload
 runs; that workload also uploads into a bucket of its own (``UPLOADS``).
 ``hits``: objects of exactly 128 KiB and 4 KiB (``hit_objects`` of each), the
-``capacity`` workload's hits, made only when it runs. Contents and sizes
-derive from one seed, so two runs read the same bytes.
+``capacity`` workload's hits, made only when it runs; with them ``wide``:
+``wide_objects`` more of 4 KiB under a prefix of their own, more objects than
+any of Hoard's per-key hot sets holds (a training dataset has millions).
+Contents and sizes derive from one seed, so two runs read the same bytes.
 ``Scale`` holds every size knob of a run.
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import hashlib
+import http.client
 import io
 import random
 import shutil
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlsplit
 
 import boto3
 from boto3.s3.transfer import TransferConfig
@@ -33,6 +40,8 @@ SHARDS = "shards/"
 RSS = "rss/"
 HITS = "hits/"
 HIT_SIZES = (128 * KiB, 4 * KiB)  # the capacity workload's small-hit sizes
+WIDE = "wide/"  # the capacity workload's wide set: more keys than the hot sets hold
+WIDE_SIZE = 4 * KiB
 UPLOADS = "hoard-loadtest-uploads"  # the rss workload's upload phase writes here (a writable mount)
 ORIGIN_KEY, ORIGIN_SECRET = "origin-access", "origin-secret"
 
@@ -62,6 +71,7 @@ class Scale:
     upload_part: int  # its part size
     upload_put: int  # the PutObject sent at the same time
     hit_objects: int  # capacity: objects of each size in HIT_SIZES
+    wide_objects: int  # capacity: objects of WIDE_SIZE in the wide set, beyond every hot set
     wrk_repeats: int  # capacity: wrk runs per phase (medians are reported)
 
     def describe(self) -> dict[str, object]:
@@ -75,7 +85,7 @@ SCALES = {
         epochs=3, herd_clients=64, herd_processes=2, wrk_seconds=1.0, train_batch=4, train_compute=0.005,
         train_images=12, phase_timeout=60, rss_clients=8, rss_size=32 * MiB,
         upload_multipart=64 * MiB, upload_part=16 * MiB, upload_put=32 * MiB, hit_objects=48,
-        wrk_repeats=1,
+        wide_objects=300, wrk_repeats=1,
     ),
     "full": Scale(
         name="full", prefixes=100, per_prefix=30, image_min=64 * KiB, image_max=256 * KiB,
@@ -83,7 +93,8 @@ SCALES = {
         threads=8, epochs=3, herd_clients=64, herd_processes=4, wrk_seconds=10.0, train_batch=32,
         train_compute=0.1, train_images=640, phase_timeout=600, rss_clients=8,
         rss_size=1024 * MiB, upload_multipart=5 * 1024 * MiB, upload_part=64 * MiB,
-        upload_put=2 * 1024 * MiB, hit_objects=2000, wrk_repeats=3,
+        upload_put=2 * 1024 * MiB, hit_objects=2000, wide_objects=50_000,
+        wrk_repeats=3,
     ),
 }  # fmt: skip
 
@@ -104,6 +115,7 @@ class Dataset:
     local_root: Path  # local_root / bucket / key is the file
     rss: tuple[Obj, ...] = ()  # only when the rss workload runs
     hits: tuple[Obj, ...] = ()  # only when the capacity workload runs
+    wide: tuple[Obj, ...] = ()  # the same
 
     def hits_of(self, size: int) -> tuple[Obj, ...]:
         return tuple(o for o in self.hits if o.size == size)
@@ -123,7 +135,7 @@ class Dataset:
 
     @property
     def total_bytes(self) -> int:
-        return sum(o.size for o in (*self.images, *self.shards, *self.rss, *self.hits))
+        return sum(o.size for o in (*self.images, *self.shards, *self.rss, *self.hits, *self.wide))
 
     def summary(self) -> dict[str, object]:
         summary: dict[str, object] = {
@@ -137,6 +149,8 @@ class Dataset:
             summary["hits"] = " + ".join(
                 f"{len(self.hits_of(size))} x {size // KiB} KiB" for size in HIT_SIZES
             )
+        if self.wide:
+            summary["wide"] = f"{len(self.wide)} x {WIDE_SIZE // KiB} KiB"
         if self.rss:
             summary["rss"] = f"{len(self.rss)} x {self.rss[0].size / MiB:g} MiB"
         return summary
@@ -163,7 +177,11 @@ def plan(scale: Scale, seed: int, rss: bool = False, hits: bool = False) -> Data
         for size in (HIT_SIZES if hits else ())
         for i in range(scale.hit_objects)
     )
-    return Dataset(BUCKET, images, shards, Path(), big, fixed)
+    wide = tuple(
+        Obj(f"{WIDE}{WIDE_SIZE // KiB}k/obj{i:06d}.bin", WIDE_SIZE)
+        for i in range(scale.wide_objects if hits else 0)
+    )
+    return Dataset(BUCKET, images, shards, Path(), big, fixed, wide)
 
 
 class Synthetic(io.RawIOBase):
@@ -199,7 +217,8 @@ class Synthetic(io.RawIOBase):
 
 def write_local(dataset: Dataset, root: Path, seed: int, rss: bool = False) -> Dataset:
     """Write every object under ``root/bucket/`` (the ``rss`` ones if asked); sets ``local_root``."""
-    for obj in (*dataset.images, *dataset.hits, *dataset.shards, *(dataset.rss if rss else ())):
+    every = (*dataset.images, *dataset.hits, *dataset.wide, *dataset.shards)
+    for obj in (*every, *(dataset.rss if rss else ())):
         path = root / dataset.bucket / obj.key
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists() and path.stat().st_size == obj.size:
@@ -226,6 +245,31 @@ def origin_client(endpoint: str, pool: int = 16):
     )  # fmt: skip
 
 
+def put_plain(moto_url: str, dataset: Dataset, obj: Obj) -> None:
+    """A PutObject of a small file with the headers boto3 sends for one (its CRC32 and
+    payload hash), over plain HTTP: for the wide set, which moto's fast lane stores
+    without its dispatch (``motofast.py``), and boto3 would cost more than moto then."""
+    body = (dataset.local_root / dataset.bucket / obj.key).read_bytes()
+    headers = {
+        # moto checks no signature; one is sent as boto3 sends it (the key names the account)
+        "Authorization": f"AWS4-HMAC-SHA256 Credential={ORIGIN_KEY}/20260101/us-east-1/s3/"
+                         "aws4_request, SignedHeaders=host, Signature=0",
+        "x-amz-content-sha256": hashlib.sha256(body).hexdigest(),
+        "x-amz-sdk-checksum-algorithm": "CRC32",
+        "x-amz-checksum-crc32": base64.b64encode(zlib.crc32(body).to_bytes(4, "big")).decode(),
+    }  # fmt: skip
+    parts = urlsplit(moto_url)
+    connection = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=60)
+    try:
+        connection.request("PUT", f"/{dataset.bucket}/{quote(obj.key)}", body, headers)
+        response = connection.getresponse()
+        response.read()
+        if response.status != 200:
+            raise RuntimeError(f"PUT {obj.key}: HTTP {response.status}")
+    finally:
+        connection.close()
+
+
 def seed_origin(dataset: Dataset, moto_url: str, seed: int) -> None:
     """Upload the dataset to the origin (moto directly, not through the counting proxy).
 
@@ -244,6 +288,8 @@ def seed_origin(dataset: Dataset, moto_url: str, seed: int) -> None:
 
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(put, (*dataset.images, *dataset.hits)))
+    with ThreadPoolExecutor(8) as pool:  # moto answers these itself: a few threads keep it busy
+        list(pool.map(lambda o: put_plain(moto_url, dataset, o), dataset.wide))
     with ThreadPoolExecutor(2) as pool:
         list(pool.map(put, dataset.shards))
 

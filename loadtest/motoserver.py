@@ -1,6 +1,9 @@
 """moto's S3 server, with reads and multipart completions that never hold a whole object.
 
-Three narrow patches; every other request is moto's own.
+Three narrow patches; every other request is moto's own, but for plain PUTs and
+GETs of the capacity workload's wide set (``motofast.py``). The list of moto's
+services, which moto reads from its package directory on every request, is
+read once.
 
 1. Ranged GETs read only the range. moto answers ``GET key`` with
    ``Range: bytes=a-b`` by reading the *whole* object out of its buffer and
@@ -43,9 +46,12 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from moto import backends
 from moto.s3 import models, responses
 from moto.s3.exceptions import EntityTooSmall, InvalidPart, MalformedXML
 from moto.server import main as moto_main
+
+from loadtest import motofast
 
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)")
 # GETs of these sub-resources are not reads of the object's bytes.
@@ -193,6 +199,11 @@ _COMPLETE = models.FakeMultipart.complete
 
 
 def install() -> None:
+    motofast.install()
+    # moto lists its own package directory (a stat per service) on every request to find
+    # the service a host names: a third of its time per small GET. The list never changes.
+    modules = tuple(backends.list_of_moto_modules())
+    backends.list_of_moto_modules = lambda: modules  # type: ignore[assignment]
     whole = models.FakeKey.value
 
     def value(self: models.FakeKey) -> Any:

@@ -52,6 +52,8 @@ class Options:
     stream_mbit: float = 400.0
     pin: bool = True
     seed: int = 1
+    phases: tuple[str, ...] = ()  # capacity: only these of its phases (all when empty)
+    wide_objects: int | None = None  # overrides the scale's wide set (capacity, small 4k wide)
     out: Path = REPO / "loadtest" / "results"
     keep: bool = False
 
@@ -107,6 +109,9 @@ def run(options: Options) -> dict[str, Path]:
     scale = SCALES[options.scale]
     if options.train_compute_ms is not None:
         scale = replace(scale, train_compute=options.train_compute_ms / 1000)
+    if options.wide_objects is not None:
+        scale = replace(scale, wide_objects=options.wide_objects)
+    scale = wrkload.trimmed(scale, options.phases)
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{scale.name}"
     workdir = Path(tempfile.mkdtemp(prefix="hoard-lt-"))
     pinning = Pinning.detect(options.pin)
@@ -116,6 +121,7 @@ def run(options: Options) -> dict[str, Path]:
         "generators": (f"realism: boto3, {scale.readers} spawned processes x {scale.threads} "
                        "threads; capacity: wrk -t1 with a Lua script over presigned URLs"),
         "targets": list(options.targets), "workloads": list(options.workloads), "unavailable": {},
+        **({"capacity_phases": list(options.phases)} if options.phases else {}),
     }  # fmt: skip
     rows: list[Row] = []
     print(f"loadtest {run_id}: working in {workdir}", flush=True)
@@ -146,7 +152,7 @@ def run(options: Options) -> dict[str, Path]:
             )
             total = dataset.total_bytes
             ctx = Context(origin.endpoint, dataset, workdir, pinning, max(4 * total, 2 * 1024**3))
-            bench = Bench(origin, dataset, scale, pinning, options.seed, workdir)
+            bench = Bench(origin, dataset, scale, pinning, options.seed, workdir, options.phases)
             for name in options.targets:
                 target = make(name, ctx)
                 reason = target.unavailable()

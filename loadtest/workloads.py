@@ -51,6 +51,7 @@ class Bench:
     pinning: Pinning
     seed: int
     workdir: Path
+    phases: tuple[str, ...] = ()  # capacity: only these of its phases (all when empty)
 
 
 class Session:
@@ -64,6 +65,10 @@ class Session:
     def readers(self) -> int:
         """K, or one reader per node when a target has more nodes than K."""
         return max(self.bench.scale.readers, len(self.target.endpoints))
+
+    def allow(self, seconds: float) -> None:
+        """More time for this session, for a phase of its own size (capacity's wide set)."""
+        self.deadline += seconds
 
     def remaining(self) -> float:
         left = self.deadline - time.monotonic()
