@@ -36,9 +36,15 @@ def iso8601(moment: datetime) -> str:
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 
-@functools.lru_cache(maxsize=8192)  # a hot object's Last-Modified, formatted once
 def http_date(moment: datetime) -> str:
     """RFC 9110 IMF-fixdate, as in Last-Modified: ``Sat, 21 Nov 2026 17:42:39 GMT``."""
+    # Kept by the whole second it shows: objects written together share theirs, where
+    # their microseconds made each datetime an entry of its own (a miss per object).
+    return _http_date_of(moment.replace(microsecond=0))
+
+
+@functools.lru_cache(maxsize=8192)
+def _http_date_of(moment: datetime) -> str:
     return format_datetime(moment.astimezone(UTC), usegmt=True)
 
 
