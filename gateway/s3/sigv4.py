@@ -201,7 +201,7 @@ def _candidate_uris(raw_path: str) -> tuple[str, ...]:
 # A query part already in canonical form: unreserved characters, and escapes (upper-case
 # hex) of bytes that are not unreserved. Decoded and encoded again, such a part is itself.
 _KEPT_ESCAPE = r"%(?:[01][0-9A-F]|2[0-9ABCF]|3[A-F]|40|5[B-E]|60|7[B-DF]|[89A-F][0-9A-F])"
-_CANONICAL_PART = rf"(?:[A-Za-z0-9_.~-]|{_KEPT_ESCAPE})*"
+_CANONICAL_PART = rf"(?:[A-Za-z0-9_.~-]++|{_KEPT_ESCAPE})*+"  # possessive: runs, no backtracking
 _CANONICAL_QUERY = re.compile(rf"{_CANONICAL_PART}(?:={_CANONICAL_PART})?"
                               rf"(?:&{_CANONICAL_PART}(?:={_CANONICAL_PART})?)*")  # fmt: skip
 
