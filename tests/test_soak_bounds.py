@@ -12,9 +12,9 @@ the memos, not RSS over time.
 from __future__ import annotations
 
 from gateway.app.server import HIT_PATH
+from gateway.core.hot_sets import HotSets
 from gateway.s3 import sigv4
 from gateway.s3.auth import PresignedMemo
-from gateway.s3.front import ROUTES_KEPT
 from loadtest.soak import fresh_keys
 from tests.harness import ACCESS_KEY, SECRET_KEY
 from tests.inprocess import threaded_app
@@ -23,11 +23,29 @@ from tests.test_origin_protection import config
 
 def test_fresh_keys_do_not_grow_the_request_memos_past_their_bounds(tmp_path, proxy, bucket):
     with threaded_app(tmp_path, config(proxy)) as hoard:
-        count = ROUTES_KEPT + 200
+        count = HotSets().urls + 200
         statuses = fresh_keys(hoard.port, count, bucket, ACCESS_KEY, SECRET_KEY)
         assert statuses == {404: count}  # signed, checked, and missing at the origin
         front = hoard.app[HIT_PATH].front
-        assert front.routes_kept <= ROUTES_KEPT
+        assert front.routes_kept <= HotSets().urls
         assert sigv4._candidate_uris.cache_info().currsize <= sigv4.CANDIDATES_KEPT
         # Each fresh presigned URL is a verdict to remember: a hot set, not every URL.
         assert 0 < len(front.presigned_verdicts) <= PresignedMemo.LIMIT
+
+
+def test_hit_keys_sizes_every_hot_set_of_the_hit_path(tmp_path, proxy, bucket):
+    """``cache.hit_keys`` (``core/hot_sets.py``): every per-key set of the hit path is
+    bounded by it, the URL-holding ones too, and fresh keys past it stay within it."""
+    settings = config(proxy)
+    settings["cache"]["hit_keys"] = 64
+    with threaded_app(tmp_path, settings) as hoard:
+        hits = hoard.app[HIT_PATH]
+        front = hits.front
+        assert front.hot == HotSets(64, 64)
+        assert front.reader._tickets._limit == 64
+        assert front.reader._first_refs_kept == 64
+        assert front.presigned_verdicts._limit == 64
+        statuses = fresh_keys(hoard.port, 100, bucket, ACCESS_KEY, SECRET_KEY)
+        assert statuses == {404: 100}
+        assert 0 < front.routes_kept <= 64
+        assert 0 < len(front.presigned_verdicts) <= 64

@@ -28,7 +28,9 @@ def info(etag: str = '"1"') -> ObjectInfo:
     return ObjectInfo(key="p/k", size=10, etag=etag, last_modified=T0)
 
 
-def held(clock: Clock) -> tuple[MetadataCache, Tickets, list[tuple[str, str, str]]]:
+def held(
+    clock: Clock, limit: int = Tickets.LIMIT
+) -> tuple[MetadataCache, Tickets, list[tuple[str, str, str]]]:
     """A table holding ``p/k`` fresh, with a ticket for it (as ``Reader.held_now`` makes
     one), and the lookups counted from then on."""
     events: list[tuple[str, str, str]] = []
@@ -36,7 +38,7 @@ def held(clock: Clock) -> tuple[MetadataCache, Tickets, list[tuple[str, str, str
     cache.put_head(scope_of(MOUNT), "p/k", info(), policy_of(MOUNT))
     entry = cache.known_entry(scope_of(MOUNT), "p/k")
     assert entry is not None
-    tickets = Tickets(cache)
+    tickets = Tickets(cache, limit)
     ref = block_ref(MOUNT, "p/k", entry.value, 0, 1 << 20)
     client = ObjectInfo(key="k", size=10, etag='"1"', last_modified=T0)
     tickets.keep("data", "k", (MOUNT, "p/k", entry.value, entry), ref, client)
@@ -80,10 +82,9 @@ def test_a_stale_answer_voids_its_ticket() -> None:
     assert events == []  # nothing counted until a ticket answers (``used``)
 
 
-def test_tickets_are_a_bounded_hot_set(monkeypatch) -> None:
-    monkeypatch.setattr(Tickets, "LIMIT", 2)
+def test_tickets_are_a_bounded_hot_set() -> None:
     clock = Clock()
-    cache, tickets, _ = held(clock)
+    cache, tickets, _ = held(clock, limit=2)
     entry = cache.known_entry(scope_of(MOUNT), "p/k")
     assert entry is not None
     ref = block_ref(MOUNT, "p/k", entry.value, 0, 1 << 20)

@@ -40,6 +40,7 @@ from gateway.config.settings import (
     split_listen,
 )
 from gateway.core import errors, tls
+from gateway.core.hot_sets import DEFAULT, HotSets
 from gateway.core.invalidation import Broadcast, Invalidation
 from gateway.metadata.journal import Journal, SoloJournal
 from gateway.metadata.memory import MetadataCache
@@ -158,6 +159,7 @@ def build(
         namespace, blocks, metadata, metrics, cache.block_size, read_ahead=read_ahead,
         store=store, router=router, journal=journal, broadcast=broadcast,
         pages=SharedPages(cache.dir / "node" / "pages", store) if shared else None,
+        hot=HotSets.sized(cache.hit_keys),
     )  # fmt: skip
     reader, writer, invalidator = core.reader, core.writer, core.invalidator
     prefetcher = Prefetcher(settings.prefetch, reader.block_refs, blocks, metrics, cache.block_size)
@@ -167,10 +169,12 @@ def build(
     prefetch_api = PrefetchApi(
         node_prefetch, reader, settings.prefetch, cluster.announce if cluster is not None else None
     )
+    hot = HotSets.sized(cache.hit_keys)
     auth = Authenticator(settings.credentials, settings.allow_anonymous,
-                         domains=settings.virtual_host_domains, region=None if settings.region == "any" else settings.region)  # fmt: skip
+                         domains=settings.virtual_host_domains, region=None if settings.region == "any" else settings.region,
+                         verdicts_kept=hot.urls)  # fmt: skip
     front = S3Front(reader, writer, auth, settings.virtual_host_domains, body,
-                    settings.body_timeout)  # fmt: skip
+                    settings.body_timeout, hot)  # fmt: skip
     access = AccessLog(as_json=settings.log_format == "json", enabled=settings.access_log)
     warm = _warm(settings, reader, WarmTiers(blocks, disk, store), metrics, cluster)
     warm_http = WarmHttp(warm)
@@ -326,13 +330,15 @@ def read_and_write(
     journal: Journal | None = None,
     pages: SharedAnswers | None = None,
     broadcast: Broadcast | None = None,
+    hot: HotSets = DEFAULT,
 ) -> ReadWrite:
     """The metadata source, the watches and the invalidator, then the reader and the writer
     over them (a single worker and a single node where ``journal`` and ``router`` are None).
 
     ``router``: in a cluster, metadata misses go to their owner node; ``journal``: the
     node's invalidations, shared with sibling workers; ``pages``: origin answers shared
-    with sibling workers asking at once; ``broadcast``: the cluster's other nodes.
+    with sibling workers asking at once; ``broadcast``: the cluster's other nodes;
+    ``hot``: how many keys' hit state the reader keeps.
     """
     node_journal = journal if journal is not None else SoloJournal()
     owner = router if router is not None else NoOwner()
@@ -343,7 +349,8 @@ def read_and_write(
         source, blocks, block_size, invalidator, watches, metrics.write_through_bytes.inc
     )
     throughs = WriteThroughs(namespace, through, namespace.write_through_buffer)
-    reader = Reader(namespace, blocks, source, invalidator, metrics, block_size, read_ahead)
+    reader = Reader(namespace, blocks, source, invalidator, metrics, block_size, read_ahead,
+                    (hot.keys, hot.urls))  # fmt: skip
     writer = Writer(namespace, invalidator, throughs, broadcast)
     return ReadWrite(source, invalidator, reader, writer)
 

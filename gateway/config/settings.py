@@ -87,6 +87,11 @@ class CacheConfig(_Strict):
     # Descriptors of hot disk blocks up to 1 MiB kept open per worker, so a hit needs no
     # open, header check or thread hop (gateway/cache/disk_open.py); 0 turns it off.
     open_files: int = Field(default=4096, ge=0, le=1_000_000)
+    # Keys whose hit state a worker keeps: a presigned URL's verdict and route, the key's
+    # lookups, its rendered headers (gateway/core/hot_sets.py). Unset: 4,096 URLs and
+    # 16,384 keys. A dataset read every epoch that fits stays as cheap as a few hot keys
+    # (at 20,000 keys past the defaults a 4 KiB hit cost ~3x the CPU); ~3-4 KB a key.
+    hit_keys: int | None = Field(default=None, ge=1, le=100_000_000)
     # Blocks up to packed_block_max bytes are appended to shared segment files of up to
     # segment_size bytes instead of one file each (gateway/cache/disk_packed.py); 0: off.
     packed_block_max: Size = parse_size("256KiB")

@@ -43,20 +43,17 @@ from gateway.read.tickets import Known, Tickets
 
 T = TypeVar("T")
 
-# Objects whose first block's name is kept (~300 bytes each): a hot set, as the front's
-# route memo (``s3/front.py``, ROUTES_KEPT): every fresh key adds one, so 65,536 would be
-# ~20 MB a worker beyond its configured tiers; a miss costs ~4 us.
-_FIRST_REFS = 4096
-
 
 class Reader:
     """Answers reads for gateway buckets from the cache, filling it from origins."""
 
     def __init__(self, namespace: Namespace, blocks: BlockSource, source: MetadataSource,
                  coherence: Invalidator, metrics: Metrics, block_size: int,
-                 read_ahead: ReadAheadPolicy | None = None) -> None:  # fmt: skip
+                 read_ahead: ReadAheadPolicy | None = None,
+                 hot: tuple[int, int] = (Tickets.LIMIT, 4096)) -> None:  # fmt: skip
         """``source``: the metadata tiers; ``coherence``: what this node's writes (any
-        worker's) made stale, caught up as every read starts."""
+        worker's) made stale, caught up as every read starts; ``hot``: how many keys'
+        tickets and block 0 names are kept (``core/hot_sets.py``: keys, urls)."""
         self.namespace = namespace
         self.blocks = blocks
         self._source = source
@@ -66,8 +63,11 @@ class Reader:
         self.block_size = block_size
         self.streams = Streams(read_ahead or ReadAheadPolicy(4, 4, 10.0))
         # (bucket, key) -> the mount and block 0 of the version last held (``_first_ref``)
+        # (~300 bytes each, a hot set of ``hot[1]``: every fresh key adds one; a miss ~4 us)
         self._first_refs: dict[tuple[str, str], tuple[Mount, BlockRef]] = {}
-        self._tickets = Tickets(self.metadata)  # a hit's lookups, kept per key while they hold
+        tickets_kept, self._first_refs_kept = hot
+        # A hit's lookups, kept per key while they hold.
+        self._tickets = Tickets(self.metadata, tickets_kept)
         # Told ``(bucket, key)`` of every object GET: epoch-order prefetch subscribes
         # (it looks keys up through this reader, so it is built after it).
         self.observers: list[Callable[[str, str], None]] = []
@@ -261,7 +261,7 @@ class Reader:
                 return ref
         ref = self._ref(mount, okey, info, 0)
         self._first_refs[(bucket, key)] = (mount, ref)
-        if len(self._first_refs) > _FIRST_REFS:
+        if len(self._first_refs) > self._first_refs_kept:
             del self._first_refs[next(iter(self._first_refs))]
         return ref
 

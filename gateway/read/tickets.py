@@ -52,10 +52,11 @@ class Ticket:
 class Tickets:
     """The tickets of the keys hit last (see the module)."""
 
-    LIMIT = 16_384  # ~200 bytes each beyond what they share with the tables
+    LIMIT = 16_384  # the default (``core/hot_sets.py``); ~1 KB each with the key's headers
 
-    def __init__(self, metadata: MetadataCache) -> None:
+    def __init__(self, metadata: MetadataCache, limit: int = LIMIT) -> None:
         self._metadata = metadata
+        self._limit = limit
         self._kept: dict[tuple[str, str], Ticket] = {}
 
     def __len__(self) -> int:
@@ -90,5 +91,5 @@ class Tickets:
         kept.pop((bucket, key), None)
         kept[(bucket, key)] = Ticket(scope, okey, record, entry.fresh_until,
                                      policy_of(mount).label, ref, info)  # fmt: skip
-        if len(kept) > self.LIMIT:
+        if len(kept) > self._limit:
             del kept[next(iter(kept))]

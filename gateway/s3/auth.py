@@ -60,8 +60,11 @@ class Authenticator:
         clock: Callable[[], float] = time.time,
         domains: Sequence[str] = ("localhost",),
         region: str | None = None,
+        verdicts_kept: int = 4096,  # PresignedMemo.LIMIT, defined below
     ) -> None:
+        """``verdicts_kept``: presigned URLs whose verdict is kept (``core/hot_sets.py``)."""
         self._clock = clock
+        self._verdicts_kept = verdicts_kept
         self._domains = domains
         self._region = region  # SigV4 scopes must name it (settings.region); None: any
         self.generation = 0  # reloads so far: a verdict reached before one is not reused after
@@ -78,7 +81,7 @@ class Authenticator:
         self._verifier = SigV4Verifier(secrets, region=self._region, clock=self._clock)
         self._v2_verifier = SigV2Verifier(secrets, clock=self._clock, domains=self._domains)
         self._allow_anonymous = allow_anonymous
-        self._presigned = PresignedMemo(self._clock)
+        self._presigned = PresignedMemo(self._clock, self._verdicts_kept)
         self.generation += 1
 
     def now(self) -> float:
@@ -129,7 +132,7 @@ class PresignedMemo:
     signature and the expiry), and the Host header. Expiry is checked on every
     use; a URL whose expiry cannot be read is not remembered.
 
-    A hot set, as the front's route memo (``front.ROUTES_KEPT``): every new URL
+    A hot set (``LIMIT`` by default, ``core/hot_sets.py``), as the front's route memo: every new URL
     is an entry of ~1 KB (its path and query, a ``Principal``), so a load of
     fresh presigned URLs grew each worker to 65,536 of them, ~60 MB beyond its
     configured tiers (issue 34's soak); a URL not kept costs one HMAC check.
@@ -137,8 +140,9 @@ class PresignedMemo:
 
     LIMIT = 4096
 
-    def __init__(self, clock: Callable[[], float]) -> None:
+    def __init__(self, clock: Callable[[], float], limit: int = LIMIT) -> None:
         self._clock = clock
+        self._limit = limit
         self._entries: OrderedDict[tuple[str, str, str, str], tuple[float, Principal]] = (
             OrderedDict()
         )
@@ -187,7 +191,7 @@ class PresignedMemo:
             return
         self._entries[key] = (expires, principal)
         self._entries.move_to_end(key)
-        if len(self._entries) > self.LIMIT:
+        if len(self._entries) > self._limit:
             self._entries.popitem(last=False)
 
 

@@ -22,6 +22,7 @@ from aiohttp import web
 from aiohttp.http import HttpVersion11
 
 from gateway.core import errors
+from gateway.core.hot_sets import DEFAULT, HotSets
 from gateway.obs import request_keys as keys
 from gateway.read.reader import Reader
 from gateway.s3 import buckets, cors, listing, objects, writes, xml
@@ -53,14 +54,6 @@ HANDLERS: dict[str, Handler] = {
     "GetObject": objects.get_object,
     "BundleObjects": bundle_objects,
 }
-
-
-# Routes memoised per front, by request line. A memo pays only for lines that come back
-# soon (a hot object's GETs); a miss costs ~5 us. Each entry holds ~0.5 KB (the line's
-# strings, the route, the cache's link), and every new key or missing one adds one: at
-# 65,536 a load of fresh keys grew each worker by ~30 MB beyond its configured tiers
-# (issue 34's soak: RSS +13 MiB/min), here ~2 MB.
-ROUTES_KEPT = 4096
 
 
 @functools.lru_cache(maxsize=4096)  # a pure memo: presigned URLs come back every epoch
@@ -109,6 +102,7 @@ class S3Front:
         domains: list[str],
         body: BodySender,
         body_idle: float,
+        hot: HotSets = DEFAULT,
     ) -> None:
         self._reader = reader
         self._writer = writer
@@ -116,8 +110,13 @@ class S3Front:
         self._auth = auth
         self._domains = domains
         self._body_idle = body_idle
-        # A hot set of request lines (a refused route raises and is not kept): see ROUTES_KEPT.
-        self._line = functools.lru_cache(maxsize=ROUTES_KEPT)(self._line_of)
+        # Routes memoised by request line, a hot set of ``hot.urls`` (a refused route raises
+        # and is not kept). A memo pays only for lines that come back soon (a hot object's
+        # GETs); a miss costs ~5 us. Each entry holds ~0.5 KB, and every new key or missing
+        # one adds one: at 65,536 a load of fresh keys grew each worker by ~30 MB beyond its
+        # configured tiers (issue 34's soak: RSS +13 MiB/min), at the default 4,096 ~2 MB.
+        self._hot = hot  # how many URLs' routes and verdicts are kept (``core/hot_sets.py``)
+        self._line = functools.lru_cache(maxsize=hot.urls)(self._line_of)
         # (method, host, target) -> a presigned read's line, caller, the authenticator and
         # its credentials' generation, expiry (``_kept_read``): a hot set, as the routes.
         self._reads: OrderedDict[
@@ -135,8 +134,13 @@ class S3Front:
 
     @property
     def routes_kept(self) -> int:
-        """Routes memoised now (at most ``ROUTES_KEPT``)."""
+        """Routes memoised now (at most ``hot.urls``)."""
         return self._line.cache_info().currsize
+
+    @property
+    def hot(self) -> HotSets:
+        """The hot sets' bounds, for the hit path's own (``hits.py``)."""
+        return self._hot
 
     @property
     def body(self) -> BodySender:
@@ -246,7 +250,7 @@ class S3Front:
         key = (request.method, request.host, request.raw_path)
         self._reads[key] = (line, principal, self._auth, self._auth.generation, expires)
         self._reads.move_to_end(key)
-        if len(self._reads) > ROUTES_KEPT:
+        if len(self._reads) > self._hot.urls:
             self._reads.popitem(last=False)
 
     def _line_of(self, method: str, host: str, raw_path: str, raw_query: str, copy: bool) -> _Line:

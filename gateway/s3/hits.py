@@ -95,7 +95,6 @@ _GENERAL_HEADERS = (
     "x-amz-copy-source", "Expect", "Origin",
 )  # fmt: skip
 _GENERAL_LOWER = frozenset(name.lower() for name in (*_GENERAL_HEADERS, "Content-Length"))
-_HEADER_BLOCKS = 16_384  # objects whose rendered header block is kept
 _HANDED = 1024  # wire requests handed on whose verified caller is kept (a closed connection's
 # is never asked for: the oldest go)
 # Set per request, never from the object (the general path's prepare hook sets them too).
@@ -340,7 +339,7 @@ class HitPath:
         own, dated = rendered
         whole = b"".join((_OK, own, f"Content-Length: {info.size}\r\n".encode()))
         self._blocks[name] = (info, whole, own, dated)
-        if len(self._blocks) > _HEADER_BLOCKS:
+        if len(self._blocks) > self._front.hot.keys:
             self._blocks.popitem(last=False)
         return whole, own, dated
 
