@@ -155,11 +155,11 @@ def build(
     router = cluster.directory if cluster is not None else None
     read_ahead = ReadAheadPolicy(cache.read_ahead, cache.read_ahead_max, cache.read_ahead_idle)
     broadcast = cluster.broadcast if cluster is not None else None
+    hot = HotSets.sized(cache.hit_keys)  # the hit path's hot sets: reader, front, presigned memo
     core = read_and_write(
         namespace, blocks, metadata, metrics, cache.block_size, read_ahead=read_ahead,
         store=store, router=router, journal=journal, broadcast=broadcast,
-        pages=SharedPages(cache.dir / "node" / "pages", store) if shared else None,
-        hot=HotSets.sized(cache.hit_keys),
+        pages=SharedPages(cache.dir / "node" / "pages", store) if shared else None, hot=hot,
     )  # fmt: skip
     reader, writer, invalidator = core.reader, core.writer, core.invalidator
     prefetcher = Prefetcher(settings.prefetch, reader.block_refs, blocks, metrics, cache.block_size)
@@ -169,7 +169,6 @@ def build(
     prefetch_api = PrefetchApi(
         node_prefetch, reader, settings.prefetch, cluster.announce if cluster is not None else None
     )
-    hot = HotSets.sized(cache.hit_keys)
     auth = Authenticator(settings.credentials, settings.allow_anonymous,
                          domains=settings.virtual_host_domains, region=None if settings.region == "any" else settings.region,
                          verdicts_kept=hot.urls)  # fmt: skip
@@ -349,8 +348,8 @@ def read_and_write(
         source, blocks, block_size, invalidator, watches, metrics.write_through_bytes.inc
     )
     throughs = WriteThroughs(namespace, through, namespace.write_through_buffer)
-    reader = Reader(namespace, blocks, source, invalidator, metrics, block_size, read_ahead,
-                    (hot.keys, hot.urls))  # fmt: skip
+    reader = Reader(namespace, blocks, source, invalidator, metrics, block_size,
+                    (hot.keys, hot.urls), read_ahead)  # fmt: skip
     writer = Writer(namespace, invalidator, throughs, broadcast)
     return ReadWrite(source, invalidator, reader, writer)
 

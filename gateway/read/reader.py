@@ -49,8 +49,7 @@ class Reader:
 
     def __init__(self, namespace: Namespace, blocks: BlockSource, source: MetadataSource,
                  coherence: Invalidator, metrics: Metrics, block_size: int,
-                 read_ahead: ReadAheadPolicy | None = None,
-                 hot: tuple[int, int] = (Tickets.LIMIT, 4096)) -> None:  # fmt: skip
+                 hot: tuple[int, int], read_ahead: ReadAheadPolicy | None = None) -> None:  # fmt: skip
         """``source``: the metadata tiers; ``coherence``: what this node's writes (any
         worker's) made stale, caught up as every read starts; ``hot``: how many keys'
         tickets and block 0 names are kept (``core/hot_sets.py``: keys, urls)."""

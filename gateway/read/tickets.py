@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from dataclasses import dataclass
 
+from gateway.core.hot_sets import DEFAULT
 from gateway.metadata.heads import Entry
 from gateway.metadata.memory import MetadataCache
 from gateway.metadata.source import policy_of, scope_of
@@ -52,7 +53,7 @@ class Ticket:
 class Tickets:
     """The tickets of the keys hit last (see the module)."""
 
-    LIMIT = 16_384  # the default (``core/hot_sets.py``); ~1 KB each with the key's headers
+    LIMIT = DEFAULT.keys  # ``core/hot_sets.py``; ~1 KB each with the key's headers
 
     def __init__(self, metadata: MetadataCache, limit: int = LIMIT) -> None:
         self._metadata = metadata

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from gateway.config.settings import Credential
+from gateway.core.hot_sets import DEFAULT
 from gateway.s3 import signing
 from gateway.s3.errors import Code, S3Error
 from gateway.s3.sigv2 import SigV2Verifier, is_sigv2
@@ -60,7 +61,7 @@ class Authenticator:
         clock: Callable[[], float] = time.time,
         domains: Sequence[str] = ("localhost",),
         region: str | None = None,
-        verdicts_kept: int = 4096,  # PresignedMemo.LIMIT, defined below
+        verdicts_kept: int = DEFAULT.urls,
     ) -> None:
         """``verdicts_kept``: presigned URLs whose verdict is kept (``core/hot_sets.py``)."""
         self._clock = clock
@@ -138,7 +139,7 @@ class PresignedMemo:
     configured tiers (issue 34's soak); a URL not kept costs one HMAC check.
     """
 
-    LIMIT = 4096
+    LIMIT = DEFAULT.urls
 
     def __init__(self, clock: Callable[[], float], limit: int = LIMIT) -> None:
         self._clock = clock
