@@ -209,29 +209,19 @@ _CANONICAL_QUERY = re.compile(rf"{_CANONICAL_PART}(?:={_CANONICAL_PART})?"
 def _canonical_query(raw_query: str, *, presigned: bool) -> str:
     if not raw_query:
         return ""
-    if _CANONICAL_QUERY.fullmatch(raw_query) is not None:
-        return _sorted_query(raw_query, presigned)
+    # Most queries (every presigned URL's) are canonical already: only sorted.
+    canonical = _CANONICAL_QUERY.fullmatch(raw_query) is not None
     pairs = []
     for item in raw_query.split("&"):
         if not item:
             continue
         name, _, value = item.partition("=")
-        if presigned and decode(name).lower() == "x-amz-signature":
+        # A canonical name spelling x-amz-signature has no escape: its letters are plain.
+        if presigned and (name if canonical else decode(name)).lower() == "x-amz-signature":
             continue  # the signature cannot sign itself
-        pairs.append((uri_encode(name, safe=""), uri_encode(value, safe="")))
-    return "&".join(f"{name}={value}" for name, value in sorted(pairs))
-
-
-def _sorted_query(raw_query: str, presigned: bool) -> str:
-    """``_canonical_query`` of a query whose every part is canonical already (as most
-    are: a presigned URL's): only sorted, without the signature if presigned."""
-    pairs = []
-    for item in raw_query.split("&"):
-        if item:
-            name, _, value = item.partition("=")
-            # A canonical name spelling x-amz-signature has no escape: its letters are plain.
-            if not (presigned and name.lower() == "x-amz-signature"):
-                pairs.append((name, value))
+        if not canonical:
+            name, value = uri_encode(name, safe=""), uri_encode(value, safe="")
+        pairs.append((name, value))
     return "&".join(f"{name}={value}" for name, value in sorted(pairs))
 
 
