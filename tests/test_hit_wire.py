@@ -97,7 +97,7 @@ async def serve(
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
-    answer = hotwire.wire_answer(hits.answer_now, handler)
+    answer = hotwire.wire_answer(hits, handler)
     runner = await listener.start(app, sock, functools.partial(rejected, app), None,
                                   (first, answer), access_log=None, **server)  # type: ignore[arg-type]  # fmt: skip
     try:

@@ -46,20 +46,30 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp.http_parser import HttpRequestParser, RawRequestMessage
 from aiohttp.streams import EMPTY_PAYLOAD
 from aiohttp.web_protocol import RequestHandler
 
-from gateway.core.heads import bodiless_heads, parse_head
+from gateway.core.heads import Head, bodiless_heads, parse_head
 from gateway.s3.body import socket_for_sendfile
 
 log = logging.getLogger(__name__)
 
-# Answers a parsed request if it is a hit held now: (message, transport, socket fd or None).
-WireAnswer = Callable[[RawRequestMessage, asyncio.Transport, "int | None"], bool]
+
+class Wire(Protocol):
+    """What answers hits on the wire (``s3/hits.py``'s ``HitPath``); each returns False
+    when it sent nothing. ``sockfd``: the connection's socket for sendfile (None: TLS)."""
+
+    def answer_now(
+        self, message: RawRequestMessage | Head, transport: asyncio.Transport, sockfd: int | None
+    ) -> bool:
+        """Answer a parsed request if it is a hit held now."""
+
+    def answer_again(self, head: bytes, transport: asyncio.Transport, sockfd: int | None) -> bool:
+        """Answer a whole head, as sent, if it repeats a hit kept by its bytes."""
+
 
 # What HitConnection reads or calls of aiohttp's connection handler and parser.
 _HANDLER_INTERNALS = (
@@ -67,7 +77,7 @@ _HANDLER_INTERNALS = (
     "_close", "_force_close", "_manager", "_keepalive", "_keepalive_timeout",
     "_next_keepalive_close_time", "_msg_queue_resume_size", "_resume_reading_if_drained",
     "_pause_transport_reading", "_resume_transport_reading", "data_received", "resume_writing",
-    "_request_count",
+    "_request_count", "_request_in_progress", "_handle_request",
 )  # fmt: skip
 _PARSER_INTERNALS = ("message_consumed", "feed_data")
 
@@ -81,27 +91,29 @@ def missing_internals(
     return missing
 
 
-def wire_answer(answer: WireAnswer, handler: type = RequestHandler) -> WireAnswer | None:
-    """``answer`` if aiohttp's internals are as ``HitConnection`` needs them, else None
+def wire_answer(wire: Wire, handler: type = RequestHandler) -> Wire | None:
+    """``wire`` if aiohttp's internals are as ``HitConnection`` needs them, else None
     (logged: hits are then answered behind aiohttp's request machinery)."""
     missing = missing_internals(handler)
     if missing:
         log.warning("hits answered behind aiohttp (slower): aiohttp lacks %s", ", ".join(missing))
         return None
-    return answer
+    return wire
 
 
 class HitConnection(RequestHandler):
     """aiohttp's connection handler, answering hits as they are parsed (see the module).
 
-    ``manager.wire`` (the server's) is the answer; None: aiohttp's handler as it is.
+    ``manager.wire`` (the server's) answers; None: aiohttp's handler as it is.
     """
 
-    __slots__ = ("_answering", "_holding", "_plain", "_sockfd", "_wire")
+    __slots__ = ("_again", "_answering", "_holding", "_kept_alive", "_plain", "_sockfd", "_wire")
 
     def __init__(self, manager: Any, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
-        self._wire: WireAnswer | None = getattr(manager, "wire", None)
+        wire: Wire | None = getattr(manager, "wire", None)
+        self._wire = None if wire is None else wire.answer_now
+        self._again = None if wire is None else wire.answer_again
         self._sockfd: int | None = None
         self._answering = False  # answering now: a nested data_received only parses
         self._holding = False  # reading paused by this class until the transport drains
@@ -109,6 +121,7 @@ class HitConnection(RequestHandler):
         # requests, so it holds no part of a message: a read of whole heads may be parsed
         # here instead (``core/heads.py``). Once not, aiohttp parses the connection's rest.
         self._plain = True
+        self._kept_alive = True  # the last request aiohttp answered left the connection open
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -116,13 +129,7 @@ class HitConnection(RequestHandler):
 
     def data_received(self, data: bytes) -> None:
         waiter = self._waiter
-        if (
-            self._wire is None
-            or waiter is None
-            or waiter.done()
-            or self._close
-            or self._force_close
-        ):
+        if self._wire is None or self._close or self._force_close or not self._idle(waiter):
             if self._plain and bodiless_heads(data) is None:
                 self._plain = False
             super().data_received(data)  # aiohttp's loop has (or is about to have) the queue
@@ -147,7 +154,10 @@ class HitConnection(RequestHandler):
         finally:
             self._waiter = waiter
         if self._close or self._force_close:
-            waiter.cancel()  # what close() or force_close() did to the loop's waiter
+            if waiter is not None:
+                waiter.cancel()  # what close() or force_close() did to the loop's waiter
+            return
+        if waiter is None:  # aiohttp's loop takes what was queued as it comes back
             return
         if declined:  # the wire asked the hit path already: aiohttp's loop answers it
             if self._messages and not waiter.done():
@@ -155,19 +165,38 @@ class HitConnection(RequestHandler):
         elif not self._answering:
             self._answer_queued(waiter)
 
+    def _idle(self, waiter: asyncio.Future[None] | None) -> bool:
+        """Whether aiohttp's loop has nothing of the connection queued or running, so a
+        hit answered now is in order: it waits for a request, or it is between two (not
+        started yet, or back from a request that left the connection open)."""
+        if waiter is not None:
+            return not waiter.done()
+        return not self._request_in_progress and self._kept_alive and not self._messages
+
+    async def _handle_request(self, request: Any, start_time: Any, handler: Any) -> Any:
+        """aiohttp's, and then the hits queued behind the request answered on the wire:
+        a connection whose requests came while aiohttp's loop was busy goes back to the
+        wire as soon as it is done, not once its client pauses."""
+        resp, reset = await super()._handle_request(request, start_time, handler)
+        self._kept_alive = not reset and resp.keep_alive and not self._force_close
+        if self._kept_alive and self._messages and not self._answering:
+            self._answer_queue()
+        return resp, reset
+
     def _answer_heads(self, heads: list[bytes]) -> int:
         """Hits answered from ``heads`` (whole, bodiless, in order: ``core/heads.py``),
         parsed here rather than by aiohttp, until one is not a hit or writing pauses."""
-        answer, transport = self._wire, self.transport
+        answer, again, transport = self._wire, self._again, self.transport
         answered = 0
         self._answering = True
         try:
             for raw in heads:
-                if self._paused or transport is None or answer is None:
+                if self._paused or transport is None or answer is None or again is None:
                     break
-                head = parse_head(raw)
-                if head is None or not answer(head, transport, self._sockfd):
-                    break
+                if not again(raw, transport, self._sockfd):
+                    head = parse_head(raw)
+                    if head is None or not answer(head, transport, self._sockfd):
+                        break
                 answered += 1
                 transport = self.transport  # None once a cut answer closed it
         finally:
@@ -197,10 +226,21 @@ class HitConnection(RequestHandler):
     def _answer_queued(self, waiter: asyncio.Future[None]) -> None:
         """Answer the hits at the head of the queue; then hold the rest until the transport
         drains, or wake aiohttp's loop for the first request that is not a hit."""
+        self._answer_queue()
+        if not self._messages or waiter.done():
+            return
+        if self._paused:
+            self._holding = True  # resume_writing answers the rest
+            self._pause_transport_reading()
+        else:
+            waiter.set_result(None)
+
+    def _answer_queue(self) -> None:
+        """Answer the hits at the head of the queue, and what the parser held back at a
+        full queue, parsed as aiohttp's loop parses it."""
         self._answering = True
         try:
             answered = self._answer_head()
-            # The parser stops at a full queue; parse what it held back, as aiohttp's loop does.
             while self._buffer_paused and len(self._messages) <= self._msg_queue_resume_size:
                 queued = len(self._messages)
                 self._resume_reading_if_drained()
@@ -211,13 +251,6 @@ class HitConnection(RequestHandler):
             self._answering = False
         if answered:
             self._answered(answered)
-        if not self._messages or waiter.done():
-            return
-        if self._paused:
-            self._holding = True  # resume_writing answers the rest
-            self._pause_transport_reading()
-        else:
-            waiter.set_result(None)
 
     def _answer_head(self) -> int:
         """Hits answered from the head of the queue, until one is not or writing pauses."""

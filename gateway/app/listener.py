@@ -47,7 +47,7 @@ from aiohttp.http_parser import RawRequestMessage
 from aiohttp.streams import EMPTY_PAYLOAD
 from aiohttp.web_protocol import _ErrInfo
 
-from gateway.app.hotwire import HitConnection, WireAnswer
+from gateway.app.hotwire import HitConnection, Wire
 from gateway.config.settings import split_listen
 
 EXIT_BIND = 1
@@ -91,7 +91,7 @@ def run(
     loop: asyncio.AbstractEventLoop,
     ssl_context: ssl.SSLContext | None = None,
     first: First | None = None,
-    wire: WireAnswer | None = None,
+    wire: Wire | None = None,
     **server: Any,
 ) -> None:
     """Serve ``app`` on ``sock`` (over TLS with ``ssl_context``) until SIGTERM/SIGINT,
@@ -121,7 +121,7 @@ async def _serve(
     sock: socket.socket,
     rejected: Rejected,
     ssl_context: ssl.SSLContext | None,
-    ahead: tuple[First | None, WireAnswer | None],
+    ahead: tuple[First | None, Wire | None],
     server: dict[str, Any],
 ) -> None:
     runner = await start(app, sock, rejected, ssl_context, ahead, handle_signals=True, **server)
@@ -136,7 +136,7 @@ async def start(
     sock: socket.socket,
     rejected: Rejected,
     ssl_context: ssl.SSLContext | None,
-    ahead: tuple[First | None, WireAnswer | None],
+    ahead: tuple[First | None, Wire | None],
     **server: Any,
 ) -> web.AppRunner:
     """``app`` serving on ``sock`` until the returned runner's ``cleanup`` (tests serve so)."""
@@ -153,7 +153,7 @@ async def start(
 class _Runner(web.AppRunner):
     def __init__(
         self, app: web.Application, rejected: Rejected, first: First | None,
-        wire: WireAnswer | None, send_timeout: float = 60.0, **kwargs: Any,
+        wire: Wire | None, send_timeout: float = 60.0, **kwargs: Any,
     ) -> None:  # fmt: skip
         super().__init__(app, **kwargs)
         self._rejected = rejected
@@ -183,7 +183,7 @@ def _first_then(first: First, handler: Handler) -> Handler:
 
 class _Server(web.Server):
     rejected: Rejected
-    wire: WireAnswer | None
+    wire: Wire | None
     send_timeout: float
 
     def __call__(self) -> HitConnection:

@@ -14,7 +14,7 @@ import functools
 import logging
 import re
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import NamedTuple
 from urllib.parse import unquote
 
@@ -91,6 +91,14 @@ class _Line(NamedTuple):
 def request_view(request: web.Request) -> RequestView:
     raw_path, _, raw_query = request.raw_path.partition("?")
     return RequestView(request.method, raw_path, raw_query, request.headers)
+
+
+class Verdict(NamedTuple):
+    """A presigned read's kept verdict: who checked it, with which credentials, until when."""
+
+    auth: Authenticator
+    generation: int  # the credentials' generation it was checked with
+    expires: float  # on the authenticator's clock
 
 
 class S3Front:
@@ -238,6 +246,26 @@ class S3Front:
         self._reads.move_to_end(key)
         request[keys.PRINCIPAL] = principal
         return line, principal
+
+    def kept_verdict(
+        self, method: str, host: str, raw_path: str, headers: Iterable[str]
+    ) -> Verdict | None:
+        """The kept verdict (``_kept_read``) a repeat of this very request would be admitted
+        by, for a memo of its answer (``express.py``); None: a repeat is checked anew."""
+        kept = self._reads.get((method, host, raw_path))
+        if kept is None or needs_verifier(headers):
+            return None
+        return Verdict(*kept[2:])
+
+    def holds(self, verdict: Verdict) -> bool:
+        """Whether ``verdict`` still admits its request, as ``_kept_read`` would: the same
+        credentials (no reload since) and the URL not expired."""
+        auth = verdict.auth
+        return (
+            auth is self._auth
+            and verdict.generation == auth.generation
+            and (auth.now() <= verdict.expires)
+        )
 
     def _keep_read(
         self, request: web.Request, view: RequestView, line: _Line, principal: Principal

@@ -59,31 +59,31 @@ request until ``resume_writing``): a client that stops reading holds one answer.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from email.utils import formatdate
-from typing import Any
+from typing import Any, NamedTuple
 
 from aiohttp import web
 from aiohttp.http import HttpVersion11
 from aiohttp.http_parser import RawRequestMessage
 
 from gateway.core import errors
-from gateway.core.heads import Head
+from gateway.core.heads import Head, parse_head
 from gateway.obs import request_keys as keys
 from gateway.obs.metrics import Metrics
 from gateway.origins.base import ObjectInfo
 from gateway.pieces import FileSegment, Piece
 from gateway.read.reader import Reader
 from gateway.s3.auth import Principal
-from gateway.s3.body import BodySender, write_segment_now
+from gateway.s3.body import BodySender
 from gateway.s3.call import Call
 from gateway.s3.errors import S3Error
+from gateway.s3.express import ExpressLane, Lane
 from gateway.s3.front import S3Front
+from gateway.s3.hit_bytes import Span, part, status, tail, write_now
 from gateway.s3.objects import OVERRIDES, cut_reason, object_headers
 from gateway.s3.ranges import parse_range
 
@@ -101,10 +101,12 @@ _HANDED = 1024  # wire requests handed on whose verified caller is kept (a close
 _PER_REQUEST = ("Server", "x-amz-request-id", "x-amz-id-2")
 _OWN_LOWER = frozenset(name.lower() for name in (*_PER_REQUEST, "Content-Length"))
 _OK, _PARTIAL = b"HTTP/1.1 200 OK\r\n", b"HTTP/1.1 206 Partial Content\r\n"
-Span = tuple[int, int] | None  # the inclusive bytes a range selects; None: the whole object
 
 # The metrics and access-log line of a hit: request, status, body bytes, seconds, tier.
 Account = Callable[[web.BaseRequest, int, int, float, str], None]
+# ``Account`` of a whole hit answered again from its bytes (``express.py``), no request
+# made: request id, decoded path, bucket, mount, status, body bytes, seconds, tier.
+CountHit = Callable[[str, str, str, str, int, int, float, str], None]
 
 
 class WireRequest(dict[str, Any]):
@@ -128,12 +130,24 @@ class WireRequest(dict[str, Any]):
         return str(self._url.path)
 
 
+class _Prepared(NamedTuple):
+    """An answer decided, not yet sent: its header block up to the per-request lines
+    (whether they hold the origin's ``Date``), the range, the body, what it is of."""
+
+    block: bytes
+    dated: bool
+    span: Span
+    piece: Piece
+    info: ObjectInfo
+    tier: str
+
+
 class HitPath:
     """Answers hits of small objects in front of the aiohttp application (see the module)."""
 
     def __init__(
         self, front: S3Front, reader: Reader, body: BodySender, metrics: Metrics,
-        new_id: Callable[[], str], account: Account,
+        new_id: Callable[[], str], account: Account, count: CountHit,
     ) -> None:  # fmt: skip
         self._front = front
         self._metrics = metrics
@@ -147,7 +161,9 @@ class HitPath:
         self._blocks: OrderedDict[tuple[str, str, bool], tuple[ObjectInfo, bytes, bytes, bool]] = (
             OrderedDict()
         )
-        self._date = (0, "")
+        # Presigned hits answered again from their bytes alone (``express.py``).
+        self._lane = ExpressLane(front, reader)
+        self._count = count
         # The request (its target and headers, as sent) -> (principal, credentials
         # generation, settled) of wire requests admitted but not answered there. Keyed by
         # content, not by object: a head the wire parsed itself (``core/heads.py``) reaches
@@ -156,6 +172,32 @@ class HitPath:
         self._handed: dict[
             tuple[str, tuple[tuple[str, str], ...]], tuple[Principal, int, bool]
         ] = {}
+
+    def answer_again(self, head: bytes, transport: asyncio.Transport, sockfd: int | None) -> bool:
+        """Answer ``head`` (one whole request head, as sent) if it repeats a presigned hit
+        answered before and nothing it depends on changed (``express.py``); False:
+        nothing was sent, ``answer_now`` decides."""
+        repeat = self._lane.repeat(head, transport)
+        if repeat is None:
+            return False
+        started = time.perf_counter()
+        lane, piece = repeat.lane, repeat.piece
+        request_id = self._new_id()
+        try:
+            write_now(transport, sockfd, lane.block + tail(lane.dated, int(time.time()),
+                                                           request_id), piece)  # fmt: skip
+        except Exception as exc:  # the headers may be gone: cut, and accounted as one
+            request = self._repeated(head, lane, request_id)
+            _cut(request, transport, exc, 0)
+            self._account(request, lane.status, lane.length, time.perf_counter() - started,
+                          repeat.tier)  # fmt: skip
+            return True
+        finally:
+            if isinstance(piece, FileSegment):
+                piece.release()
+        self._count(request_id, lane.path, lane.bucket, lane.mount, lane.status, lane.length,
+                    time.perf_counter() - started, repeat.tier)  # fmt: skip
+        return True
 
     @property
     def front(self) -> S3Front:
@@ -190,18 +232,20 @@ class HitPath:
         if prepared is None:
             self._hand_on(message, call, settled=held is False)
             return False
-        head, piece, status, length, tier = prepared
+        code, length = status(prepared.span, prepared.info.size)
         try:
-            if isinstance(piece, FileSegment):
-                _write_segment(transport, sockfd, head, piece)
-            else:
-                transport.writelines((head, piece))
+            write_now(transport, sockfd, self._head(request, prepared), prepared.piece)
         except Exception as exc:  # the headers may be gone: cut, as objects._stream does
             _cut(request, transport, exc, 0)
         finally:
-            if isinstance(piece, FileSegment):
-                piece.release()
-        self._account(request, status, length, time.perf_counter() - started, tier)  # type: ignore[arg-type]
+            if isinstance(prepared.piece, FileSegment):
+                prepared.piece.release()
+        elapsed = time.perf_counter() - started
+        self._account(request, code, length, elapsed, prepared.tier)  # type: ignore[arg-type]
+        if isinstance(message, Head) and keys.CUT not in request:
+            self._lane.keep(message, host, request[keys.MOUNT], request.path, call.bucket,
+                            call.key, prepared.info, prepared.span, prepared.block,
+                            prepared.dated)  # fmt: skip
         return True
 
     async def answer(self, request: web.Request) -> web.StreamResponse | None:
@@ -230,18 +274,30 @@ class HitPath:
         prepared = None if held is None else self._prepared(request, call, held, transport)
         if prepared is None or transport is None:
             return None
-        head, piece, status, length, tier = prepared
+        code, length = status(prepared.span, prepared.info.size)
+        piece = prepared.piece
         try:
             if isinstance(piece, FileSegment):
-                transport.write(head)  # the body follows with sendfile
+                transport.write(self._head(request, prepared))  # the body follows with sendfile
                 await self._body.send(request, request.writer, piece)
             else:
-                transport.writelines((head, piece))
+                transport.writelines((self._head(request, prepared), piece))
             await request.writer.drain()
         except Exception as exc:  # the headers are gone: cut, as objects._stream does
             _cut(request, transport, exc, 0)
-        self._account(request, status, length, time.perf_counter() - started, tier)
+        self._account(request, code, length, time.perf_counter() - started, prepared.tier)
         return _Sent()
+
+    @staticmethod
+    def _repeated(head: bytes, lane: Lane, request_id: str) -> WireRequest:
+        """The request a repeat was, as ``admit`` notes one (for the rare answer that needs
+        it: a cut one)."""
+        message = parse_head(head)
+        assert message is not None  # it was parsed before it was kept
+        request = WireRequest(message, lane.host)
+        request[keys.REQUEST_ID], request[keys.OPERATION] = request_id, "GetObject"
+        request[keys.BUCKET], request[keys.MOUNT] = lane.bucket, lane.mount
+        return request
 
     def _hand_on(self, message: RawRequestMessage | Head, call: Call, settled: bool) -> None:
         """Keep who ``message`` was verified as, for aiohttp's request of the same message
@@ -275,33 +331,33 @@ class HitPath:
     def _prepared(
         self, request: web.BaseRequest | WireRequest, call: Call,
         held: tuple[ObjectInfo, Piece, str], transport: asyncio.Transport | None,
-    ) -> tuple[bytes, Piece, int, int, str] | None:  # fmt: skip
+    ) -> _Prepared | None:  # fmt: skip
         """The answer to ``request`` from ``held`` (its ``Range`` read as the general path
-        reads it): the headers, the body, the status and length to account, the tier.
-        None, with a file's piece released, where the general path answers instead: a
-        range past the end (its 416), headers it would refuse, a client gone."""
+        reads it). None, with a file's piece released, where the general path answers
+        instead: a range past the end (its 416), headers it would refuse, a client gone."""
         info, whole, tier = held
         try:
             span = _span(request.headers.get("Range"), info.size)
         except errors.RangeNotSatisfiable:
-            head, piece = None, whole
+            block, piece = None, whole
         else:
-            piece = _part(whole, span)
-            head = None if transport is None else self._head(request, call.bucket, call.key,
-                                                             info, span, tier, transport)  # fmt: skip
-        if head is None:
+            piece = part(whole, span)
+            block = None if transport is None else self._block(request, call.bucket, call.key,
+                                                               info, span, transport)  # fmt: skip
+        if block is None:
             if isinstance(piece, FileSegment):
                 piece.release()
             return None
-        return head, piece, *_status(span, info.size), tier
+        return _Prepared(*block, span, piece, info, tier)
 
-    def _head(
+    def _block(
         self, request: web.BaseRequest | WireRequest, bucket: str, key: str, info: ObjectInfo,
-        span: Span, tier: str, transport: asyncio.Transport,
-    ) -> bytes | None:  # fmt: skip
+        span: Span, transport: asyncio.Transport,
+    ) -> tuple[bytes, bool] | None:  # fmt: skip
         """The status line and headers of the answer (of ``span`` of the object; None: all
-        of it); None if they cannot be sent as they are (the general path refuses them as
-        it always did) or the client is gone. The caller still holds the body."""
+        of it) up to the per-request ones, and whether they hold a ``Date``; None if they
+        cannot be sent as they are (the general path refuses them as it always did) or the
+        client is gone. The caller still holds the body."""
         # S3 sends the whole object's checksums when asked, never on a range (objects.py).
         checksums = span is None and _asks_checksums(request.headers)
         rendered = self._rendered(bucket, key, info, checksums)
@@ -309,17 +365,16 @@ class HitPath:
             return None
         whole, own, dated = rendered
         if span is None:
-            block, length = whole, info.size
-        else:
-            start, end = span
-            length = end - start + 1
-            block = b"".join((_PARTIAL, own, (f"Content-Range: bytes {start}-{end}/{info.size}"
-                                              f"\r\nContent-Length: {length}\r\n").encode()))  # fmt: skip
-        now = self._now() if not dated else ""
-        request_id = request[keys.REQUEST_ID]
-        tail = (f"{now}Server: Hoard\r\nx-amz-request-id: {request_id}\r\n"
-                f"x-amz-id-2: {request_id}\r\n\r\n").encode()  # fmt: skip
-        return block + tail
+            return whole, dated
+        start, end = span
+        ranged = (f"Content-Range: bytes {start}-{end}/{info.size}\r\n"
+                  f"Content-Length: {end - start + 1}\r\n").encode()  # fmt: skip
+        return b"".join((_PARTIAL, own, ranged)), dated
+
+    @staticmethod
+    def _head(request: web.BaseRequest | WireRequest, prepared: _Prepared) -> bytes:
+        """The answer's whole head: its block, and the lines set per request."""
+        return prepared.block + tail(prepared.dated, int(time.time()), request[keys.REQUEST_ID])
 
     def _rendered(
         self, bucket: str, key: str, info: ObjectInfo, checksums: bool = False
@@ -342,13 +397,6 @@ class HitPath:
         if len(self._blocks) > self._front.hot.keys:
             self._blocks.popitem(last=False)
         return whole, own, dated
-
-    def _now(self) -> str:
-        """The ``Date`` line, formatted once per second."""
-        second = int(time.time())
-        if self._date[0] != second:
-            self._date = (second, f"Date: {formatdate(second, usegmt=True)}\r\n")
-        return self._date[1]
 
 
 def _asks_checksums(headers: Any) -> bool:
@@ -385,21 +433,6 @@ def _span(header: str | None, size: int) -> Span:
     return spec.resolve(size)
 
 
-def _part(piece: Piece, span: Span) -> Piece:
-    """The bytes of ``span`` of a whole object's ``piece``."""
-    if span is None:
-        return piece
-    start, end = span
-    if isinstance(piece, FileSegment):
-        return dataclasses.replace(piece, offset=piece.offset + start, count=end - start + 1)
-    return piece[start : end + 1]
-
-
-def _status(span: Span, size: int) -> tuple[int, int]:
-    """The answer's status and body length."""
-    return (200, size) if span is None else (206, span[1] - span[0] + 1)
-
-
 def _sent_as(target: str, headers: Any) -> tuple[str, tuple[tuple[str, str], ...]]:
     """A request as its client sent it: its target, and its headers in order."""
     return target, tuple(headers.items())
@@ -429,15 +462,6 @@ def _plain_message(message: RawRequestMessage | Head) -> str | None:
     if not _GENERAL_LOWER.isdisjoint(names):
         return None
     return headers.get("Host")
-
-
-def _write_segment(
-    transport: asyncio.Transport, sockfd: int | None, head: bytes, segment: FileSegment
-) -> None:
-    """Headers, then the record (``body.write_segment_now``: sendfile as far as the socket
-    takes it now, the rest read and queued, in order)."""
-    transport.write(head)
-    write_segment_now(transport, sockfd, segment)
 
 
 def _cut(
