@@ -146,7 +146,7 @@ def build(
     metadata = MetadataCache(
         head_bytes=cache.metadata_head_bytes, listing_bytes=cache.metadata_listing_bytes,
         whole_listing_bytes=cache.whole_listing_bytes,
-        on_event=lambda kind, state, mount: _metadata_event(metrics, kind, state, mount),
+        on_event=functools.partial(_metadata_event, metrics),
     )  # fmt: skip
     store = MetadataStore(
         cache.dir / "metadata.sqlite3", max_rows=cache.metadata_store_rows, shared=shared

@@ -38,6 +38,30 @@ class BlockId:
     # The digest, once computed: a disk hit names its block four times (open file, place,
     # checked record, touch), each a BLAKE2b of the identity if not kept.
     _digest: str | None = field(default=None, init=False, repr=False, compare=False)
+    # The hash, once computed: a memory hit hashes its block twice (lookup, recency), and
+    # the dataclass's own hash built and hashed a tuple of the fields each time.
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __hash__(self) -> int:
+        kept = self._hash
+        if not kept:
+            kept = hash((self.origin, self.bucket, self.key, self.etag, self.index)) or 1
+            object.__setattr__(self, "_hash", kept)  # frozen: set once, on first use
+        return kept
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if other.__class__ is not BlockId:
+            return NotImplemented
+        return (
+            hash(self) == hash(other)
+            and self.key == other.key  # type: ignore[attr-defined]
+            and self.etag == other.etag  # type: ignore[attr-defined]
+            and self.index == other.index  # type: ignore[attr-defined]
+            and self.bucket == other.bucket  # type: ignore[attr-defined]
+            and self.origin == other.origin  # type: ignore[attr-defined]
+        )
 
     @property
     def digest(self) -> str:

@@ -41,7 +41,7 @@ import struct
 import sys
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from gateway.metadata import shapes
 from gateway.metadata.snapshot import microseconds, moment, pack_etag, unpack_etag
@@ -52,6 +52,13 @@ _NEGATIVE = 0xFFFFFFFF  # the shape number of a negative entry
 _DECODED = 1024
 _SLOT = 48  # a dict slot (hash, key, value) and its share of the index, per entry
 _UNPACKED = 700  # an ObjectInfo, its strings, datetime and dicts, beyond the headers' text
+
+
+class Mark(NamedTuple):
+    """A stored record, the very object, and its key in the table (``HeadTable.record``)."""
+
+    at: str
+    record: bytes | Entry
 
 
 @dataclass(slots=True)
@@ -102,19 +109,21 @@ class HeadTable:
         if record is not None:
             self._records[k] = record
 
-    def record(self, scope: Hashable, key: str) -> bytes | Entry | None:
-        """What is stored for ``key`` as it is stored (a ticket's mark: ``read/tickets.py``):
-        any change to the entry stores another object."""
-        return self._records.get(self._key(scope, key))
+    def record(self, scope: Hashable, key: str) -> Mark | None:
+        """What is stored for ``key`` as it is stored, and where (a ticket's mark:
+        ``read/tickets.py``): any change to the entry stores another object."""
+        at = self._key(scope, key)
+        record = self._records.get(at)
+        return None if record is None else Mark(at, record)
 
-    def touch_if(self, scope: Hashable, key: str, record: bytes | Entry) -> bool:
-        """``touch`` if ``record`` (the very object) is still what is stored for ``key``."""
-        k = self._key(scope, key)
+    def touch_if(self, mark: Mark) -> bool:
+        """``touch`` if ``mark``'s record (the very object) is still what is stored."""
+        at, record = mark
         records = self._records
-        if records.get(k) is not record:
+        if records.get(at) is not record:
             return False
-        del records[k]
-        records[k] = record
+        del records[at]
+        records[at] = record
         return True
 
     def peek(self, scope: Hashable, key: str) -> Entry | None:

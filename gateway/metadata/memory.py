@@ -83,7 +83,7 @@ from gateway.core.errors import NoSuchKey
 from gateway.metadata import lookups
 from gateway.metadata.bodies import PageBodies
 from gateway.metadata.freshness import Freshness
-from gateway.metadata.heads import Entry, HeadTable
+from gateway.metadata.heads import Entry, HeadTable, Mark
 from gateway.metadata.lookups import Aged, FetchHead, FetchPage, Lookup, Lru, Policy
 from gateway.metadata.snapshot import Snapshot, SnapshotBuilder
 from gateway.metadata.walk import Walk, settled_page
@@ -160,16 +160,14 @@ class MetadataCache(Freshness):
         held = self._held("head", k, partial(self._load_head, k, policy, fetch), policy, entry)
         return None if held is None else held.value
 
-    def record(self, scope: Hashable, key: str) -> object | None:
+    def record(self, scope: Hashable, key: str) -> Mark | None:
         """The stored form of ``key``'s head, as a mark of that very answer (``still_held``)."""
         return self._heads.record(scope, key)
 
-    def still_held(self, scope: Hashable, key: str, record: object, fresh_until: float) -> bool:
-        """Whether ``record`` (``record``'s answer) is still ``key``'s and fresh: if so it is
-        marked recently used, as ``head_held`` marks it (``count_head_hit`` counts it)."""
-        if self._clock() >= fresh_until:
-            return False
-        return self._heads.touch_if(scope, key, record)  # type: ignore[arg-type]
+    def still_held(self, mark: Mark, fresh_until: float) -> bool:
+        """Whether ``mark``'s answer is still its key's and fresh: if so it is marked
+        recently used, as ``head_held`` marks it (``count_head_hit`` counts it)."""
+        return self._clock() < fresh_until and self._heads.touch_if(mark)
 
     def count_head_hit(self, label: str) -> None:
         """Count a head answered from memory (a ticket's use), as ``head_held`` counts it."""

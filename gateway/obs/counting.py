@@ -99,5 +99,4 @@ class RequestCounting(PerRequestSeries):
                 self._child(self.hit_path, source),
                 self._child(self.request_duration, "GetObject", mount),
             )
-        self._tally.add_each(series[:4], (1.0, body_bytes, body_bytes, 1.0))
-        self._tally.observe(series[4], seconds)
+        self._tally.hit(series, body_bytes, seconds)

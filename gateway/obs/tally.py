@@ -37,11 +37,13 @@ from typing import Any
 class Tally:
     """Counts and observations of per-request series, flushed at the end of a loop turn."""
 
-    __slots__ = ("_counts", "_observed", "_scheduled")
+    __slots__ = ("_counts", "_hits", "_observed", "_scheduled")
 
     def __init__(self) -> None:
         self._counts: dict[Any, float] = {}  # a labelled Counter child -> what to add
         self._observed: dict[Any, list[float]] = {}  # a labelled Histogram child -> values
+        # A hit's five series (``hit``) -> [answers, body bytes, seconds of each]
+        self._hits: dict[tuple[Any, ...], list[Any]] = {}
         self._scheduled = False
 
     def add(self, series: Any, amount: float = 1.0) -> None:
@@ -50,11 +52,17 @@ class Tally:
         if not self._scheduled:
             self._schedule()
 
-    def add_each(self, series: tuple[Any, ...], amounts: tuple[float, ...]) -> None:
-        """``add`` of each of ``series`` its amount, in one call (a hit's counts)."""
-        counts = self._counts
-        for one, amount in zip(series, amounts, strict=True):
-            counts[one] = counts.get(one, 0.0) + amount
+    def hit(self, series: tuple[Any, ...], body_bytes: int, seconds: float) -> None:
+        """A whole hit (``Metrics.hit_answered``): ``series`` are its answers' and hits'
+        counters (each +1), its body's and bytes' counters (each + ``body_bytes``), and
+        its latency histogram; one dict entry per label set, not five."""
+        held = self._hits.get(series)
+        if held is None:
+            self._hits[series] = [1, body_bytes, [seconds]]
+        else:
+            held[0] += 1
+            held[1] += body_bytes
+            held[2].append(seconds)
         if not self._scheduled:
             self._schedule()
 
@@ -72,6 +80,11 @@ class Tally:
         self._scheduled = False
         counts, self._counts = self._counts, {}
         observed, self._observed = self._observed, {}
+        hits, self._hits = self._hits, {}
+        for (answers, body, served, hit, latency), (count, sent, seconds) in hits.items():
+            for series, amount in ((answers, count), (body, sent), (served, sent), (hit, count)):
+                counts[series] = counts.get(series, 0.0) + amount
+            observed.setdefault(latency, []).extend(seconds)
         for series, amount in counts.items():
             if amount:  # a gauge moved up and back down within the turn: nothing to write
                 series.inc(amount)

@@ -24,11 +24,10 @@ and gets one.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from dataclasses import dataclass
 
 from gateway.core.hot_sets import DEFAULT
-from gateway.metadata.heads import Entry
+from gateway.metadata.heads import Entry, Mark
 from gateway.metadata.memory import MetadataCache
 from gateway.metadata.source import policy_of, scope_of
 from gateway.origins.base import ObjectInfo
@@ -41,9 +40,7 @@ Known = tuple[Mount, str, ObjectInfo, Entry]
 
 @dataclass(frozen=True, slots=True)
 class Ticket:
-    scope: Hashable
-    okey: str  # the key at the origin
-    record: object  # the metadata's stored record when the ticket was made
+    mark: Mark  # the metadata's stored record when the ticket was made
     fresh_until: float  # the metadata's freshness, on the metadata table's clock
     label: str  # the mount's label, as lookups are counted
     ref: BlockRef  # block 0
@@ -69,8 +66,7 @@ class Tickets:
         ticket = self._kept.get((bucket, key))
         if ticket is None:
             return None
-        if not self._metadata.still_held(ticket.scope, ticket.okey, ticket.record,
-                                         ticket.fresh_until):  # fmt: skip
+        if not self._metadata.still_held(ticket.mark, ticket.fresh_until):
             del self._kept[(bucket, key)]
             return None
         return ticket
@@ -85,12 +81,12 @@ class Tickets:
         """A ticket for what the lookups just found of ``key`` (nothing awaited since)."""
         mount, okey, _, entry = known
         scope = scope_of(mount)
-        record = self._metadata.record(scope, okey)
-        if record is None:
+        mark = self._metadata.record(scope, okey)
+        if mark is None:
             return
         kept = self._kept
         kept.pop((bucket, key), None)
-        kept[(bucket, key)] = Ticket(scope, okey, record, entry.fresh_until,
+        kept[(bucket, key)] = Ticket(mark, entry.fresh_until,
                                      policy_of(mount).label, ref, info)  # fmt: skip
         if len(kept) > self._limit:
             del kept[next(iter(kept))]
