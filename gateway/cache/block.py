@@ -55,8 +55,7 @@ class BlockId:
         if other.__class__ is not BlockId:
             return NotImplemented
         return (
-            hash(self) == hash(other)
-            and self.key == other.key  # type: ignore[attr-defined]
+            self.key == other.key  # type: ignore[attr-defined]
             and self.etag == other.etag  # type: ignore[attr-defined]
             and self.index == other.index  # type: ignore[attr-defined]
             and self.bucket == other.bucket  # type: ignore[attr-defined]
