@@ -528,3 +528,22 @@ async def test_failed_cold_fill_is_a_clear_s3_error_and_not_cached(
 async def _status_and_body(url: str) -> tuple[int, bytes]:
     async with aiohttp.ClientSession() as session, session.get(url) as answer:
         return answer.status, await answer.read()
+
+
+def test_a_block_id_is_named_by_its_five_fields_alone() -> None:
+    """Equal fields: equal ids, one hash, one dict slot (the hash is kept once computed,
+    the digest too); any field different: another block."""
+    from dataclasses import replace
+
+    from gateway.cache.block import BlockId
+
+    block = BlockId("origin", "bucket", "key", "etag", 0)
+    same = BlockId("origin", "bucket", "key", "etag", 0)
+    _ = same.digest  # a kept digest is no part of the identity
+    assert block == same and hash(block) == hash(same) and {block: 1}[same] == 1
+    assert hash(block) == hash(block)  # kept, and the same when asked again
+    for field, value in (("origin", "o2"), ("bucket", "b2"), ("key", "k2"), ("etag", "e2"),
+                         ("index", 1)):  # fmt: skip
+        other = replace(block, **{field: value})
+        assert other != block and other not in {block}
+    assert block != ("origin", "bucket", "key", "etag", 0)

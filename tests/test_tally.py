@@ -36,3 +36,33 @@ def test_a_flushed_turn_matches_values_observed_one_by_one() -> None:
     assert got.keys() == expected.keys()
     for name, value in expected.items():
         assert got[name] == value or (math.isnan(value) and math.isnan(got[name])), name
+
+
+async def test_hits_of_a_turn_land_as_their_counts_added_one_by_one() -> None:
+    """``Tally.hit``'s one entry per label set moves the five series as five ``add`` and
+    ``observe`` calls per hit would, beside counts of the same series added plainly."""
+    from prometheus_client import Counter
+
+    registry = CollectorRegistry()
+    names = ("answers", "body", "served", "hits")
+    plain = [Counter(f"plain_{n}", "", registry=registry) for n in names]
+    batched = [Counter(f"batched_{n}", "", registry=registry) for n in names]
+    latency = {kind: Histogram(f"{kind}_seconds", "", buckets=BOUNDS, registry=registry)
+               for kind in ("plain", "batched")}  # fmt: skip
+    tally = Tally()
+    series = (*batched, latency["batched"])
+    hits = [(4096, 0.0005), (131072, 0.02), (100, 3.0)]
+    for body_bytes, seconds in hits:  # within one loop turn: flushed once, at its end
+        tally.hit(series, body_bytes, seconds)
+        for counter, amount in zip(plain, (1, body_bytes, body_bytes, 1), strict=True):
+            counter.inc(amount)
+        latency["plain"].observe(seconds)
+    tally.add(batched[0], 2.0)  # the same series counted another way in the same turn
+    plain[0].inc(2.0)
+    assert batched[0]._value.get() == 0  # nothing lands before the turn ends
+    tally.flush()
+    for mine, theirs in zip(batched, plain, strict=True):
+        assert mine._value.get() == theirs._value.get()
+    expected = {(n.replace("plain", "batched"), le): v
+                for (n, le), v in _samples(latency["plain"]).items()}  # fmt: skip
+    assert _samples(latency["batched"]) == expected

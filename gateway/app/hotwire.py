@@ -129,7 +129,8 @@ class HitConnection(RequestHandler):
 
     def data_received(self, data: bytes) -> None:
         waiter = self._waiter
-        if self._wire is None or self._close or self._force_close or not self._idle(waiter):
+        idle = (waiter is not None and not waiter.done()) or self._idle(waiter)
+        if self._wire is None or self._close or self._force_close or not idle:
             if self._plain and bodiless_heads(data) is None:
                 self._plain = False
             super().data_received(data)  # aiohttp's loop has (or is about to have) the queue

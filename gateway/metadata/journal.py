@@ -112,7 +112,8 @@ class Journal(MappedFile):
     def news(self) -> list[Invalidation] | None:
         """What siblings published since the last call, oldest first; ``None``: too
         much to know (fell behind the ring, or someone dropped everything)."""
-        if self.seq() == self._applied:  # the hit path: nothing changed
+        assert self._map is not None
+        if _U64.unpack_from(self._map, _SEQ_AT)[0] == self._applied:  # a hit's: no change
             return []
         with self._locked(fcntl.LOCK_SH):
             last = self.seq()

@@ -100,7 +100,10 @@ class ExpressLane:
         None: the hit path decides (see the module). The caller sends it, and releases a
         file's piece."""
         lane = self._lanes.get(head)
-        if lane is None or not self._front.holds(lane.verdict) or transport.is_closing():
+        if lane is None or transport.is_closing():
+            return None
+        if not self._front.holds(lane.verdict):  # never again: reloaded, or expired
+            del self._lanes[head]
             return None
         try:
             held = self._reader.held_now(lane.bucket, lane.key)
