@@ -3,8 +3,9 @@
 A warm hit is cheap when what it needs was worked out on an earlier read of
 the same key and kept: the presigned URL's verdict and route (``s3/front.py``,
 ``s3/auth.py``), the key's lookups (``read/tickets.py``), block 0's name
-(``read/reader.py``), the rendered header block (``s3/hits.py``). Each is a
-hot set, oldest out first. A key not kept is answered all the same, by
+(``read/reader.py``), the rendered header block (``s3/hits.py``), and a
+presigned request's bytes with its answer's decisions (``s3/express.py``).
+Each is a hot set, oldest out first. A key not kept is answered all the same, by
 working it out again: at 20,000 4 KiB objects cycled, more than the default
 sets hold, a hit cost ~350 µs of CPU where one kept costs ~50 (in process:
 ``loadtest hitprofile``; ``small 4k wide`` in the capacity workload).
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True, slots=True)
 class HotSets:
     keys: int = 16_384  # tickets, header blocks
-    urls: int = 4_096  # presigned verdicts, routes, block 0's names
+    urls: int = 4_096  # presigned verdicts, routes, block 0's names, express lanes
 
     @classmethod
     def sized(cls, hit_keys: int | None) -> HotSets:
