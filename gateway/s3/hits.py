@@ -39,7 +39,7 @@ path's byte for byte but for the order of header lines: the same headers from
 access log get the same record through ``server.account``.
 
 Two ways in. ``answer_now`` runs inside the connection's protocol as the
-request's bytes arrive (``gateway/hotwire.py``): everything it needs is held
+request's bytes arrive (``app/hotwire.py``): everything it needs is held
 (``Reader.held_now``: memory, or a disk record, looked up in the node's
 metadata store and disk index with point reads on the loop and checked there
 if it is small, the first time this worker reads it), so it answers without a
@@ -49,6 +49,9 @@ non-blocking ``sendfile`` (the rest, if the socket is full, as bytes read with
 (the connection was busy, or a lookup must wait: a busy database, a large
 record to check); a request the wire found nothing held for goes from there
 straight to the general path (a cold key is looked up once, not twice).
+A presigned hit ``answer_now`` sent is kept by its bytes, and ``answer_again``
+answers their repeats from them, checking only what can change
+(``express.py``).
 
 NOTE: the answer is written to the transport directly; the connection's next
 request runs only once the transport is below its high-water mark (``answer``
