@@ -21,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -483,28 +485,93 @@ async def test_a_ranged_repeat_is_answered_by_the_lane_with_its_range(
         assert served.behind_aiohttp == []
 
 
-async def test_header_signed_requests_are_never_kept(tmp_path, proxy, seeded) -> None:
-    """SigV4 ``Authorization`` header requests, the very same bytes sent four times
-    (whole and ranged): each answered by the hit path, none kept in the lane."""
+def _header_signed(served: Served, target: str, extra: dict[str, str] | None = None,
+                   access_key: str = ACCESS_KEY, secret_key: str = SECRET_KEY) -> bytes:  # fmt: skip
+    """A SigV4 header-signed request of ``target``, signed now, as boto3 sends one: with a
+    fresh invocation id (and so a signature of its own) every time."""
+    headers = {"amz-sdk-invocation-id": str(uuid.uuid4()), "amz-sdk-request": "attempt=1",
+               **(extra or {})}  # fmt: skip
+    signed = sign_headers("GET", served.host, target, headers=headers, access_key=access_key,
+                          secret_key=secret_key)  # fmt: skip
+    lines = "".join(f"{name}: {value}\r\n" for name, value in signed.items())
+    return (f"GET {target} HTTP/1.1\r\nHost: {served.host}\r\nUser-Agent: express-lane-test"
+            f"\r\n{lines}\r\n").encode()  # fmt: skip
+
+
+@pytest.mark.parametrize("ranged", [False, True])
+async def test_header_signed_repeats_are_laned_and_each_verified(
+    tmp_path, proxy, seeded, ranged: bool
+) -> None:
+    """Every request signed anew (date, signature, invocation id differ): the first
+    answered by the hit path and kept by its signed form, the rest by the lane, each as the
+    hit path answered it; each one's signature is verified: one byte changed is refused."""
     target = f"/{seeded}/small.bin"
+    extra = {"Range": "bytes=0-99"} if ranged else None
     async with serve(tmp_path, proxy, seeded) as served:
         await _warm(served, target)
         hits = served.app[HIT_PATH]
         spy = Spy(hits)
-        counted = served.hits()
-        signed = sign_headers("GET", served.host, target)
-        for extra in ({}, {"Range": "bytes=0-99"}):
-            headers = sign_headers("GET", served.host, target, headers=extra) if extra else signed
-            lines = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
-            request = f"GET {target} HTTP/1.1\r\nHost: {served.host}\r\n{lines}\r\n".encode()
-            async with connected(served) as connection:
-                for _ in range(4):  # the very same bytes (valid for 15 minutes)
-                    answer = await connection.ask(request)
-                    assert answer.status == (206 if extra else 200)
-                    assert answer.body == (SMALL[:100] if extra else SMALL)
-        assert len(hits._lane) == 0
-        assert spy.repeats == [None] * 8 and spy.now == [True] * 8  # each the hit path's
-        assert served.hits() == counted + 8
+        async with connected(served) as connection:
+            answers = [await connection.ask(_header_signed(served, target, extra))
+                       for _ in range(4)]  # fmt: skip
+            assert len(hits._lane) == 1
+            assert [found is not None for found in spy.repeats] == [False, True, True, True]
+            first = answers[0]
+            for answer in answers:
+                assert answer.status == (206 if ranged else 200)
+                assert answer.body == (SMALL[:100] if ranged else SMALL)
+                assert _without_per_request(answer.head) == _without_per_request(first.head)
+            spy.clear()
+            forged = _changed(_header_signed(served, target, extra), b"Signature=", 3)
+            refused = await connection.ask(forged)
+            assert refused.status == 403 and b"<Code>SignatureDoesNotMatch</Code>" in refused.body
+            assert spy.repeats == [None] and len(hits._lane) == 1
+            assert (await connection.ask(_header_signed(served, target, extra))).status in (
+                200, 206)  # fmt: skip
+            assert spy.lane_answers == 1  # the lane still holds: a forgery drops nothing
+
+
+async def test_a_header_signed_lane_is_its_signers_alone(tmp_path, proxy, seeded) -> None:
+    """The signed form leaves out who signed: another key's request is verified as its
+    own, and answered by the hit path for it (then kept for it); a date past the skew,
+    a key limited to other buckets or removed by a reload are refused, never laned."""
+    target = f"/{seeded}/small.bin"
+    async with serve(tmp_path, proxy, seeded) as served:
+        other = Credential(access_key="other-key", secret_key=SecretStr("other-secret"))
+        auth, clock = _clocked(served)
+        auth.reload([*CREDENTIALS, other], False)
+        await _warm(served, target)
+        hits = served.app[HIT_PATH]
+        spy = Spy(hits)
+        async with connected(served) as connection:
+            for _ in range(2):
+                assert (await connection.ask(_header_signed(served, target))).body == SMALL
+            assert spy.lane_answers == 1
+            spy.clear()
+            for _ in range(2):
+                asked = _header_signed(served, target, access_key="other-key",
+                                       secret_key="other-secret")  # fmt: skip
+                assert (await connection.ask(asked)).body == SMALL
+            assert [found is not None for found in spy.repeats] == [False, True]
+            spy.clear()
+            clock.now += 16 * 60  # past the 15 minutes S3 allows a signature's date
+            skewed = await connection.ask(_header_signed(served, target))
+            assert skewed.status == 403 and b"<Code>RequestTimeTooSkewed</Code>" in skewed.body
+            clock.now -= 16 * 60
+            limited = Credential(access_key=ACCESS_KEY, secret_key=SecretStr(SECRET_KEY),
+                                 buckets=["elsewhere"])  # fmt: skip
+            auth.reload([limited], False)
+            denied = await connection.ask(_header_signed(served, target))
+            assert denied.status == 403 and b"<Code>AccessDenied</Code>" in denied.body
+            auth.reload([other], False)
+            removed = await connection.ask(_header_signed(served, target))
+            assert removed.status == 403 and b"<Code>InvalidAccessKeyId</Code>" in removed.body
+            assert spy.repeats == [None, None, None]
+
+
+def _without_per_request(head: bytes) -> bytes:
+    """A head without the lines set per request (Date, the request ids)."""
+    return re.sub(rb"(?im)^(date|x-amz-request-id|x-amz-id-2):[^\r\n]*\r\n", b"", head)
 
 
 async def test_the_lanes_are_a_hot_set_oldest_out_first(tmp_path, proxy, seeded) -> None:

@@ -4,7 +4,7 @@ A warm hit is cheap when what it needs was worked out on an earlier read of
 the same key and kept: the presigned URL's verdict and route (``s3/front.py``,
 ``s3/auth.py``), the key's lookups (``read/tickets.py``), block 0's name
 (``read/reader.py``), the rendered header block (``s3/hits.py``), and a
-presigned request's bytes with its answer's decisions (``s3/express.py``).
+request's bytes (or signed form) with its answer's decisions (``s3/express.py``).
 Each is a hot set, oldest out first. A key not kept is answered all the same, by
 working it out again: at 20,000 4 KiB objects cycled, more than the default
 sets hold, a hit cost ~350 µs of CPU where one kept costs ~50 (in process:

@@ -1,4 +1,4 @@
-"""The express lane: a presigned hit answered again from its request's bytes alone.
+"""The express lane: a hit answered again from its request's bytes alone.
 
 A loader that reads through presigned URLs (a dataset's URLs signed once, for
 an epoch or a job) sends, for each object, the very same bytes every time it
@@ -21,32 +21,54 @@ only what can change between two repeats:
   segment's trust check), and never kept here.
 
 Anything else sends the bytes down the hit path, which answers them as if the
-lane did not exist (and keeps its answer here again). Only presigned reads are
-kept (``S3Front.kept_verdict``: no ``x-amz-*`` header, no ``Authorization``):
-a header-signed request carries its own date and signature, so its bytes are
-never sent twice by a client, and S3 checks each. The bytes are the key: two
-heads with the same bytes are the same request, header for header. The lanes
-are a hot set of ``hot.urls`` (oldest first out), as the verdicts are; a lane
-holds no body, so an evicted block is freed as before.
+lane did not exist (and keeps its answer here again). The bytes are the key:
+two heads with the same bytes are the same request, header for header.
+
+A header-signed request (SigV4 ``Authorization``: boto3, s3fs,
+s3torchconnector) is never sent twice with the same bytes: its date, its
+signature and an SDK's invocation id change every time. Its lane is keyed by
+its *signed form*, the head without those lines (``signed_form``), which is the
+same for every read of an object by one client; and every repeat's signature is
+verified as the front verifies any (``S3Front.verified``: the key, the date's
+skew, the canonical request of this very head), and must be by the same access
+key in the same credentials' generation as the answer kept (a reload may change
+what a key may read). The lines left out decide nothing but who signed: the
+route, the range and the rest are the form's, byte for byte.
+
+The lanes are a hot set of ``hot.urls`` (oldest first out), as the verdicts
+are; a lane holds no body, so an evicted block is freed as before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import NamedTuple
 
-from gateway.core.heads import Head
+from gateway.core.heads import Head, parse_head
 from gateway.origins.base import ObjectInfo
 from gateway.pieces import FileSegment, Piece
 from gateway.read.reader import Reader
-from gateway.s3.front import S3Front, Verdict
+from gateway.s3.auth import Principal
+from gateway.s3.front import S3Front, Signer, Verdict
 from gateway.s3.hit_bytes import Span, part, status
+from gateway.s3.signing import RequestView
+
+# The lines a header-signing client changes on every request of the same object: its
+# date and signature, and an SDK's per-call ids (boto3's). Without them, its heads for
+# one object are the same bytes every epoch. (A field name is followed by its colon at
+# once: RFC 9112 refuses a blank between them.)
+_PER_REQUEST = re.compile(
+    rb"\r\n(?:x-amz-date|authorization|amz-sdk-invocation-id|amz-sdk-request):[^\r\n]*",
+    re.IGNORECASE,
+)
+_AUTHORIZATION = re.compile(rb"\r\nauthorization:", re.IGNORECASE)
 
 
 class Lane(NamedTuple):
     """A hit's decisions, kept for a repeat of its bytes."""
 
-    verdict: Verdict  # the presigned read's, from the front
+    caller: Verdict | Signer  # a presigned read's kept verdict, or who header-signed it
     bucket: str
     key: str
     info: ObjectInfo  # the metadata the block was rendered from
@@ -69,7 +91,7 @@ class Repeat(NamedTuple):
 
 
 class ExpressLane:
-    """Presigned hits' decisions keyed by their heads' bytes (see the module)."""
+    """Hits' decisions keyed by their heads' bytes, or signed forms (see the module)."""
 
     def __init__(self, front: S3Front, reader: Reader) -> None:
         self._front = front
@@ -80,18 +102,23 @@ class ExpressLane:
         return len(self._lanes)
 
     def keep(
-        self, head: Head, host: str, mount: str, path: str, bucket: str, key: str,
-        info: ObjectInfo, span: Span, block: bytes, dated: bool,
+        self, head: Head, principal: Principal, host: str, mount: str, path: str, bucket: str,
+        key: str, info: ObjectInfo, span: Span, block: bytes, dated: bool,
     ) -> None:  # fmt: skip
         """Keep the answer just sent to ``head`` (by the hit path, nothing awaited since)
-        if a repeat of its bytes would be admitted by a kept verdict."""
-        verdict = self._front.kept_verdict(head.method, host, head.path, head.headers)
-        if verdict is None:
-            return
+        for ``caller``: by its bytes if a repeat of them would be admitted by a kept
+        verdict (presigned), by its signed form if SigV4 header-signed it."""
+        caller: Verdict | Signer | None = self._front.kept_verdict(head.method, host, head.path,
+                                                                  head.headers)  # fmt: skip
+        name: bytes | None = head.raw
+        if caller is None:
+            caller, name = self._front.signer_of(principal), signed_form(head.raw)
+            if caller is None or name is None:
+                return
         lanes = self._lanes
-        lanes.pop(head.raw, None)
-        lanes[head.raw] = Lane(verdict, bucket, key, info, span, block, dated,
-                               *status(span, info.size), mount, path, host)  # fmt: skip
+        lanes.pop(name, None)
+        lanes[name] = Lane(caller, bucket, key, info, span, block, dated,
+                           *status(span, info.size), mount, path, host)  # fmt: skip
         if len(lanes) > self._front.hot.urls:
             del lanes[next(iter(lanes))]
 
@@ -100,11 +127,33 @@ class ExpressLane:
         None: the hit path decides (see the module). The caller sends it, and releases a
         file's piece."""
         lane = self._lanes.get(head)
+        if lane is None or type(lane.caller) is not Verdict:  # (a signed form is no head)
+            return self._signed_repeat(head, transport)
+        if transport.is_closing():
+            return None
+        if not self._front.holds(lane.caller):
+            del self._lanes[head]  # never again: reloaded, or expired
+            return None
+        return self._held(head, lane)
+
+    def _signed_repeat(self, head: bytes, transport: asyncio.Transport) -> Repeat | None:
+        """``repeat`` of a header-signed ``head``: its lane found by its signed form, and
+        its signature verified as the front verifies every one (date, skew, key)."""
+        name = signed_form(head)
+        lane = None if name is None else self._lanes.get(name)
         if lane is None or transport.is_closing():
             return None
-        if not self._front.holds(lane.verdict):  # never again: reloaded, or expired
-            del self._lanes[head]
+        message = parse_head(head)
+        if message is None:
             return None
+        raw_path, _, raw_query = message.path.partition("?")
+        view = RequestView(message.method, raw_path, raw_query, message.headers)
+        if self._front.verified(view) != lane.caller:  # a bad one: the hit path answers it
+            return None
+        return self._held(name, lane)  # type: ignore[arg-type]
+
+    def _held(self, name: bytes, lane: Lane) -> Repeat | None:
+        """The body of ``lane``'s object, if it is held as the lane rendered it."""
         try:
             held = self._reader.held_now(lane.bucket, lane.key)
         except Exception:  # the hit path asks again, and answers or hands on the error
@@ -115,6 +164,13 @@ class ExpressLane:
         if info is not lane.info and info != lane.info:  # a new version: rendered anew
             if isinstance(whole, FileSegment):
                 whole.release()
-            del self._lanes[head]
+            self._lanes.pop(name, None)
             return None
         return Repeat(lane, part(whole, lane.span), tier)
+
+
+def signed_form(head: bytes) -> bytes | None:
+    """``head`` without the lines a header-signing client changes on every request
+    (``_PER_REQUEST``); None if it has no ``Authorization``."""
+    form, dropped = _PER_REQUEST.subn(b"", head)
+    return form if dropped and _AUTHORIZATION.search(head) is not None else None

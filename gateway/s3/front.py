@@ -101,6 +101,14 @@ class Verdict(NamedTuple):
     expires: float  # on the authenticator's clock
 
 
+class Signer(NamedTuple):
+    """Who SigV4 header-signed a request, and the credentials' generation it was checked
+    in (a reload may change what the key may read)."""
+
+    access_key: str
+    generation: int
+
+
 class S3Front:
     def __init__(
         self,
@@ -256,6 +264,24 @@ class S3Front:
         if kept is None or needs_verifier(headers):
             return None
         return Verdict(*kept[2:])
+
+    def signer_of(self, principal: Principal) -> Signer | None:
+        """Who SigV4 header-signed a request ``principal`` was verified as, with the
+        credentials' generation (``express.py`` keeps its answer under it); None: not
+        such a request (anonymous, presigned, SigV2)."""
+        context = principal.context
+        if principal.access_key is None or context is None or context.presigned:
+            return None
+        return Signer(principal.access_key, self._auth.generation)
+
+    def verified(self, view: RequestView) -> Signer | None:
+        """``view``'s caller verified as ``admit`` verifies it (signature, date, skew), as
+        ``signer_of`` names it; None: refused, or not header-signed (``admit`` answers)."""
+        try:
+            principal = self._auth.authenticate(view)
+        except S3Error:
+            return None
+        return self.signer_of(principal)
 
     def holds(self, verdict: Verdict) -> bool:
         """Whether ``verdict`` still admits its request, as ``_kept_read`` would: the same

@@ -49,9 +49,9 @@ non-blocking ``sendfile`` (the rest, if the socket is full, as bytes read with
 (the connection was busy, or a lookup must wait: a busy database, a large
 record to check); a request the wire found nothing held for goes from there
 straight to the general path (a cold key is looked up once, not twice).
-A presigned hit ``answer_now`` sent is kept by its bytes, and ``answer_again``
-answers their repeats from them, checking only what can change
-(``express.py``).
+A hit ``answer_now`` sent is kept by its bytes (a header-signed one by its
+signed form), and ``answer_again`` answers their repeats from them, checking
+only what can change (``express.py``).
 
 NOTE: the answer is written to the transport directly; the connection's next
 request runs only once the transport is below its high-water mark (``answer``
@@ -246,8 +246,8 @@ class HitPath:
         elapsed = time.perf_counter() - started
         self._account(request, code, length, elapsed, prepared.tier)  # type: ignore[arg-type]
         if isinstance(message, Head) and keys.CUT not in request:
-            self._lane.keep(message, host, request[keys.MOUNT], request.path, call.bucket,
-                            call.key, prepared.info, prepared.span, prepared.block,
+            self._lane.keep(message, call.principal, host, request[keys.MOUNT], request.path,
+                            call.bucket, call.key, prepared.info, prepared.span, prepared.block,
                             prepared.dated)  # fmt: skip
         return True
 
