@@ -126,34 +126,17 @@ class ExpressLane:
         """The answer to ``head`` if it repeats a kept hit whose decisions all still hold;
         None: the hit path decides (see the module). The caller sends it, and releases a
         file's piece."""
+        name: bytes | None = head
         lane = self._lanes.get(head)
         if lane is None or type(lane.caller) is not Verdict:  # (a signed form is no head)
-            return self._signed_repeat(head, transport)
-        if transport.is_closing():
-            return None
-        if not self._front.holds(lane.caller):
+            name, lane = self._signed(head)
+            if name is None or lane is None:
+                return None
+        elif not self._front.holds(lane.caller):
             del self._lanes[head]  # never again: reloaded, or expired
             return None
-        return self._held(head, lane)
-
-    def _signed_repeat(self, head: bytes, transport: asyncio.Transport) -> Repeat | None:
-        """``repeat`` of a header-signed ``head``: its lane found by its signed form, and
-        its signature verified as the front verifies every one (date, skew, key)."""
-        name = signed_form(head)
-        lane = None if name is None else self._lanes.get(name)
-        if lane is None or transport.is_closing():
+        if transport.is_closing():
             return None
-        message = parse_head(head)
-        if message is None:
-            return None
-        raw_path, _, raw_query = message.path.partition("?")
-        view = RequestView(message.method, raw_path, raw_query, message.headers)
-        if self._front.verified(view) != lane.caller:  # a bad one: the hit path answers it
-            return None
-        return self._held(name, lane)  # type: ignore[arg-type]
-
-    def _held(self, name: bytes, lane: Lane) -> Repeat | None:
-        """The body of ``lane``'s object, if it is held as the lane rendered it."""
         try:
             held = self._reader.held_now(lane.bucket, lane.key)
         except Exception:  # the hit path asks again, and answers or hands on the error
@@ -167,6 +150,20 @@ class ExpressLane:
             self._lanes.pop(name, None)
             return None
         return Repeat(lane, part(whole, lane.span), tier)
+
+    def _signed(self, head: bytes) -> tuple[bytes | None, Lane | None]:
+        """A header-signed ``head``'s signed form and lane, if it has one and its signature
+        is verified as the front verifies every one (date, skew, key) by the lane's key."""
+        name = signed_form(head)
+        lane = None if name is None else self._lanes.get(name)
+        message = None if lane is None else parse_head(head)
+        if lane is None or message is None:
+            return None, None
+        raw_path, _, raw_query = message.path.partition("?")
+        view = RequestView(message.method, raw_path, raw_query, message.headers)
+        if self._front.verified(view) != lane.caller:  # a bad one: the hit path answers it
+            return None, None
+        return name, lane
 
 
 def signed_form(head: bytes) -> bytes | None:
