@@ -14,6 +14,7 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -23,7 +24,7 @@ from gateway.app.cli import _parser, load
 from gateway.app.cores import available_cores, cgroup_quota
 from gateway.config.settings import ConfigError
 from tests.conftest import module_proxy
-from tests.harness import FreshAdmin, HoardProcess, metric
+from tests.harness import FreshAdmin, HoardProcess, metric, s3_client
 from tests.test_block_cache import hoard_config
 from tests.test_cluster import cluster_config
 from tests.test_faults import _children
@@ -215,3 +216,61 @@ def test_workers_auto_is_resolved_at_load(tmp_path):
     config.write_text("workers: many\n")
     with pytest.raises(ConfigError):
         load(_parser().parse_args(["serve", "--config", str(config)]))
+
+
+async def _lanes_on_both_workers(host: str, port: int) -> list[tuple[Any, Any]]:
+    """Keep-alive connections until both workers hold at least one (told apart by their
+    request ids' prefix, one per process); at most 40 tries (SO_REUSEPORT spreads them)."""
+    from tests.test_express_lane import read_raw
+
+    held: dict[bytes, list[tuple[Any, Any]]] = {}
+    for _ in range(40):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(f"GET /_hoard/health HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        answer = await read_raw(reader)
+        worker = dict(answer.lines()).get(b"x-amz-request-id", b"")[:8]
+        held.setdefault(worker, []).append((reader, writer))
+        if len(held) == 2:
+            break
+    assert len(held) == 2, "one worker took every connection"
+    return [pair for pairs in held.values() for pair in pairs]
+
+
+@pytest.mark.parametrize("signing", ["presigned", "header"])
+async def test_a_write_through_one_worker_is_seen_by_the_other_workers_lane(node, bucket, signing):
+    """The express lane (s3/express.py) on both workers holds a key's answer; a write
+    acknowledged by either worker is seen by the very next repeat on every connection of
+    both: the lane checks the node's journal and the key's metadata on every repeat."""
+    from tests.rawhttp import presign, sign_headers
+    from tests.test_express_lane import read_raw
+
+    host = node.endpoint.removeprefix("http://")
+    port = int(host.rsplit(":", 1)[1])
+    key = f"lane/{os.urandom(4).hex()}"
+    client = s3_client(node.endpoint)
+    client.put_object(Bucket=bucket, Key=key, Body=b"old" * 1000)
+    target = f"/{bucket}/{key}"
+    presigned = presign("GET", host, target) if signing == "presigned" else None
+
+    def request() -> bytes:
+        if presigned is not None:
+            return f"GET {presigned} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+        signed = sign_headers("GET", host, target)
+        lines = "".join(f"{name}: {value}\r\n" for name, value in signed.items())
+        return f"GET {target} HTTP/1.1\r\nHost: {host}\r\n{lines}\r\n".encode()
+
+    connections = await _lanes_on_both_workers(host, port)
+    try:
+        for reader, writer in connections * 3:  # kept by the first, then the lane's
+            writer.write(request())
+            assert (await read_raw(reader)).body == b"old" * 1000
+        hits = metric(node.endpoint, "hoard_hit_path_responses_total")
+        client.put_object(Bucket=bucket, Key=key, Body=b"new" * 500)  # either worker
+        for reader, writer in connections * 2:
+            writer.write(request())
+            answer = await read_raw(reader)
+            assert answer.status == 200 and answer.body == b"new" * 500
+        assert metric(node.endpoint, "hoard_hit_path_responses_total") > hits
+    finally:
+        for _, writer in connections:
+            writer.close()
