@@ -7,7 +7,10 @@ install it) ``pip install`` still succeeds and Hoard runs the Python twins.
 
 from setuptools import Extension, setup
 
-EXTENSIONS = ["gateway.core._heads"]  # gateway/core/compiled.py's TWINS
+EXTENSIONS = [  # gateway/core/compiled.py's TWINS
+    "gateway.core._heads",
+    "gateway.s3._sigv4_claim",
+]
 
 
 def _extensions() -> list[Extension]:
