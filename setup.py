@@ -10,6 +10,7 @@ from setuptools import Extension, setup
 EXTENSIONS = [  # gateway/core/compiled.py's TWINS
     "gateway.core._heads",
     "gateway.s3._sigv4_claim",
+    "gateway.s3._sigv4",
 ]
 
 

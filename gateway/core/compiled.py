@@ -28,6 +28,7 @@ NO_EXTENSIONS = os.environ.get("HOARD_NO_EXTENSIONS", "") not in ("", "0")
 TWINS = (  # the compiled modules setup.py builds
     "gateway.core._heads",
     "gateway.s3._sigv4_claim",
+    "gateway.s3._sigv4",
 )
 
 
