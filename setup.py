@@ -7,7 +7,11 @@ install it) ``pip install`` still succeeds and Hoard runs the Python twins.
 
 from setuptools import Extension, setup
 
-EXTENSIONS = ["gateway.core._heads"]  # gateway/core/compiled.py's TWINS
+EXTENSIONS = [  # gateway/core/compiled.py's TWINS
+    "gateway.core._heads",
+    "gateway.s3._sigv4_claim",
+    "gateway.s3._sigv4",
+]
 
 
 def _extensions() -> list[Extension]:

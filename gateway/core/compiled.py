@@ -25,7 +25,11 @@ import sys
 from types import ModuleType
 
 NO_EXTENSIONS = os.environ.get("HOARD_NO_EXTENSIONS", "") not in ("", "0")
-TWINS = ("gateway.core._heads",)  # the compiled modules setup.py builds
+TWINS = (  # the compiled modules setup.py builds
+    "gateway.core._heads",
+    "gateway.s3._sigv4_claim",
+    "gateway.s3._sigv4",
+)
 
 
 def twin(name: str) -> ModuleType | None:

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from gateway.core.compiled import twin
 from gateway.core.sigv4_key import KeyedHmac, derive_signing_key
 from gateway.s3.errors import Code, S3Error
 from gateway.s3.signing import RequestView, decode, hex_bytes, iso, query_params, uri_encode, utf8
@@ -241,3 +242,11 @@ def _canonical_headers(req: RequestView, names: tuple[str, ...]) -> tuple[str, b
         # Trim and collapse inner whitespace; repeated headers are joined with ','.
         lines.append(name + ":" + ",".join(" ".join(v.split()) for v in values) + "\n")
     return "".join(lines), complete
+
+
+# The Python path, kept: tests compare it with the compiled one (``core/compiled.py``),
+# which checks a signature that matches on its first candidate and hands the rest to it.
+_check_signature_py = _check_signature
+_compiled = twin("gateway.s3._sigv4")
+if _compiled is not None:
+    _check_signature = _compiled._check_signature

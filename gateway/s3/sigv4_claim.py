@@ -25,6 +25,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gateway.core.compiled import twin
 from gateway.s3.errors import Code, S3Error
 from gateway.s3.signing import (
     NO_DATE,
@@ -268,3 +269,11 @@ def _query_error(message: str) -> S3Error:
 
 def _credential_error(detail: str) -> S3Error:
     return _query_error(f"Error parsing the X-Amz-Credential parameter; {detail}")
+
+
+# The Python path, kept: tests compare it with the compiled one (``core/compiled.py``),
+# which parses a well-formed header claim itself and hands every other request to it.
+parse_claim_py = parse_claim
+_compiled = twin("gateway.s3._sigv4_claim")
+if _compiled is not None:
+    parse_claim = _compiled.parse_claim
