@@ -3,7 +3,9 @@
 Everything S3-shaped about Hoard's protocol lives here, and nothing else
 does: ``routing.py`` turns a request line into (bucket, key, operation) using
 the one table of S3 operations; ``auth.py`` verifies SigV4 (``sigv4.py``, its
-requests' claims parsed in ``sigv4_claim.py``) or
+requests' claims parsed in ``sigv4_claim.py``; the well-formed case of each
+compiled beside it, ``_sigv4.pyx`` and ``_sigv4_claim.pyx``, everything else
+handed to the Python: ``core/compiled.py``) or
 SigV2 (``sigv2.py``) and the anonymous policy; ``front.py`` dispatches to one
 handler module per family of operations (``objects.py`` GET/HEAD,
 ``listing.py``, ``buckets.py``, ``writes.py`` for origins written through
