@@ -100,10 +100,7 @@ cdef object _header_claim(req):
         return None
     signed = _signed.get(signed_value)
     if signed is None:
-        signed = _signed_headers(signed_value)
-        if len(_signed) >= _KEPT:
-            _signed.clear()
-        _signed[signed_value] = signed
+        signed = _keep(_signed, signed_value, _signed_headers(signed_value))
     if not _all_signed(headers, signed):
         return None
     return Claim(access_key, date, region, signed, signature.lower(), amz_date, timestamp,
@@ -160,11 +157,7 @@ cdef object _credential(str value):
     for i in range(8):
         if not 48 <= p[i] <= 57:
             return None
-    scope = (access_key, date, region)
-    if len(_credentials) >= _KEPT:
-        _credentials.clear()
-    _credentials[value] = scope
-    return scope
+    return _keep(_credentials, value, (access_key, date, region))
 
 
 cdef object _time(str amz):
@@ -173,11 +166,16 @@ cdef object _time(str amz):
     if timestamp is None:
         return None
     amz_date = format_amz_date(timestamp)
-    moment = (timestamp, amz_date, amz_date[:8])
-    if len(_times) >= _KEPT:
-        _times.clear()
-    _times[amz] = moment
-    return moment
+    return _keep(_times, amz, (timestamp, amz_date, amz_date[:8]))
+
+
+cdef object _keep(dict memo, object key, object value):
+    """``value`` kept in ``memo`` under ``key`` (emptied at ``_KEPT``: a crude bound, as the
+    Python's caches), and returned."""
+    if len(memo) >= _KEPT:
+        memo.clear()
+    memo[key] = value
+    return value
 
 
 cdef bint _sha256_hex(str value):
