@@ -334,24 +334,8 @@ async def _round(
 ) -> tuple[float, float]:  # fmt: skip
     """``n`` wire hits (timed stage by stage if ``timers``): CPU µs per hit of this thread
     and of the process, the loop turns' flushes of the accounting included."""
-    total_ns = cpu_ns = 0
-    for i in range(n):
-        message = messages[i % len(messages)]
-        cpu, started = time.process_time_ns(), CLOCK()
-        answered = hits.answer_now(message, transport, sockfd)
-        total_ns += CLOCK() - started
-        cpu_ns += time.process_time_ns() - cpu
-        assert answered, f"request {i} was not a wire hit"
-        if transport.get_write_buffer_size():
-            await _drained(transport)
-        if i % 64 == 63:  # a loop turn's end: its counts reach their series
-            started = CLOCK()
-            hits._metrics.flush()
-            flushed = CLOCK() - started
-            total_ns += flushed
-            if timers is not None:
-                timers.ns["accounting"] += flushed
-    return total_ns / n / 1000, cpu_ns / n / 1000
+    return await _answered(hits, lambda m: hits.answer_now(m, transport, sockfd), messages,
+                           transport, n, timers)  # fmt: skip
 
 
 async def _again_round(
@@ -359,27 +343,47 @@ async def _again_round(
 ) -> float:
     """CPU µs per hit of ``n`` repeats answered by the express lane (``s3/express.py``),
     cycling over ``requests`` as sent (each kept by a wire answer first); NaN where the
-    lane keeps none (a header-signed request is never kept)."""
+    lane keeps none."""
     from gateway.core.heads import parse_head
 
     for raw in requests:
         hits.answer_now(parse_head(raw), transport, sockfd)
         await _drained(transport)
-    if not hits.answer_again(requests[0], transport, sockfd):
+
+    def again(head: bytes) -> bool:
+        return hits.answer_again(head, transport, sockfd)
+
+    if not again(requests[0]):
         return float("nan")
-    total_ns = 0
+    return (await _answered(hits, again, requests, transport, n, None))[0]
+
+
+async def _answered(
+    hits: Any, answer: Callable[[Any], bool], items: list[Any], transport: asyncio.Transport,
+    n: int, timers: Timers | None,
+) -> tuple[float, float]:  # fmt: skip
+    """``answer`` of ``n`` of ``items`` in turn, each a hit answered on the wire: CPU µs per
+    hit of this thread and of the process, the transport drained as a client would, and
+    the accounting flushed at each 64th (a loop turn's end: its counts reach their
+    series), its time the accounting's stage if ``timers``."""
+    total_ns = cpu_ns = 0
     for i in range(n):
-        started = CLOCK()
-        answered = hits.answer_again(requests[i % len(requests)], transport, sockfd)
+        item = items[i % len(items)]
+        cpu, started = time.process_time_ns(), CLOCK()
+        answered = answer(item)
         total_ns += CLOCK() - started
-        assert answered, f"repeat {i} was not answered by the express lane"
+        cpu_ns += time.process_time_ns() - cpu
+        assert answered, f"request {i} was not answered on the wire"
         if transport.get_write_buffer_size():
             await _drained(transport)
-        if i % 64 == 63:  # a loop turn's end: its counts reach their series
+        if i % 64 == 63:
             started = CLOCK()
             hits._metrics.flush()
-            total_ns += CLOCK() - started
-    return total_ns / n / 1000
+            flushed = CLOCK() - started
+            total_ns += flushed
+            if timers is not None:
+                timers.ns["accounting"] += flushed
+    return total_ns / n / 1000, cpu_ns / n / 1000
 
 
 async def warm(port: int, requests: list[bytes], tier: str) -> None:

@@ -39,7 +39,7 @@ from gateway.s3.hits import HitPath
 from tests.harness import ACCESS_KEY, SECRET_KEY, s3_client
 from tests.rawhttp import sign_headers
 from tests.test_hit_replay import CREDENTIALS, _clocked, _plain
-from tests.test_hit_wire import SMALL, Served, _warm, seeded, serve
+from tests.test_hit_wire import SMALL, Served, _warm, access_lines, seeded, serve
 from tests.test_presigned_memo import _signed_at
 
 __all__ = ["seeded"]  # the fixture, used by name
@@ -692,12 +692,7 @@ async def test_a_lane_answer_is_counted_and_logged_as_the_hit_paths(
         assert [found is not None for found in spy.repeats] == [False, True] * 2
         assert len(set(ids)) == 4
         assert served.app[STATE]["access_log"].enabled
-    lines = {}
-    for text in capsys.readouterr().err.splitlines():
-        with contextlib.suppress(ValueError):
-            record = json.loads(text)
-            if record.get("request_id") in ids:
-                lines[record["request_id"]] = record
+    lines = access_lines(capsys.readouterr().err, ids)
     assert set(lines) == set(ids), lines  # one line per answer, under the id sent
     variable = ("request_id", "duration", "time")
     by_path, by_lane = (

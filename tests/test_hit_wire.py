@@ -396,6 +396,17 @@ async def test_without_the_internals_hits_are_answered_behind_aiohttp(
         assert len(served.behind_aiohttp) == 2
 
 
+def access_lines(stderr: str, ids: list[str]) -> dict[str, dict[str, Any]]:
+    """The JSON access-log lines among ``stderr``'s of the requests ``ids``, by id."""
+    lines = {}
+    for text in stderr.splitlines():
+        with contextlib.suppress(ValueError):
+            record = json.loads(text)
+            if record.get("request_id") in ids:
+                lines[record["request_id"]] = record
+    return lines
+
+
 async def test_a_wire_hit_is_logged_and_counted_as_a_hit_behind_aiohttp(
     tmp_path, proxy, seeded, capsys
 ) -> None:
@@ -428,12 +439,7 @@ async def test_a_wire_hit_is_logged_and_counted_as_a_hit_behind_aiohttp(
             )
         assert served.behind_aiohttp == [ids[1]]  # the second took aiohttp's way
         assert deltas[0] == deltas[1] == [1, len(SMALL), 1, 1, len(SMALL)]
-    lines = {}
-    for text in capsys.readouterr().err.splitlines():
-        with contextlib.suppress(ValueError):
-            record = json.loads(text)
-            if record.get("request_id") in ids:
-                lines[record["request_id"]] = record
+    lines = access_lines(capsys.readouterr().err, ids)
     variable = ("request_id", "duration", "time")
     on_wire, behind = ({k: v for k, v in lines[i].items() if k not in variable} for i in ids)
     assert on_wire == behind

@@ -129,7 +129,8 @@ class HitConnection(RequestHandler):
 
     def data_received(self, data: bytes) -> None:
         waiter = self._waiter
-        idle = (waiter is not None and not waiter.done()) or self._idle(waiter)
+        # Idle: aiohttp's loop waits for a request, or it is between two.
+        idle = not waiter.done() if waiter is not None else self._between_requests()
         if self._wire is None or self._close or self._force_close or not idle:
             if self._plain and bodiless_heads(data) is None:
                 self._plain = False
@@ -166,12 +167,10 @@ class HitConnection(RequestHandler):
         elif not self._answering:
             self._answer_queued(waiter)
 
-    def _idle(self, waiter: asyncio.Future[None] | None) -> bool:
-        """Whether aiohttp's loop has nothing of the connection queued or running, so a
-        hit answered now is in order: it waits for a request, or it is between two (not
-        started yet, or back from a request that left the connection open)."""
-        if waiter is not None:
-            return not waiter.done()
+    def _between_requests(self) -> bool:
+        """Whether aiohttp's loop, not waiting on its future, has nothing of the connection
+        queued or running, so a hit answered now is in order: not started yet, or back
+        from a request that left the connection open."""
         return not self._request_in_progress and self._kept_alive and not self._messages
 
     async def _handle_request(self, request: Any, start_time: Any, handler: Any) -> Any:

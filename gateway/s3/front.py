@@ -133,11 +133,11 @@ class S3Front:
         # configured tiers (issue 34's soak: RSS +13 MiB/min), at the default 4,096 ~2 MB.
         self._hot = hot  # how many URLs' routes and verdicts are kept (``core/hot_sets.py``)
         self._line = functools.lru_cache(maxsize=hot.urls)(self._line_of)
-        # (method, host, target) -> a presigned read's line, caller, the authenticator and
-        # its credentials' generation, expiry (``_kept_read``): a hot set, as the routes.
-        self._reads: OrderedDict[
-            tuple[str, str, str], tuple[_Line, Principal, Authenticator, int, float]
-        ] = OrderedDict()
+        # (method, host, target) -> a presigned read's line, caller and verdict
+        # (``_kept_read``): a hot set, as the routes.
+        self._reads: OrderedDict[tuple[str, str, str], tuple[_Line, Principal, Verdict]] = (
+            OrderedDict()
+        )
 
     @property
     def reader(self) -> Reader:
@@ -245,8 +245,8 @@ class S3Front:
         kept = self._reads.get(key)
         if kept is None or keys.PRINCIPAL in request:
             return None
-        line, principal, auth, generation, expires = kept
-        if auth is not self._auth or generation != auth.generation or auth.now() > expires:
+        line, principal, verdict = kept
+        if not self.holds(verdict):
             del self._reads[key]
             return None
         if needs_verifier(request.headers):
@@ -263,7 +263,7 @@ class S3Front:
         kept = self._reads.get((method, host, raw_path))
         if kept is None or needs_verifier(headers):
             return None
-        return Verdict(*kept[2:])
+        return kept[2]
 
     def signer_of(self, principal: Principal) -> Signer | None:
         """Who SigV4 header-signed a request ``principal`` was verified as, with the
@@ -284,8 +284,8 @@ class S3Front:
         return self.signer_of(principal)
 
     def holds(self, verdict: Verdict) -> bool:
-        """Whether ``verdict`` still admits its request, as ``_kept_read`` would: the same
-        credentials (no reload since) and the URL not expired."""
+        """Whether ``verdict`` still admits its request (``_kept_read``, ``express.py``): the
+        same credentials (no reload since) and the URL not expired."""
         auth = verdict.auth
         return (
             auth is self._auth
@@ -302,7 +302,7 @@ class S3Front:
         if expires is None:
             return
         key = (request.method, request.host, request.raw_path)
-        self._reads[key] = (line, principal, self._auth, self._auth.generation, expires)
+        self._reads[key] = (line, principal, Verdict(self._auth, self._auth.generation, expires))
         self._reads.move_to_end(key)
         if len(self._reads) > self._hot.urls:
             self._reads.popitem(last=False)
