@@ -11,6 +11,7 @@ EXTENSIONS = [  # gateway/core/compiled.py's TWINS
     "gateway.core._heads",
     "gateway.s3._sigv4_claim",
     "gateway.s3._sigv4",
+    "gateway.s3._signed_form",
 ]
 
 

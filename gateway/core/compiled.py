@@ -29,6 +29,7 @@ TWINS = (  # the compiled modules setup.py builds
     "gateway.core._heads",
     "gateway.s3._sigv4_claim",
     "gateway.s3._sigv4",
+    "gateway.s3._signed_form",
 )
 
 

@@ -19,8 +19,9 @@ preflights passed on and the CORS headers of Hoard's own answers, whose rules
 ``cors_rules.py`` reads and evaluates. ``body.py`` sends an
 object body: bytes as they are, file segments with sendfile. ``hits.py`` is
 the hit path (a small object held, answered inside the connection's
-protocol), ``express.py`` its hits answered again from their bytes,
-and ``hit_bytes.py`` what both write.
+protocol), ``express.py`` its hits answered again from their bytes (a
+header-signed one by its signed form, ``signed_form.py``, compiled beside it
+as ``_signed_form.pyx``), and ``hit_bytes.py`` what both write.
 
 Handlers translate and delegate: they call the reader (``gateway/read/reader.py``)
 for reads and the writer (``gateway/write/writer.py``) for writes, with gateway

@@ -104,6 +104,16 @@ class Authenticator:
         self._presigned.remember(key, request.raw_query, principal)
         return principal
 
+    def header_signer(self, request: RequestView) -> str | None:
+        """The access key that SigV4 header-signed ``request``, verified as ``authenticate``
+        verifies such a request (no verdict is kept on one); None for anything else (a bad
+        signature, presigned, SigV2, anonymous), which ``authenticate`` decides."""
+        try:
+            context = self._verifier.verify(request)
+        except S3Error:
+            return None
+        return None if context.presigned else context.access_key
+
     def _verify(self, request: RequestView) -> Principal:
         if is_sigv2(request):
             # No AuthContext: SigV2 signs no payload hash and has no chunk signatures.

@@ -27,7 +27,7 @@ two heads with the same bytes are the same request, header for header.
 A header-signed request (SigV4 ``Authorization``: boto3, s3fs,
 s3torchconnector) is never sent twice with the same bytes: its date, its
 signature and an SDK's invocation id change every time. Its lane is keyed by
-its *signed form*, the head without those lines (``signed_form``), which is the
+its *signed form*, the head without those lines (``signed_form.py``), which is the
 same for every read of an object by one client; and every repeat's signature is
 verified as the front verifies any (``S3Front.verified``: the key, the date's
 skew, the canonical request of this very head), and must be by the same access
@@ -42,7 +42,6 @@ are; a lane holds no body, so an evicted block is freed as before.
 from __future__ import annotations
 
 import asyncio
-import re
 from typing import NamedTuple
 
 from gateway.core.heads import Head, parse_head
@@ -52,17 +51,8 @@ from gateway.read.reader import Reader
 from gateway.s3.auth import Principal
 from gateway.s3.front import S3Front, Signer, Verdict
 from gateway.s3.hit_bytes import Span, part, status
+from gateway.s3.signed_form import signed_form
 from gateway.s3.signing import RequestView
-
-# The lines a header-signing client changes on every request of the same object: its
-# date and signature, and an SDK's per-call ids (boto3's). Without them, its heads for
-# one object are the same bytes every epoch. (A field name is followed by its colon at
-# once: RFC 9112 refuses a blank between them.)
-_PER_REQUEST = re.compile(
-    rb"\r\n(?:x-amz-date|authorization|amz-sdk-invocation-id|amz-sdk-request):[^\r\n]*",
-    re.IGNORECASE,
-)
-_AUTHORIZATION = re.compile(rb"\r\nauthorization:", re.IGNORECASE)
 
 
 class Lane(NamedTuple):
@@ -165,9 +155,3 @@ class ExpressLane:
             return None, None
         return name, lane
 
-
-def signed_form(head: bytes) -> bytes | None:
-    """``head`` without the lines a header-signing client changes on every request
-    (``_PER_REQUEST``); None if it has no ``Authorization``."""
-    form, dropped = _PER_REQUEST.subn(b"", head)
-    return form if dropped and _AUTHORIZATION.search(head) is not None else None

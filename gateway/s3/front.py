@@ -277,11 +277,8 @@ class S3Front:
     def verified(self, view: RequestView) -> Signer | None:
         """``view``'s caller verified as ``admit`` verifies it (signature, date, skew), as
         ``signer_of`` names it; None: refused, or not header-signed (``admit`` answers)."""
-        try:
-            principal = self._auth.authenticate(view)
-        except S3Error:
-            return None
-        return self.signer_of(principal)
+        access_key = self._auth.header_signer(view)
+        return None if access_key is None else Signer(access_key, self._auth.generation)
 
     def holds(self, verdict: Verdict) -> bool:
         """Whether ``verdict`` still admits its request (``_kept_read``, ``express.py``): the

@@ -25,7 +25,7 @@ NO_DATE = "AWS authentication requires a valid Date or x-amz-date header"
 AMZ_DATE = re.compile(r"[0-9]{8}T[0-9]{6}Z")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per request (frozen fields cost a setattr each)
 class RequestView:
     """What verification needs of a request, independent of the HTTP framework."""
 
