@@ -154,4 +154,3 @@ class ExpressLane:
         if self._front.verified(view) != lane.caller:  # a bad one: the hit path answers it
             return None, None
         return name, lane
-
