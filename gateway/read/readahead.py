@@ -33,6 +33,10 @@ class Window:
 
     blocks: int
     last: float  # clock time of the stream's last read
+    # The last block read ahead of the stream: each is asked for once, not once per block
+    # read before it (a cached block's check opens its file; a 256 MiB object of 8 MiB
+    # blocks took ~5 opens a block, 45 ms of CPU a read, where nginx spends 1).
+    asked: int = -1
 
 
 class ReadAheadPolicy:
@@ -59,8 +63,17 @@ class ReadAheadPolicy:
         now = self._clock()
         if not sequential or now - window.last > self.idle:
             window.blocks = self.initial
+            window.asked = -1  # a jump or a pause: what was read ahead may be gone since
         window.last = now
         return window.blocks
+
+    def ahead(self, window: Window, index: int, limit: int) -> range:
+        """The blocks to read ahead as block ``index`` is read (up to ``limit``, the last one
+        the read may run to): the window past it, without those already asked for."""
+        blocks = range(max(index, window.asked) + 1, min(index + window.blocks, limit) + 1)
+        if blocks:
+            window.asked = blocks[-1]
+        return blocks
 
     def caught_up(self, window: Window) -> int:
         """The reader reached a block read-ahead had not landed yet: widen the window."""

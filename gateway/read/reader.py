@@ -372,7 +372,7 @@ class Reader:
         limit = min(limit, last_block)
         try:
             for i, span in enumerate(spans):
-                ahead = range(span.index + 1, min(span.index + window.blocks, limit) + 1)
+                ahead = self.streams.policy.ahead(window, span.index, limit)
                 if ahead:
                     self.blocks.read_ahead([self._ref(mount, okey, info, j) for j in ahead])
                 ref = self._ref(mount, okey, info, span.index)
