@@ -13,25 +13,9 @@ from gateway.core.heads import MAX_LINE, Head, keeps_open
 
 from multidict import CIMultiDict
 
+from gateway.core._ascii cimport lower, starts
+
 cdef bytes _END = b"\r\n\r\n"
-
-
-cdef inline unsigned char _lower(unsigned char c):
-    if 65 <= c <= 90:
-        return c + 32
-    return c
-
-
-cdef bint _starts(const unsigned char* p, Py_ssize_t at, Py_ssize_t n, bytes word):
-    """Whether ``p[at:]`` starts with ``word`` (lower case), compared case-insensitively."""
-    cdef Py_ssize_t size = len(word), i
-    cdef const unsigned char* w = word
-    if at + size > n:
-        return False
-    for i in range(size):
-        if _lower(p[at + i]) != w[i]:
-            return False
-    return True
 
 
 cdef bint _zero_length(const unsigned char* p, Py_ssize_t at, Py_ssize_t n):
@@ -67,13 +51,13 @@ def bodiless_heads(bytes data):
             continue
         if i != line or i == 0:  # not the start of a line after the first
             continue
-        c = _lower(c)
-        if c == 99 and _starts(p, i, n, b"content-length"):
-            if not (_starts(p, i, n, b"content-length:") and _zero_length(p, i, n)):
+        c = lower(c)
+        if c == 99 and starts(p, i, n, b"content-length"):
+            if not (starts(p, i, n, b"content-length:") and _zero_length(p, i, n)):
                 return None
-        elif c == 116 and _starts(p, i, n, b"transfer-encoding"):
+        elif c == 116 and starts(p, i, n, b"transfer-encoding"):
             return None
-        elif c == 117 and _starts(p, i, n, b"upgrade"):
+        elif c == 117 and starts(p, i, n, b"upgrade"):
             return None
     return heads if start == n else None
 

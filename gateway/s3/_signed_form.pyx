@@ -9,27 +9,17 @@ and compare.
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 from libc.string cimport memcpy
 
+from gateway.core._ascii cimport starts
+
 cdef bytes _AUTHORIZATION = b"authorization"
 cdef tuple _DROPPED = (b"x-amz-date", _AUTHORIZATION, b"amz-sdk-invocation-id",
                        b"amz-sdk-request")
 
 
-cdef inline unsigned char _lower(unsigned char c):
-    if 65 <= c <= 90:
-        return c + 32
-    return c
-
-
 cdef Py_ssize_t _name_colon(const unsigned char* p, Py_ssize_t at, Py_ssize_t n, bytes word):
     """Where ``word`` (lower case) and a colon end if ``p[at:]`` starts with both; else 0."""
-    cdef Py_ssize_t size = len(word), i
-    cdef const unsigned char* w = word
-    if at + size >= n:
-        return 0
-    for i in range(size):
-        if _lower(p[at + i]) != w[i]:
-            return 0
-    return at + size + 1 if p[at + size] == 58 else 0
+    cdef Py_ssize_t end = at + len(word)
+    return end + 1 if starts(p, at, n, word) and end < n and p[end] == 58 else 0
 
 
 def signed_form(bytes head):

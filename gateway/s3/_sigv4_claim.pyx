@@ -19,6 +19,8 @@ is kept here in dicts of the values seen well formed, each bounded as those.
 
 from libc.string cimport memcmp
 
+from gateway.core._ascii cimport lower
+
 from gateway.s3.signing import format_amz_date, parse_amz_date, query_params
 from gateway.s3.sigv4_claim import (
     ALGORITHM,
@@ -76,20 +78,16 @@ cdef object _header_claim(req):
     if parts is None:
         return None
     credential, signed_value, signature = parts
-    scope = _credentials.get(credential)
+    scope = _credential(credential)
     if scope is None:
-        scope = _credential(credential)
-        if scope is None:
-            return None
+        return None
     access_key, date, region = scope
     amz = headers.get("x-amz-date")
     if type(amz) is not str:
         return None  # none (the Date header's form), or not text
-    moment = _times.get(amz)
+    moment = _time(amz)
     if moment is None:
-        moment = _time(amz)
-        if moment is None:
-            return None
+        return None
     timestamp, amz_date, day = moment
     if date != day:
         return None
@@ -147,6 +145,9 @@ cdef object _credential(str value):
     """``_parse_credential``'s answer for a well-formed Credential, kept; None otherwise."""
     cdef Py_ssize_t n, i
     cdef const unsigned char* p
+    kept = _credentials.get(value)
+    if kept is not None:
+        return kept
     parts = value.split("/")
     if len(parts) != 5:
         return None
@@ -162,6 +163,9 @@ cdef object _credential(str value):
 
 cdef object _time(str amz):
     """``_request_time`` and its formatting for a valid x-amz-date, kept; None otherwise."""
+    kept = _times.get(amz)
+    if kept is not None:
+        return kept
     timestamp = parse_amz_date(amz)
     if timestamp is None:
         return None
@@ -190,10 +194,6 @@ cdef bint _sha256_hex(str value):
     return True
 
 
-cdef inline unsigned char _lower(unsigned char c):
-    return c + 32 if 65 <= c <= 90 else c
-
-
 cdef bint _all_signed(headers, tuple signed):
     """Whether ``_check_headers_signed`` passes: Host and every ``x-amz-*`` header signed
     (header names not ASCII: False, the Python's to judge)."""
@@ -205,8 +205,8 @@ cdef bint _all_signed(headers, tuple signed):
         if not isinstance(name, str) or not PyUnicode_IS_ASCII(name):
             return False
         p = <const unsigned char*>PyUnicode_AsUTF8AndSize(name, &n)
-        if (n >= 6 and _lower(p[0]) == 120 and p[1] == 45 and _lower(p[2]) == 97  # "x-a"
-                and _lower(p[3]) == 109 and _lower(p[4]) == 122 and p[5] == 45):  # "mz-"
+        if (n >= 6 and lower(p[0]) == 120 and p[1] == 45 and lower(p[2]) == 97  # "x-a"
+                and lower(p[3]) == 109 and lower(p[4]) == 122 and p[5] == 45):  # "mz-"
             if not _among(p, n, signed):
                 return False
     return True
@@ -222,7 +222,7 @@ cdef bint _among(const unsigned char* p, Py_ssize_t n, tuple signed):
             continue  # (a name not ASCII cannot be an ASCII name in lower case)
         q = <const unsigned char*>PyUnicode_AsUTF8AndSize(entry, &size)
         for i in range(n):
-            if _lower(p[i]) != q[i]:
+            if lower(p[i]) != q[i]:
                 break
         else:
             return True
