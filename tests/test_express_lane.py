@@ -4,7 +4,7 @@ The real application served by the real listener on a loopback port, in front of
 moto through the counting proxy (``test_hit_wire.serve``); clients send raw
 HTTP/1.1 keep-alive requests over sockets, the same presigned bytes again and
 again. Which way each request took is seen without timing: the lane's own
-``repeat`` is wrapped (a ``Repeat`` returned: the lane answered; None: the hit
+``repeat`` is wrapped (a repeat returned: the lane answered; None: the hit
 path decided), as are the hit path's entries (``answer_now``/``answer_again``:
 on the wire; ``answer``: aiohttp's request machinery), and ``len`` of the lane
 counts the heads kept. Checked here: a repeat is answered by the lane with the
@@ -121,7 +121,7 @@ class Spy:
     a connection is opened: a connection takes the wire's methods when it is made)."""
 
     def __init__(self, hits: HitPath) -> None:
-        self.repeats: list[Repeat | None] = []  # the lane's: a Repeat is an answer of its own
+        self.repeats: list[Repeat | None] = []  # the lane's: a repeat is an answer of its own
         self.now: list[bool] = []  # answer_now's (on the wire, the hit path deciding)
         self.again: list[bool] = []  # answer_again's (on the wire, the lane first)
         self.behind: list[str] = []  # the raw paths aiohttp's request machinery asked about
@@ -204,7 +204,7 @@ async def test_a_repeat_is_answered_by_the_lane_as_the_hit_path_answered_it(
             # ETag sends it there and changes nothing in the answer).
             etag = first.header("etag")
             general = await connection.ask(_ask_for(served, target, extra=f"If-Match: {etag}\r\n"))
-        assert all(isinstance(found, Repeat) for found in spy.repeats[1:6])
+        assert all(found is not None for found in spy.repeats[1:6])
         assert spy.now[:1] == [True] and len(spy.now) == 2  # the If-Match one's: declined
         assert spy.again == [False] + [True] * 5 + [False]  # answered by the lane: repeats
         assert (first.status, first.body) == (200, SMALL)
@@ -315,7 +315,7 @@ async def test_reloaded_credentials_refuse_a_kept_repeat(tmp_path, proxy, seeded
             spy.clear()
             for _ in range(2):
                 assert (await connection.ask(request)).body == SMALL
-            assert spy.repeats[0] is None and isinstance(spy.repeats[1], Repeat)
+            assert spy.repeats[0] is None and spy.repeats[1] is not None
             assert spy.now == [True]
             limited = Credential(access_key=ACCESS_KEY, secret_key=SecretStr(SECRET_KEY),
                                  buckets=["elsewhere"])  # fmt: skip
@@ -418,7 +418,7 @@ async def test_a_block_evicted_is_answered_from_disk_or_refilled_never_wrong(
             first = await connection.ask(request)
             for _ in range(2):
                 assert (await connection.ask(request)).comparable() == first.comparable()
-            assert [found.tier for found in spy.repeats if found] == ["memory"] * 2
+            assert [found[2] for found in spy.repeats if found] == ["memory"] * 2
             # Memory evicted: the block is looked up again and found on disk.
             hits._reader.blocks.memory.clear()
             spy.clear()
@@ -426,7 +426,7 @@ async def test_a_block_evicted_is_answered_from_disk_or_refilled_never_wrong(
                 answer = await connection.ask(request)
                 assert answer.comparable() == first.comparable()
             # Still the lane's, from the disk record (sent with sendfile).
-            assert [found and found.tier for found in spy.repeats] == ["disk"] * 3
+            assert [found and found[2] for found in spy.repeats] == ["disk"] * 3
             # Every tier dropped (the admin API): the origin is asked again, once.
             gets = proxy.counts["GetObject"]
             drop = f"/_hoard/cache?bucket={seeded}&prefix="
@@ -705,3 +705,49 @@ async def test_a_lane_answer_is_counted_and_logged_as_the_hit_paths(
     ]  # fmt: skip
     assert by_lane[0]["operation"] == "GetObject" and by_lane[0]["method"] == "GET"
     assert by_lane[0]["path"] == target and by_lane[0]["error"] == "-"
+
+
+async def test_repeats_from_a_loan_are_observed_counted_and_kept_recent_per_read(
+    tmp_path, proxy, seeded
+) -> None:
+    """A repeat answered from its ticket's loan (``MemoryTier.lend``) does what any hit
+    does besides finding the bytes, at the end of the loop's turn: the observers (epoch
+    prefetch) told of each read in order, a metadata hit counted per read, the block
+    marked recently used; a block evicted meanwhile ends the loan, and the next repeat
+    finds it by lookup, never the loan's bytes."""
+    small, other = f"/{seeded}/small.bin", f"/{seeded}/other.bin"
+    async with serve(tmp_path, proxy, seeded) as served:
+        await _warm(served, small)
+        hits = served.app[HIT_PATH]
+        reader = hits._reader
+        async with connected(served) as connection:  # the other object, filled
+            await connection.ask(served.request(other))
+        deadline = time.monotonic() + 30
+        while len(reader.blocks.memory) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)  # the fill lands a moment after the client's bytes
+        told: list[tuple[str, str]] = []
+        reader.observers.append(lambda bucket, key: told.append((bucket, key)))
+        spy = Spy(hits)
+        requests = {target: _ask_for(served, target) for target in (small, other)}
+        order = [other, small, small, other, other, small]
+        head_hits = ("hoard_metadata_lookups_total", {"kind": "head", "state": "hit",
+                                                      "mount": reader.mount_label(seeded)})  # fmt: skip
+        async with connected(served) as connection:
+            for target in (small, other):  # the hit path's answers, kept by the lane
+                await connection.ask(requests[target])
+            told.clear()
+            before = served.sample(head_hits[0], **head_hits[1])
+            for target in order:
+                answer = await connection.ask(requests[target])
+                assert answer.body == (SMALL if target == small else b"other object")
+            assert served.sample(head_hits[0], **head_hits[1]) - before == len(order)
+            assert told == [(seeded, target.rsplit("/", 1)[1]) for target in order]
+            assert spy.lane_answers == len(order)
+            memory = reader.blocks.memory
+            newest = list(memory._items)[-1]
+            assert newest.key == "small.bin"  # the last read, renewed at the turn's end
+            # Evicted: the loan ends; the repeat is found by lookup (here: on disk, or
+            # refilled), and its bytes are the object's.
+            memory.clear()
+            answer = await connection.ask(requests[small])
+            assert answer.body == SMALL

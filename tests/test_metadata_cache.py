@@ -101,7 +101,7 @@ def events() -> list[tuple[str, str]]:
 @pytest.fixture
 def cache(clock: Clock, events: list[tuple[str, str]]) -> MetadataCache:
     return MetadataCache(
-        clock=clock, on_event=lambda kind, state, _mount: events.append((kind, state))
+        clock=clock, on_event=lambda kind, state, _mount, _times: events.append((kind, state))
     )
 
 

@@ -52,7 +52,7 @@ def test_a_ticket_stands_for_the_lookups_while_they_hold() -> None:
         ticket = tickets.valid("data", "k")
         assert ticket is not None and ticket.info.key == "k" and ticket.ref.block.index == 0
         tickets.used(ticket)
-    assert events == [("head", "hit", "m0")] * 3  # counted as the lookups count a hit
+    assert events == [("head", "hit", "m0", 1)] * 3  # counted as the lookups count a hit
     assert tickets.valid("data", "other") is None
 
 

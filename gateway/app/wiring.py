@@ -413,7 +413,7 @@ def _reload(
         log.info("cluster peers are %s", ", ".join(settings.cluster.peers) or "none")
 
 
-def _metadata_event(metrics: Metrics, kind: str, state: str, mount: str) -> None:
-    metrics.metadata_lookup(kind, state, mount)
+def _metadata_event(metrics: Metrics, kind: str, state: str, mount: str, times: int) -> None:
+    metrics.metadata_lookup(kind, state, mount, times)
     if state == "stale_error":
         log.warning("origin failing: serving stale %s metadata (stale-if-error)", kind)

@@ -39,7 +39,7 @@ from gateway.blocks.fill import Filler
 from gateway.cache.admission import Doorkeeper
 from gateway.cache.block import BlockId
 from gateway.cache.disk import BlockFile, DiskTier
-from gateway.cache.memory import MemoryTier
+from gateway.cache.memory import Loan, MemoryTier
 from gateway.cache.singleflight import Flight, FlightGroup
 from gateway.cache.staging import Staging
 from gateway.cluster.peers import PeerNotCached
@@ -148,6 +148,15 @@ class BlockSource:
         if self.fills.get(ref.block) is None and self.disk is not None:
             return _on_disk(self.disk.get_held(ref.block), offset, length)
         return None
+
+    def lend(self, ref: BlockRef, size: int) -> Loan | None:
+        """The memory tier's loan of ``ref``'s block (``MemoryTier.lend``) if it holds all
+        ``size`` bytes of it, and the block is not staged (a staged block's hits are
+        counted, one by one, toward its promotion); None otherwise."""
+        staged = self._staging.digests
+        if staged and ref.block.digest in staged:
+            return None
+        return self.memory.lend(ref.block, size)
 
     def fill(self, ref: BlockRef, admit: bool | None = None) -> Flight:
         """The fill of ``ref``'s block, started unless one is running (coalesced).

@@ -15,6 +15,14 @@ the memory tier's room goes to the small blocks it serves best. Blocks with no
 disk copy (no disk tier, a full disk, admission kept them off it, a peer's
 block) are kept up to ``max_item`` as before.
 
+A block's bytes may be *lent* (``lend``): the borrower holds a ``Loan`` whose
+``data`` is the block's bytes while the tier holds them, and None from the
+moment the block leaves it (evicted, discarded, replaced, cleared). A hit
+repeated from a loan checks one field instead of looking the block up, and
+never holds bytes the tier let go: the tier's bound stays the bound. One loan
+per block (a new one ends the last); a loan costs a dict entry while its block
+is here.
+
 Not thread-safe: one event loop owns it. Per process: workers of a node each
 have their own (the kernel's page cache is what they share).
 """
@@ -23,6 +31,18 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
+
+
+class Loan:
+    """A block's bytes, lent while the tier holds them: ``data`` is None once it does not.
+    ``key`` is the tier's own key object: renewing by it finds the entry by identity, where
+    an equal key would be compared field by field."""
+
+    __slots__ = ("data", "key")
+
+    def __init__(self, key: Hashable, data: bytes) -> None:
+        self.key = key
+        self.data: bytes | None = data
 
 
 class MemoryTier:
@@ -39,6 +59,7 @@ class MemoryTier:
         self.used = 0
         self.evictions = 0
         self._items: OrderedDict[Hashable, bytes] = OrderedDict()
+        self._loans: dict[Hashable, Loan] = {}  # the blocks lent now (``lend``)
         self._on_evict = on_evict
 
     def __len__(self) -> int:
@@ -49,6 +70,31 @@ class MemoryTier:
         if data is not None:
             self._items.move_to_end(key)
         return data
+
+    def renew(self, loan: Loan) -> None:
+        """``loan``'s block marked recently used, as ``get`` marks it, if it is still here."""
+        if loan.data is not None:  # then its key is the tier's, as lent (``_ended``)
+            self._items.move_to_end(loan.key)
+
+    def lend(self, key: Hashable, size: int) -> Loan | None:
+        """``key``'s bytes as a ``Loan`` (see the module), marked recently used; None if
+        the tier does not hold them, or they are not ``size`` bytes."""
+        data = self._items.get(key)
+        if data is None or len(data) != size:
+            return None
+        del self._items[key]
+        self._items[key] = data  # held under this very key object from now on, most recent
+        old = self._loans.pop(key, None)
+        if old is not None:
+            old.data = None
+        loan = self._loans[key] = Loan(key, data)
+        return loan
+
+    def _ended(self, key: Hashable) -> None:
+        """``key``'s block left the tier: its loan, if any, ends."""
+        loan = self._loans.pop(key, None)
+        if loan is not None:
+            loan.data = None
 
     def admits(self, size: int) -> bool:
         return 0 < size <= self.max_item
@@ -73,8 +119,10 @@ class MemoryTier:
         self.used += len(data)
         evicted = 0
         while self.used > self.capacity:
-            _, old = self._items.popitem(last=False)
+            gone, old = self._items.popitem(last=False)
             self.used -= len(old)
+            if self._loans:
+                self._ended(gone)
             evicted += 1
         if evicted:
             self.evictions += evicted
@@ -86,6 +134,8 @@ class MemoryTier:
         data = self._items.pop(key, None)
         if data is not None:
             self.used -= len(data)
+            if self._loans:
+                self._ended(key)
 
     def discard_where(self, predicate: Callable[[Hashable], bool]) -> int:
         """Drop every block whose key matches (used by prefix invalidation)."""
@@ -97,3 +147,6 @@ class MemoryTier:
     def clear(self) -> None:
         self._items.clear()
         self.used = 0
+        for loan in self._loans.values():
+            loan.data = None
+        self._loans.clear()

@@ -53,7 +53,7 @@ class Freshness:
     """
 
     def __init__(
-        self, clock: Callable[[], float], on_event: Callable[[str, str, str], None] | None
+        self, clock: Callable[[], float], on_event: Callable[[str, str, str, int], None] | None
     ) -> None:
         self._clock = clock
         self._on_event = on_event
@@ -131,11 +131,11 @@ class Freshness:
             await asyncio.wait([task, watched.growth], return_when=asyncio.FIRST_COMPLETED)
         return await asyncio.shield(task)
 
-    def _count(self, kind: str, state: str, label: str = "") -> None:
+    def _count(self, kind: str, state: str, label: str = "", times: int = 1) -> None:
         if state in lookups.COUNTERS:
-            self._counts[lookups.COUNTERS[state]] += 1
+            self._counts[lookups.COUNTERS[state]] += times
         if self._on_event is not None:
-            self._on_event(kind, state, label)
+            self._on_event(kind, state, label, times)
 
     def _served(self, kind: str, value: T, state: str, label: str) -> Lookup[T]:
         # None is a too-big verdict, not an answer: the page lookup after it counts.

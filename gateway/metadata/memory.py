@@ -105,7 +105,7 @@ class MetadataCache(Freshness):
         whole_listing_bytes: int | None = None,
         page_body_bytes: int | None = None,
         clock: Callable[[], float] = time.monotonic,
-        on_event: Callable[[str, str, str], None] | None = None,
+        on_event: Callable[[str, str, str, int], None] | None = None,
     ) -> None:
         """``page_body_bytes``: the part of ``listing_bytes`` for rendered pages
         (default an eighth); ``whole_listing_bytes``: the largest snapshot of one
@@ -169,9 +169,10 @@ class MetadataCache(Freshness):
         recently used, as ``head_held`` marks it (``count_head_hit`` counts it)."""
         return self._clock() < fresh_until and self._heads.touch_if(mark)
 
-    def count_head_hit(self, label: str) -> None:
-        """Count a head answered from memory (a ticket's use), as ``head_held`` counts it."""
-        self._count("head", "hit", label)
+    def count_head_hit(self, label: str, times: int = 1) -> None:
+        """Count ``times`` heads answered from memory (a ticket's uses), as ``head_held``
+        counts each."""
+        self._count("head", "hit", label, times)
 
     def known(self, scope: Hashable, key: str) -> tuple[ObjectInfo, float] | None:
         """The held metadata of ``key``, fresh or stale, and when it was learned."""
@@ -271,7 +272,7 @@ class MetadataCache(Freshness):
         version = found.value.version
         body = self._bodies.get(version, (query, variant))
         if self._on_event is not None:
-            self._on_event("page", "miss" if body is None else "hit", policy.label)
+            self._on_event("page", "miss" if body is None else "hit", policy.label, 1)
         if body is None:
             body = render(paginate(found.value, *query))
             self._bodies.put(version, (query, variant), body)

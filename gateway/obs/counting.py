@@ -60,9 +60,9 @@ class RequestCounting(PerRequestSeries):
         self.answered(operation, "cut", mount, seconds, body_bytes)
         self._child(self.responses_cut, reason).inc()
 
-    def metadata_lookup(self, kind: str, state: str, mount: str) -> None:
-        """Count one metadata lookup by outcome (``METADATA_STATES``)."""
-        self._tally.add(self._child(self.metadata_lookups, kind, state, mount))
+    def metadata_lookup(self, kind: str, state: str, mount: str, times: int = 1) -> None:
+        """Count ``times`` metadata lookups of one outcome (``METADATA_STATES``)."""
+        self._tally.add(self._child(self.metadata_lookups, kind, state, mount), times)
 
     def revalidated(self, outcome: str, mount: str) -> None:
         """Count one revalidation of a known object by outcome (``REVALIDATIONS``)."""

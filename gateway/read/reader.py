@@ -20,6 +20,7 @@ mixing versions. Blocks are named by ETag, so new metadata means new blocks.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import sqlite3
 from collections import Counter
@@ -28,6 +29,7 @@ from typing import TypeVar
 
 from gateway.blocks.source import BlockSource
 from gateway.cache.block import BlockId, block_plan
+from gateway.cache.memory import Loan
 from gateway.coherence.invalidator import Invalidator
 from gateway.core.errors import OriginChanged
 from gateway.core.ranges import RangeSpec
@@ -39,7 +41,7 @@ from gateway.pieces import BlockRef, FileSegment, Piece
 from gateway.read.first_block import FirstBlock, block_ref
 from gateway.read.object_read import ObjectRead, Precondition
 from gateway.read.readahead import ReadAheadPolicy, Streams, Window
-from gateway.read.tickets import Known, Tickets
+from gateway.read.tickets import Known, Ticket, Tickets
 
 T = TypeVar("T")
 
@@ -67,6 +69,8 @@ class Reader:
         tickets_kept, self._first_refs_kept = hot
         # A hit's lookups, kept per key while they hold.
         self._tickets = Tickets(self.metadata, tickets_kept)
+        # Reads answered from a ticket's loan this turn, their bookkeeping still to do.
+        self._later: list[tuple[Ticket, Loan, str, str]] = []
         # Told ``(bucket, key)`` of every object GET: epoch-order prefetch subscribes
         # (it looks keys up through this reader, so it is built after it).
         self.observers: list[Callable[[str, str], None]] = []
@@ -176,12 +180,19 @@ class Reader:
         this worker's memory nor the node's store knows the key as a held answer),
         True when only an await could tell (a disk block not yet looked up, the store
         busy, metadata to fetch), and then ``held`` tells."""
-        self.catch_up()
+        self._coherence.catch_up()  # (``catch_up``, one call fewer on a hit's path)
         ticket = self._tickets.valid(bucket, key)
         if ticket is not None:
+            loan = ticket.loan
+            data = None if loan is None else loan.data
+            if data is not None:  # the memory tier holds it still: what it would find
+                self._served_later(ticket, loan, bucket, key)
+                return ticket.info, memoryview(data), "memory"
             found = self.blocks.cached_held(ticket.ref, 0, ticket.info.size)
             if found is None:
                 return True
+            if found[1] == "memory":
+                ticket.loan = self.blocks.lend(ticket.ref, ticket.info.size)
             self._tickets.used(ticket)
             self._observed(bucket, key)
             return ticket.info, *found
@@ -204,8 +215,35 @@ class Reader:
         answer = self._held_answer(bucket, key, info, read, found)
         if answer is None:
             return True
-        self._tickets.keep(bucket, key, known, ref, answer[0])
+        loan = self.blocks.lend(ref, info.size) if answer[2] == "memory" else None
+        self._tickets.keep(bucket, key, known, ref, answer[0], loan)
         return answer
+
+    def _served_later(self, ticket: Ticket, loan: Loan, bucket: str, key: str) -> None:
+        """What a read answered from a ticket's loan does besides finding the bytes (the
+        block marked recently used, the metadata counted as a hit, the observers told),
+        done at the end of the loop's turn for every such read of the turn, in order:
+        the same work, done together, costs a hit less than done one by one."""
+        later = self._later
+        later.append((ticket, loan, bucket, key))
+        if len(later) > 1:
+            return
+        try:
+            asyncio.get_running_loop().call_soon(self._serve_later)
+        except RuntimeError:  # no loop (a script): now
+            self._serve_later()
+
+    def _serve_later(self) -> None:
+        later, self._later = self._later, []
+        renew, observed = self.blocks.memory.renew, self._observed
+        uses: dict[str, tuple[Ticket, int]] = {}  # a mount's label -> a ticket, reads
+        for ticket, loan, bucket, key in later:
+            renew(loan)
+            held = uses.get(ticket.label)
+            uses[ticket.label] = (ticket, 1) if held is None else (ticket, held[1] + 1)
+            observed(bucket, key)
+        for ticket, times in uses.values():
+            self._tickets.used(ticket, times)
 
     def size_now(self, bucket: str, key: str) -> int | None:
         """``key``'s size as a read would find it, without an await: its metadata held in

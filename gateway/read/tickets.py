@@ -15,9 +15,11 @@ answer fresh, and using it does what they do: the record marked recently
 used (``MetadataCache.still_held``), the lookup counted as a metadata hit
 once the block is found too (``used``).
 
-What a ticket does not keep is the block: ``BlockSource.cached_held`` looks
-it up on every use (memory or disk, each with its own checks), and a ticket
-holds no block's bytes, so an evicted block is freed as before. Tickets are a
+What a ticket keeps of the block is at most a loan of it (``MemoryTier.lend``):
+while the memory tier holds the block, the loan's bytes are the block's, and
+from the moment the tier lets it go the loan holds nothing, so an evicted
+block is freed as before. Without a live loan (a disk block, a staged one, an
+evicted one) ``BlockSource.cached_held`` looks it up, with its own checks. Tickets are a
 hot set (``LIMIT``, oldest first out); a key without one takes the lookups,
 and gets one.
 """
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gateway.cache.memory import Loan
 from gateway.core.hot_sets import DEFAULT
 from gateway.metadata.heads import Entry, Mark
 from gateway.metadata.memory import MetadataCache
@@ -38,13 +41,14 @@ from gateway.pieces import BlockRef
 Known = tuple[Mount, str, ObjectInfo, Entry]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Ticket:
     mark: Mark  # the metadata's stored record when the ticket was made
     fresh_until: float  # the metadata's freshness, on the metadata table's clock
     label: str  # the mount's label, as lookups are counted
     ref: BlockRef  # block 0
     info: ObjectInfo  # the object's metadata, named as the client named it
+    loan: Loan | None  # block 0, the whole object, lent by the memory tier
 
 
 class Tickets:
@@ -71,13 +75,16 @@ class Tickets:
             return None
         return ticket
 
-    def used(self, ticket: Ticket) -> None:
-        """``ticket`` answered a read: its metadata counted as a hit, as the lookups count
-        one (not before the block is found: a read that must wait is counted by the
-        lookups it then makes)."""
-        self._metadata.count_head_hit(ticket.label)
+    def used(self, ticket: Ticket, times: int = 1) -> None:
+        """``ticket`` answered ``times`` reads: its metadata counted as a hit each, as the
+        lookups count one (not before the block is found: a read that must wait is
+        counted by the lookups it then makes)."""
+        self._metadata.count_head_hit(ticket.label, times)
 
-    def keep(self, bucket: str, key: str, known: Known, ref: BlockRef, info: ObjectInfo) -> None:
+    def keep(
+        self, bucket: str, key: str, known: Known, ref: BlockRef, info: ObjectInfo,
+        loan: Loan | None = None,
+    ) -> None:  # fmt: skip
         """A ticket for what the lookups just found of ``key`` (nothing awaited since)."""
         mount, okey, _, entry = known
         scope = scope_of(mount)
@@ -87,6 +94,6 @@ class Tickets:
         kept = self._kept
         kept.pop((bucket, key), None)
         kept[(bucket, key)] = Ticket(mark, entry.fresh_until,
-                                     policy_of(mount).label, ref, info)  # fmt: skip
+                                     policy_of(mount).label, ref, info, loan)  # fmt: skip
         if len(kept) > self._limit:
             del kept[next(iter(kept))]

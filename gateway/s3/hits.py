@@ -184,7 +184,7 @@ class HitPath:
         if repeat is None:
             return False
         started = time.perf_counter()
-        lane, piece = repeat.lane, repeat.piece
+        lane, piece, tier = repeat
         request_id = self._new_id()
         try:
             write_now(transport, sockfd, lane.block + tail(lane.dated, int(time.time()),
@@ -193,13 +193,13 @@ class HitPath:
             request = self._repeated(head, lane, request_id)
             _cut(request, transport, exc, 0)
             self._account(request, lane.status, lane.length, time.perf_counter() - started,
-                          repeat.tier)  # fmt: skip
+                          tier)  # fmt: skip
             return True
         finally:
             if isinstance(piece, FileSegment):
                 piece.release()
         self._count(request_id, lane.path, lane.bucket, lane.mount, lane.status, lane.length,
-                    time.perf_counter() - started, repeat.tier)  # fmt: skip
+                    time.perf_counter() - started, tier)  # fmt: skip
         return True
 
     @property
