@@ -219,6 +219,24 @@ class Reader:
         self._tickets.keep(bucket, key, known, ref, answer[0], loan)
         return answer
 
+    def ticket(self, bucket: str, key: str) -> Ticket | None:
+        """``key``'s ticket, made by the ``held_now`` that just answered it (nothing awaited
+        since), for a caller that will ask ``held_again`` for the same key."""
+        return self._tickets.peek(bucket, key)
+
+    def held_again(self, ticket: Ticket, bucket: str, key: str) -> bytes | None:
+        """``held_now`` of ``key`` through its ``ticket``, kept by the caller, when the
+        answer is the ticket's loan: its bytes (the whole object, ``ticket.info``); None
+        when ``held_now`` must tell (the ticket void, the loan ended: any change of the
+        key or its block, by any worker, since)."""
+        self._coherence.catch_up()
+        loan = ticket.loan
+        data = None if loan is None else loan.data
+        if data is None or not self.metadata.still_held(ticket.mark, ticket.fresh_until):
+            return None
+        self._served_later(ticket, loan, bucket, key)  # type: ignore[arg-type]
+        return data
+
     def _served_later(self, ticket: Ticket, loan: Loan, bucket: str, key: str) -> None:
         """What a read answered from a ticket's loan does besides finding the bytes (the
         block marked recently used, the metadata counted as a hit, the observers told),

@@ -75,6 +75,10 @@ class Tickets:
             return None
         return ticket
 
+    def peek(self, bucket: str, key: str) -> Ticket | None:
+        """``key``'s ticket as kept, valid or not (``Reader.held_again`` checks it)."""
+        return self._kept.get((bucket, key))
+
     def used(self, ticket: Ticket, times: int = 1) -> None:
         """``ticket`` answered ``times`` reads: its metadata counted as a hit each, as the
         lookups count one (not before the block is found: a read that must wait is

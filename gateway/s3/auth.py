@@ -65,6 +65,7 @@ class Authenticator:
     ) -> None:
         """``verdicts_kept``: presigned URLs whose verdict is kept (``core/hot_sets.py``)."""
         self._clock = clock
+        self.now = clock  # the clock presigned expiries are read on (no wrapper: per hit)
         self._verdicts_kept = verdicts_kept
         self._domains = domains
         self._region = region  # SigV4 scopes must name it (settings.region); None: any
@@ -84,10 +85,6 @@ class Authenticator:
         self._allow_anonymous = allow_anonymous
         self._presigned = PresignedMemo(self._clock, self._verdicts_kept)
         self.generation += 1
-
-    def now(self) -> float:
-        """The clock presigned expiries are read on."""
-        return self._clock()
 
     @property
     def presigned(self) -> PresignedMemo:

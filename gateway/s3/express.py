@@ -48,6 +48,7 @@ from gateway.core.heads import Head, parse_head
 from gateway.origins.base import ObjectInfo
 from gateway.pieces import FileSegment, Piece
 from gateway.read.reader import Reader
+from gateway.read.tickets import Ticket
 from gateway.s3.auth import Principal
 from gateway.s3.front import S3Front, Signer, Verdict
 from gateway.s3.hit_bytes import Span, part, status
@@ -70,6 +71,7 @@ class Lane(NamedTuple):
     mount: str  # the mount's label, as requests are counted
     path: str  # decoded, as the access log shows it
     host: str
+    ticket: Ticket | None  # the read layer's, for ``Reader.held_again``
 
 
 # A repeat found valid: its lane, the body to send, the tier it came from (a plain tuple:
@@ -104,8 +106,10 @@ class ExpressLane:
                 return
         lanes = self._lanes
         lanes.pop(name, None)
+        ticket = self._reader.ticket(bucket, key)
         lanes[name] = Lane(caller, bucket, key, info, span, block, dated,
-                           *status(span, info.size), mount, path, host)  # fmt: skip
+                           *status(span, info.size), mount, path, host,
+                           ticket if ticket is not None and ticket.info is info else None)  # fmt: skip
         if len(lanes) > self._front.hot.urls:
             del lanes[next(iter(lanes))]
 
@@ -124,6 +128,16 @@ class ExpressLane:
             return None
         if transport.is_closing():
             return None
+        ticket = lane.ticket
+        if ticket is not None:  # the whole object lent by memory, if still so
+            data = self._reader.held_again(ticket, lane.bucket, lane.key)
+            if data is not None:
+                span = lane.span
+                return (
+                    lane,
+                    data if span is None else memoryview(data)[span[0] : span[1] + 1],
+                    "memory",
+                )
         try:
             held = self._reader.held_now(lane.bucket, lane.key)
         except Exception:  # the hit path asks again, and answers or hands on the error
