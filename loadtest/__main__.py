@@ -1,7 +1,9 @@
 """``python -m loadtest run --scale quick|full [--targets a,b] [--workloads x,y]``.
 
 Also ``python -m loadtest hitprofile [-n N] [--cases a,b]`` (``hitprofile.py``: CPU
-per stage of a warm wire hit), ``python -m loadtest soak [--minutes M] ...``
+per stage of a warm wire hit), ``python -m loadtest instructions [-n N] [--cases a,b]``
+(``instructions.py``: machine instructions per warm hit, counted under callgrind),
+``python -m loadtest soak [--minutes M] ...``
 (``soak.py``: RSS under a bounded mixed load) and ``python -m loadtest stall
 [--blocks N]`` (``stallrun.py``: origin GETs per block while the origin stalls);
 their options are their modules'.
@@ -71,6 +73,10 @@ def _tool(name: str) -> Callable[[list[str]], int]:
         from loadtest import hitprofile
 
         return hitprofile.main
+    if name == "instructions":
+        from loadtest import instructions
+
+        return instructions.main
     if name == "soak":
         from loadtest import soak
 
@@ -82,7 +88,7 @@ def _tool(name: str) -> Callable[[list[str]], int]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in ("hitprofile", "soak", "stall"):
+    if argv and argv[0] in ("hitprofile", "instructions", "soak", "stall"):
         return _tool(argv[0])(argv[1:])
     args = parser().parse_args(argv)
     # Ctrl-C and SIGTERM unwind through every ``finally``, so the namespace and every

@@ -17,8 +17,9 @@ only what can change between two repeats:
   invalidation journal caught up first, then the key's ticket: a write by any
   worker, a refresh or an eviction is seen), and its metadata must be the one
   the header block was rendered from;
-- the block: looked up on every repeat (memory, or a disk record with its
-  segment's trust check), and never kept here.
+- the block: the key's ticket's loan (``Reader.held_again``: a memory block
+  lends its bytes exactly while the tier holds them), or else looked up
+  (memory, or a disk record with its segment's trust check); never kept here.
 
 Anything else sends the bytes down the hit path, which answers them as if the
 lane did not exist (and keeps its answer here again). The bytes are the key:
