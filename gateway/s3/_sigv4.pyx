@@ -36,9 +36,7 @@ cdef extern from "Python.h":
 cdef enum:
     _ROOM = 8192  # a canonical request longer than this (huge signed headers): the Python's
 
-# A hash started from a copy: ``hashlib.sha256()`` looks the digest up in OpenSSL 3's
-# provider tables on every call, ~8,000 instructions of a header-signed hit.
-_SHA256 = hashlib.sha256()
+_sha256 = hashlib.sha256
 _compare_digest = hmac.compare_digest
 cdef str _HEAD = ALGORITHM + "\n"
 cdef unsigned char _SPACE[256]  # what str.split() splits on, of ASCII
@@ -85,9 +83,7 @@ cdef bint _matches(req, claim, signer) except -1:
             return False
     if not (_byte(text, &at, b"\n") and _put(text, &at, claim.payload_hash)):
         return False
-    hashed = _SHA256.copy()
-    hashed.update(PyBytes_FromStringAndSize(text, at))
-    digest = hashed.hexdigest()
+    digest = _sha256(PyBytes_FromStringAndSize(text, at)).hexdigest()
     at = 0  # the string to sign, in the same room
     if not (_put(text, &at, _HEAD) and _put(text, &at, claim.amz_date)
             and _byte(text, &at, b"\n") and _put(text, &at, claim.date)
