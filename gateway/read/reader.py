@@ -29,7 +29,6 @@ from typing import TypeVar
 
 from gateway.blocks.source import BlockSource
 from gateway.cache.block import BlockId, block_plan
-from gateway.cache.memory import Loan
 from gateway.coherence.invalidator import Invalidator
 from gateway.core.errors import OriginChanged
 from gateway.core.ranges import RangeSpec
@@ -70,7 +69,7 @@ class Reader:
         # A hit's lookups, kept per key while they hold.
         self._tickets = Tickets(self.metadata, tickets_kept)
         # Reads answered from a ticket's loan this turn, their bookkeeping still to do.
-        self._later: list[tuple[Ticket, Loan, str, str]] = []
+        self._later: list[tuple[Ticket, str, str]] = []
         # Told ``(bucket, key)`` of every object GET: epoch-order prefetch subscribes
         # (it looks keys up through this reader, so it is built after it).
         self.observers: list[Callable[[str, str], None]] = []
@@ -186,7 +185,7 @@ class Reader:
             loan = ticket.loan
             data = None if loan is None else loan.data
             if data is not None:  # the memory tier holds it still: what it would find
-                self._served_later(ticket, loan, bucket, key)
+                self._served_later(ticket, bucket, key)
                 return ticket.info, memoryview(data), "memory"
             found = self.blocks.cached_held(ticket.ref, 0, ticket.info.size)
             if found is None:
@@ -234,16 +233,16 @@ class Reader:
         data = None if loan is None else loan.data
         if data is None or not self.metadata.still_held(ticket.mark, ticket.fresh_until):
             return None
-        self._served_later(ticket, loan, bucket, key)  # type: ignore[arg-type]
+        self._served_later(ticket, bucket, key)
         return data
 
-    def _served_later(self, ticket: Ticket, loan: Loan, bucket: str, key: str) -> None:
+    def _served_later(self, ticket: Ticket, bucket: str, key: str) -> None:
         """What a read answered from a ticket's loan does besides finding the bytes (the
         block marked recently used, the metadata counted as a hit, the observers told),
         done at the end of the loop's turn for every such read of the turn, in order:
         the same work, done together, costs a hit less than done one by one."""
         later = self._later
-        later.append((ticket, loan, bucket, key))
+        later.append((ticket, bucket, key))
         if len(later) > 1:
             return
         try:
@@ -255,8 +254,10 @@ class Reader:
         later, self._later = self._later, []
         renew, observers = self.blocks.memory.renew, self.observers
         uses: dict[str, tuple[Ticket, int]] = {}  # a mount's label -> a ticket, reads
-        for ticket, loan, bucket, key in later:
-            renew(loan)
+        for ticket, bucket, key in later:
+            loan = ticket.loan  # (another since, if re-lent: the same block; None: gone)
+            if loan is not None:
+                renew(loan)
             held = uses.get(ticket.label)
             uses[ticket.label] = (ticket, 1) if held is None else (ticket, held[1] + 1)
             for observe in observers:  # (``_observed``, one call fewer a read)
