@@ -47,7 +47,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -403,8 +403,10 @@ async def warm(port: int, requests: list[bytes], tier: str) -> None:
         await asyncio.sleep(0.2)  # fills land in the tier a moment after the answer
 
 
-async def profile_tier(workdir: Path, origin: Path, keys: dict[int, list[str]], tier: str,
-                       cases: list[Case], n: int) -> dict[str, dict[str, float]]:  # fmt: skip
+@contextlib.asynccontextmanager
+async def serving(workdir: Path, origin: Path, tier: str) -> AsyncIterator[tuple[Any, int]]:
+    """The application over ``origin`` with hits from ``tier``, listening on a loopback
+    port, as ``hoard serve`` builds it: (app, port)."""
     from aiohttp import web
 
     from gateway.app import wiring
@@ -414,22 +416,30 @@ async def profile_tier(workdir: Path, origin: Path, keys: dict[int, list[str]], 
     app = wiring.build(build_settings(config(workdir, origin, tier)))
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.SockSite(runner, _listening())
-    await site.start()
-    port = site._sock.getsockname()[1]  # type: ignore[union-attr]
-    settle_collector()  # as ``hoard serve`` does once its application is built
-    host = f"127.0.0.1:{port}"
-    out = {}
     try:
+        site = web.SockSite(runner, _listening())
+        await site.start()
+        settle_collector()  # as ``hoard serve`` does once its application is built
+        yield app, site._sock.getsockname()[1]  # type: ignore[union-attr]
+    finally:
+        await runner.cleanup()
+
+
+def requests_for(case: Case, keys: list[str], host: str) -> list[bytes]:
+    """A GET of each of ``keys``, signed as ``case`` says, as sent to ``host``."""
+    sign = presigned if case.signed == "presigned" else header_signed
+    return [raw_request(t, h, host, case.ranged) for t, h in sign(keys, host)]
+
+
+async def profile_tier(workdir: Path, origin: Path, keys: dict[int, list[str]], tier: str,
+                       cases: list[Case], n: int) -> dict[str, dict[str, float]]:  # fmt: skip
+    out = {}
+    async with serving(workdir, origin, tier) as (app, port):
         for case in cases:
-            sign = presigned if case.signed == "presigned" else header_signed
-            signed = sign(keys[case.size], host)
-            requests = [raw_request(t, h, host, case.ranged) for t, h in signed]
+            requests = requests_for(case, keys[case.size], f"127.0.0.1:{port}")
             await warm(port, requests, tier)
             out[case.name] = await profile_case(app, case, requests, n)
             print(f"  {case.name}: {out[case.name]['answer_now, unwrapped']:.1f} µs", flush=True)
-    finally:
-        await runner.cleanup()
     return out
 
 

@@ -62,12 +62,7 @@ class Sink:
 async def _inner(case_name: str, entry: str, n: int) -> None:
     """Build, warm, then ``n`` hits of ``entry`` inside ``functools.reduce``: the only
     frame callgrind counts (``--toggle-collect=functools_reduce``)."""
-    from aiohttp import web
-
-    from gateway.app import wiring
-    from gateway.app.cli import settle_collector
     from gateway.app.server import HIT_PATH
-    from gateway.config.load import build_settings
     from gateway.core.heads import parse_head
 
     (case,) = [c for c in hp.CASES if c.name == case_name]
@@ -75,57 +70,40 @@ async def _inner(case_name: str, entry: str, n: int) -> None:
     try:
         origin = workdir / "origin"
         keys = hp.write_objects(origin, (case.size,), 100)[case.size]
-        app = wiring.build(build_settings(hp.config(workdir, origin, case.tier)))
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.SockSite(runner, hp._listening())
-        await site.start()
-        port = site._sock.getsockname()[1]  # type: ignore[union-attr]
-        settle_collector()
-        host = f"127.0.0.1:{port}"
-        sign = hp.presigned if case.signed == "presigned" else hp.header_signed
-        requests = [hp.raw_request(t, h, host, case.ranged) for t, h in sign(keys, host)]
-        await hp.warm(port, requests, case.tier)
-        hits = app[HIT_PATH]
-        sink, heads = Sink(), [parse_head(raw) for raw in requests]
-        for head in heads:  # each answered once on the wire: the lane keeps it
-            assert hits.answer_now(head, sink, None)
-        answer: Callable[[int], bool]
-        if entry == "answer_now":
-            answer = lambda i: hits.answer_now(heads[i % len(heads)], sink, None)  # noqa: E731
-        else:
-            answer = lambda i: hits.answer_again(requests[i % len(requests)], sink, None)  # noqa: E731
-        turn_ends = _turn_ends(app)
-
-        def step(answered: int, i: int) -> int:
-            answered += answer(i)
-            if i % 64 == 63:
-                turn_ends()
-            return answered
-
-        for i in range(256):  # warm the interpreter's caches, as a server's first hits do
-            step(0, i)
-        answered = functools.reduce(step, range(n), 0)
-        assert answered == n, f"{n - answered} of {n} hits were not answered on the wire"
-        await runner.cleanup()
+        async with hp.serving(workdir, origin, case.tier) as (app, port):
+            requests = hp.requests_for(case, keys, f"127.0.0.1:{port}")
+            await hp.warm(port, requests, case.tier)
+            _count_hits(app[HIT_PATH], requests, [parse_head(raw) for raw in requests],
+                        entry, n)  # fmt: skip
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _turn_ends(app: Any) -> Callable[[], None]:
-    """What the end of a loop turn does for the hits answered in it."""
-    from gateway.app.server import HIT_PATH
-
-    hits = app[HIT_PATH]
+def _count_hits(hits: Any, requests: list[bytes], heads: list[Any], entry: str, n: int) -> None:
+    """``n`` hits of ``entry`` in a row, inside the ``functools.reduce`` callgrind counts;
+    ``requests`` as sent, ``heads`` as the wire parses them."""
+    sink = Sink()
+    for head in heads:  # each answered once on the wire: the lane keeps it
+        assert hits.answer_now(head, sink, None)
+    answer: Callable[[int], bool]
+    if entry == "answer_now":
+        answer = lambda i: hits.answer_now(heads[i % len(heads)], sink, None)  # noqa: E731
+    else:
+        answer = lambda i: hits.answer_again(requests[i % len(requests)], sink, None)  # noqa: E731
     reader = hits._reader
-    deferred = getattr(reader, "_serve_later", None)
 
-    def end() -> None:
-        if deferred is not None and reader._later:
-            deferred()
-        hits._metrics.flush()
+    def step(answered: int, i: int) -> int:
+        answered += answer(i)
+        if i % 64 == 63:  # what a loop turn's end does for the hits answered in it
+            if reader._later:
+                reader._serve_later()
+            hits._metrics.flush()
+        return answered
 
-    return end
+    for i in range(256):  # warm the interpreter's caches, as a server's first hits do
+        step(0, i)
+    answered = functools.reduce(step, range(n), 0)
+    assert answered == n, f"{n - answered} of {n} hits were not answered on the wire"
 
 
 def count(case: str, entry: str, n: int) -> float:

@@ -64,7 +64,6 @@ class Authenticator:
         verdicts_kept: int = DEFAULT.urls,
     ) -> None:
         """``verdicts_kept``: presigned URLs whose verdict is kept (``core/hot_sets.py``)."""
-        self._clock = clock
         self.now = clock  # the clock presigned expiries are read on (no wrapper: per hit)
         self._verdicts_kept = verdicts_kept
         self._domains = domains
@@ -80,10 +79,10 @@ class Authenticator:
             c.access_key: (frozenset(c.buckets) if c.buckets is not None else None, c.readonly)
             for c in credentials
         }
-        self._verifier = SigV4Verifier(secrets, region=self._region, clock=self._clock)
-        self._v2_verifier = SigV2Verifier(secrets, clock=self._clock, domains=self._domains)
+        self._verifier = SigV4Verifier(secrets, region=self._region, clock=self.now)
+        self._v2_verifier = SigV2Verifier(secrets, clock=self.now, domains=self._domains)
         self._allow_anonymous = allow_anonymous
-        self._presigned = PresignedMemo(self._clock, self._verdicts_kept)
+        self._presigned = PresignedMemo(self.now, self._verdicts_kept)
         self.generation += 1
 
     @property

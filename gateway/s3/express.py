@@ -133,12 +133,7 @@ class ExpressLane:
         if ticket is not None:  # the whole object lent by memory, if still so
             data = self._reader.held_again(ticket, lane.bucket, lane.key)
             if data is not None:
-                span = lane.span
-                return (
-                    lane,
-                    data if span is None else memoryview(data)[span[0] : span[1] + 1],
-                    "memory",
-                )
+                return lane, part(data, lane.span), "memory"
         try:
             held = self._reader.held_now(lane.bucket, lane.key)
         except Exception:  # the hit path asks again, and answers or hands on the error

@@ -33,13 +33,13 @@ def date_line(second: int) -> str:
 
 
 def part(piece: Piece, span: Span) -> Piece:
-    """The bytes of ``span`` of a whole object's ``piece``."""
+    """The bytes of ``span`` of a whole object's ``piece`` (memory: a view, not a copy)."""
     if span is None:
         return piece
     start, end = span
     if isinstance(piece, FileSegment):
         return dataclasses.replace(piece, offset=piece.offset + start, count=end - start + 1)
-    return piece[start : end + 1]
+    return memoryview(piece)[start : end + 1]
 
 
 def status(span: Span, size: int) -> tuple[int, int]:
