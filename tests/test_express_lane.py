@@ -504,18 +504,23 @@ async def test_header_signed_repeats_are_laned_and_each_verified(
 ) -> None:
     """Every request signed anew (date, signature, invocation id differ): the first
     answered by the hit path and kept by its signed form, the rest by the lane, each as the
-    hit path answered it; each one's signature is verified: one byte changed is refused."""
+    hit path answered it; each one's signature is verified: the first repeat in full, the
+    later ones by the check it left (``sigv4_repeat.py``); one byte changed is refused."""
     target = f"/{seeded}/small.bin"
     extra = {"Range": "bytes=0-99"} if ranged else None
     async with serve(tmp_path, proxy, seeded) as served:
         await _warm(served, target)
         hits = served.app[HIT_PATH]
         spy = Spy(hits)
+        in_full = []
+        verified = hits.front.verified
+        hits.front.verified = lambda *asked: in_full.append(asked) or verified(*asked)
         async with connected(served) as connection:
             answers = [await connection.ask(_header_signed(served, target, extra))
                        for _ in range(4)]  # fmt: skip
             assert len(hits._lane) == 1
             assert [found is not None for found in spy.repeats] == [False, True, True, True]
+            assert len(in_full) == 1  # the first repeat; the later two by the check
             first = answers[0]
             for answer in answers:
                 assert answer.status == (206 if ranged else 200)
@@ -525,7 +530,7 @@ async def test_header_signed_repeats_are_laned_and_each_verified(
             forged = _changed(_header_signed(served, target, extra), b"Signature=", 3)
             refused = await connection.ask(forged)
             assert refused.status == 403 and b"<Code>SignatureDoesNotMatch</Code>" in refused.body
-            assert spy.repeats == [None] and len(hits._lane) == 1
+            assert spy.repeats == [None] and len(hits._lane) == 1 and len(in_full) == 2
             assert (await connection.ask(_header_signed(served, target, extra))).status in (
                 200, 206)  # fmt: skip
             assert spy.lane_answers == 1  # the lane still holds: a forgery drops nothing

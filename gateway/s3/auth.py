@@ -17,8 +17,10 @@ from gateway.config.settings import Credential
 from gateway.core.hot_sets import DEFAULT
 from gateway.s3 import signing
 from gateway.s3.errors import Code, S3Error
+from gateway.s3.signed_form import SignedParts
 from gateway.s3.sigv2 import SigV2Verifier, is_sigv2
 from gateway.s3.sigv4 import AuthContext, RequestView, SigV4Verifier, is_signed
+from gateway.s3.sigv4_repeat import SignedRepeat, learn
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,15 +102,21 @@ class Authenticator:
         self._presigned.remember(key, request.raw_query, principal)
         return principal
 
-    def header_signer(self, request: RequestView) -> str | None:
+    def header_signer(
+        self, request: RequestView, parts: SignedParts
+    ) -> tuple[str, SignedRepeat | None] | None:
         """The access key that SigV4 header-signed ``request``, verified as ``authenticate``
-        verifies such a request (no verdict is kept on one); None for anything else (a bad
-        signature, presigned, SigV2, anonymous), which ``authenticate`` decides."""
+        verifies such a request (no verdict is kept on one), and the check its repeats
+        can be verified by (``sigv4_repeat.py``; ``parts``: ``request``'s signed parts);
+        None for anything else (a bad signature, presigned, SigV2, anonymous), which
+        ``authenticate`` decides."""
         try:
-            context = self._verifier.verify(request)
+            claim, signer = self._verifier.claimed(request)
         except S3Error:
             return None
-        return None if context.presigned else context.access_key
+        if claim.expires is not None:
+            return None
+        return claim.access_key, learn(request, claim, signer, parts, self._verifier.max_skew)
 
     def _verify(self, request: RequestView) -> Principal:
         if is_sigv2(request):

@@ -53,8 +53,9 @@ from gateway.read.tickets import Ticket
 from gateway.s3.auth import Principal
 from gateway.s3.front import S3Front, Signer, Verdict
 from gateway.s3.hit_bytes import Span, part, status
-from gateway.s3.signed_form import signed_form
+from gateway.s3.signed_form import signed_parts
 from gateway.s3.signing import RequestView
+from gateway.s3.sigv4_repeat import SignedRepeat
 
 
 class Lane(NamedTuple):
@@ -73,6 +74,7 @@ class Lane(NamedTuple):
     path: str  # decoded, as the access log shows it
     host: str
     ticket: Ticket | None  # the read layer's, for ``Reader.held_again``
+    check: SignedRepeat | None = None  # a header-signed one's, from its first repeat
 
 
 # A repeat found valid: its lane, the body to send, the tier it came from (a plain tuple:
@@ -102,9 +104,10 @@ class ExpressLane:
                                                                   head.headers)  # fmt: skip
         name: bytes | None = head.raw
         if caller is None:
-            caller, name = self._front.signer_of(principal), signed_form(head.raw)
-            if caller is None or name is None:
+            caller, parts = self._front.signer_of(principal), signed_parts(head.raw)
+            if caller is None or parts is None:
                 return
+            name = parts[0]
         lanes = self._lanes
         lanes.pop(name, None)
         ticket = self._reader.ticket(bucket, key)
@@ -150,14 +153,24 @@ class ExpressLane:
 
     def _signed(self, head: bytes) -> tuple[bytes | None, Lane | None]:
         """A header-signed ``head``'s signed form and lane, if it has one and its signature
-        is verified as the front verifies every one (date, skew, key) by the lane's key."""
-        name = signed_form(head)
-        lane = None if name is None else self._lanes.get(name)
-        message = None if lane is None else parse_head(head)
-        if lane is None or message is None:
+        is verified as the front verifies every one (date, skew, key) by the lane's key:
+        from its signed parts by the check the lane learned (``sigv4_repeat.py``), else in
+        full, learning it."""
+        parts = signed_parts(head)
+        lane = None if parts is None else self._lanes.get(parts[0])
+        if lane is None or parts is None:
+            return None, None
+        caller, check = lane.caller, lane.check
+        if check is not None and self._front.signed_again(caller, check, parts):  # type: ignore[arg-type]
+            return parts[0], lane
+        message = parse_head(head)
+        if message is None:
             return None, None
         raw_path, _, raw_query = message.path.partition("?")
         view = RequestView(message.method, raw_path, raw_query, message.headers)
-        if self._front.verified(view) != lane.caller:  # a bad one: the hit path answers it
+        verified = self._front.verified(view, parts)
+        if verified is None or verified[0] != caller:  # a bad one: the hit path answers it
             return None, None
-        return name, lane
+        if verified[1] is not check:
+            lane = self._lanes[parts[0]] = lane._replace(check=verified[1])
+        return parts[0], lane

@@ -33,7 +33,9 @@ from gateway.s3.call import Call
 from gateway.s3.errors import Code, S3Error, from_domain
 from gateway.s3.passthrough import passthrough
 from gateway.s3.routing import READS, Route, copy_source_bucket, route
+from gateway.s3.signed_form import SignedParts
 from gateway.s3.sigv4 import RequestView
+from gateway.s3.sigv4_repeat import SignedRepeat
 from gateway.write.writer import Writer
 
 log = logging.getLogger(__name__)
@@ -274,11 +276,23 @@ class S3Front:
             return None
         return Signer(principal.access_key, self._auth.generation)
 
-    def verified(self, view: RequestView) -> Signer | None:
+    def verified(
+        self, view: RequestView, parts: SignedParts
+    ) -> tuple[Signer, SignedRepeat | None] | None:
         """``view``'s caller verified as ``admit`` verifies it (signature, date, skew), as
-        ``signer_of`` names it; None: refused, or not header-signed (``admit`` answers)."""
-        access_key = self._auth.header_signer(view)
-        return None if access_key is None else Signer(access_key, self._auth.generation)
+        ``signer_of`` names it, and the check of its repeats (``signed_again``); None:
+        refused, or not header-signed (``admit`` answers). ``parts``: its signed parts."""
+        signed = self._auth.header_signer(view, parts)
+        if signed is None:
+            return None
+        return Signer(signed[0], self._auth.generation), signed[1]
+
+    def signed_again(self, signer: Signer, check: SignedRepeat, parts: SignedParts) -> bool:
+        """Whether a repeat (``parts``) of a request ``verified`` as by ``signer``, and
+        which left ``check``, is signed by the same key now, with no reload since;
+        False: not decided here (``verified`` decides)."""
+        auth = self._auth
+        return signer.generation == auth.generation and check.verifies(parts, auth.now())
 
     def holds(self, verdict: Verdict) -> bool:
         """Whether ``verdict`` still admits its request (``_kept_read``, ``express.py``): the

@@ -90,18 +90,14 @@ class SigV4Verifier:
         self._clock = clock
         self._keys: dict[tuple[str, str, str], KeyedHmac] = {}
 
+    @property
+    def max_skew(self) -> float:
+        """How far a header-signed request's time may be from the clock's, in seconds."""
+        return self._max_skew
+
     def verify(self, req: RequestView) -> AuthContext:
         """Check the request's signature; returns its context, raises ``S3Error``."""
-        claim = parse_claim(req)
-        if self._region is not None and claim.region not in (self._region, ANY_REGION):
-            raise wrong_region(claim, self._region)
-        secret = self._secrets.get(claim.access_key)
-        if secret is None:
-            fields = {"AWSAccessKeyId": claim.access_key}
-            raise S3Error(Code.InvalidAccessKeyId, fields=fields)
-        signer = self._signer(secret, claim.date, claim.region)
-        _check_signature(req, claim, signer)
-        self._check_time(claim)
+        claim, signer = self.claimed(req)
         return AuthContext(
             access_key=claim.access_key,
             region=claim.region,
@@ -112,6 +108,21 @@ class SigV4Verifier:
             payload_hash=claim.payload_hash,
             presigned=claim.expires is not None,
         )
+
+    def claimed(self, req: RequestView) -> tuple[Claim, KeyedHmac]:
+        """The request's claim, its signature checked, and the HMAC of the key it was
+        checked with; raises ``S3Error``."""
+        claim = parse_claim(req)
+        if self._region is not None and claim.region not in (self._region, ANY_REGION):
+            raise wrong_region(claim, self._region)
+        secret = self._secrets.get(claim.access_key)
+        if secret is None:
+            fields = {"AWSAccessKeyId": claim.access_key}
+            raise S3Error(Code.InvalidAccessKeyId, fields=fields)
+        signer = self._signer(secret, claim.date, claim.region)
+        _check_signature(req, claim, signer)
+        self._check_time(claim)
+        return claim, signer
 
     def signing_key(self, secret: str, date: str, region: str) -> bytes:
         """The derived key for one day and region, cached: four HMACs saved per request."""
