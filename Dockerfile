@@ -17,13 +17,14 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 FROM ${PYTHON_IMAGE} AS builder
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
-# A C compiler for the hit path's compiled twins (setup.py; Cython comes from
+# A C compiler for the hit path's compiled twins, and OpenSSL's headers for the one
+# that hashes with its SHA-256 (setup.py; Cython comes from
 # pyproject.toml's build requirements). The final stage gets the built wheel only.
 # Not pinned: the base image fixes the Debian release, and a pinned point version
 # disappears from its mirrors at the next security update, breaking the build.
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && apt-get install -y --no-install-recommends gcc libc6-dev libssl-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # pyproject.toml names README.md as the package's long description.

@@ -7,7 +7,8 @@ refuses. Checked here on requests botocore signs at chosen times, and on
 thousands of seeded variations of them (a signature byte changed, a date moved
 within the day or off it, another key's signature, the header's layout, a
 signed SDK id changed), each one also verified in full. And it must accept the
-repeats it is for, or it is no check at all.
+repeats it is for, or it is no check at all. Every test runs on both twins:
+the Python class and the compiled one (``_sigv4_repeat.pyx``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
+from gateway.core import compiled
 from gateway.core.heads import parse_head
+from gateway.s3 import sigv4_repeat as module
 from gateway.s3.errors import S3Error
 from gateway.s3.signed_form import SignedParts, signed_parts
 from gateway.s3.sigv4 import RequestView, SigV4Verifier
@@ -32,6 +35,20 @@ KEY, SECRET = "AKIDREPEAT", "repeat-secret"
 OTHER, OTHER_SECRET = "AKIDOTHER", "other-secret"
 HOST = "127.0.0.1:9000"
 NOON = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
+
+
+@pytest.fixture(autouse=True, params=["compiled", "python"])
+def twin(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Which ``SignedRepeat`` ``learn`` makes: each test runs with both."""
+    if request.param == "python":
+        monkeypatch.setattr(module, "SignedRepeat", module.SignedRepeatPy)
+    elif not compiled.in_use()["gateway.s3._sigv4_repeat"]:
+        pytest.skip("the compiled twin is not in use")
+    return request.param
+
+
+def test_the_compiled_twin_is_built_and_used_unless_refused() -> None:
+    assert compiled.in_use()["gateway.s3._sigv4_repeat"] is not compiled.NO_EXTENSIONS
 
 
 def signed_head(
@@ -251,3 +268,26 @@ def test_the_check_accepts_nothing_the_full_verification_refuses(
             assert fast, head
     assert accepted > 100  # it is the check for repeats, not a check that says no
     assert refused_here_only > 0  # another day's scope: the full check's, then learned anew
+
+
+def test_the_twins_agree_on_every_variation(monkeypatch: pytest.MonkeyPatch, twin: str) -> None:
+    """The Python class and the compiled one, learned from the same request: the same
+    verdict on each seeded variation (as the full check, theirs are only a shortcut)."""
+    if twin != "compiled":
+        pytest.skip("run once, beside the compiled twin")
+    first = signed_head(monkeypatch, NOON, ids_signed=True)
+    built = learned(first, NOON)
+    monkeypatch.setattr(module, "SignedRepeat", module.SignedRepeatPy)
+    reference = learned(first, NOON)
+    assert type(built) is not type(reference)
+    rng = random.Random(29)
+    agreed = 0
+    for _ in range(600):
+        at = NOON + timedelta(seconds=rng.randint(-1200, 1200))
+        parts = signed_parts(_variations(rng, signed_head(monkeypatch, at, ids_signed=True)))
+        if parts is None:
+            continue
+        now = NOON.timestamp() + rng.randint(-300, 300)
+        assert built.verifies(parts, now) == reference.verifies(parts, now), parts
+        agreed += reference.verifies(parts, now)
+    assert agreed > 50

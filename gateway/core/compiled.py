@@ -30,6 +30,7 @@ TWINS = (  # the compiled modules setup.py builds
     "gateway.s3._sigv4_claim",
     "gateway.s3._sigv4",
     "gateway.s3._signed_form",
+    "gateway.s3._sigv4_repeat",
 )
 
 

@@ -4,18 +4,19 @@
 The same decision as the Python function (whose docstring says what it keeps
 and why), which stays the reference: the tests run both over the same inputs
 and compare. Lines are found with ``memchr``, and a line's name is compared
-with the per-call names only when its first letter could start one.
+with a per-call name only when its first letters could start it.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.stdint cimport uint64_t
 from libc.string cimport memchr, memcpy
 
-from gateway.core._ascii cimport lower, starts
+from gateway.core._ascii cimport lower
 from gateway.core.heads import MAX_LINE
 from gateway.s3.signed_form import PER_CALL
 
-cdef tuple _NAMES = tuple(PER_CALL)
+# The names are spelled out below (a C string each); this one must be what they spell.
+assert PER_CALL == (b"x-amz-date", b"authorization", b"amz-sdk-invocation-id", b"amz-sdk-request")
 cdef Py_ssize_t _MAX_LINE = MAX_LINE
 cdef enum:
     _SLOTS = 4
@@ -35,38 +36,67 @@ cdef bint _ascii(const unsigned char* p, Py_ssize_t n):
     return (seen & 0x8080808080808080ULL) == 0
 
 
-cdef Py_ssize_t _per_call(const unsigned char* p, Py_ssize_t at, Py_ssize_t n,
-                          Py_ssize_t* slot):
-    """Where a per-call name and its colon end if the line at ``at`` starts with one
-    (its place in ``PER_CALL`` in ``slot``); else 0."""
-    cdef Py_ssize_t end
-    cdef bytes word
-    if at >= n or (lower(p[at]) != 120 and lower(p[at]) != 97):  # 'x', 'a'
+cdef inline Py_ssize_t _named(const unsigned char* p, Py_ssize_t at, Py_ssize_t n,
+                              const char* word, Py_ssize_t size) noexcept:
+    """Where ``word`` (lower case, ``size`` long) and a colon end if ``p[at:]`` starts
+    with both; else 0."""
+    cdef Py_ssize_t i
+    if at + size >= n or p[at + size] != 58:
         return 0
-    for slot[0] in range(_SLOTS):
-        word = <bytes>_NAMES[slot[0]]
-        end = at + len(word)
-        if starts(p, at, n, word) and end < n and p[end] == 58:
-            return end + 1
-    return 0
+    for i in range(size):
+        if lower(p[at + i]) != <unsigned char>word[i]:
+            return 0
+    return at + size + 1
+
+
+cdef Py_ssize_t _per_call(const unsigned char* p, Py_ssize_t at, Py_ssize_t n,
+                          Py_ssize_t* slot) noexcept:
+    """Where a per-call name (``PER_CALL``) and its colon end if the line at ``at`` starts
+    with one, its place in ``slot``; else 0. Told apart by their first letters."""
+    cdef unsigned char first, second
+    cdef Py_ssize_t end
+    if at + 1 >= n:
+        return 0
+    first, second = lower(p[at]), lower(p[at + 1])
+    if first == 120:  # x
+        slot[0] = 0
+        return _named(p, at, n, "x-amz-date", 10)
+    if first != 97:  # a
+        return 0
+    if second == 117:  # u
+        slot[0] = 1
+        return _named(p, at, n, "authorization", 13)
+    if second != 109:  # m
+        return 0
+    slot[0] = 2
+    end = _named(p, at, n, "amz-sdk-invocation-id", 21)
+    if not end:
+        slot[0] = 3
+        end = _named(p, at, n, "amz-sdk-request", 15)
+    return end
+
+
+cdef bint _STOPS[256]  # what ends a value (CR, LF) or makes it a Head's to refuse
+cdef int _c
+for _c in range(32):
+    _STOPS[_c] = _c != 9
+_STOPS[127] = True
 
 
 def signed_parts(bytes head):
     cdef const unsigned char* p = head
     cdef const unsigned char* found
-    cdef Py_ssize_t n = len(head), i, end, filled = 0, copied = 0, slot = 0, first, last
+    cdef Py_ssize_t n = len(head), i = 0, end, size, slot = 0, first, last, cut = 0, k
     cdef Py_ssize_t starts_at[_SLOTS]
     cdef Py_ssize_t ends_at[_SLOTS]
-    cdef unsigned char c
+    cdef Py_ssize_t cut_from[_SLOTS]  # the lines left out, in the head's order
+    cdef Py_ssize_t cut_to[_SLOTS]
     cdef bytes form
     cdef char* out
     if not _ascii(p, n):
         return None
     for slot in range(_SLOTS):
         starts_at[slot] = -1
-    form = PyBytes_FromStringAndSize(NULL, n)
-    out = PyBytes_AS_STRING(form)
-    i = 0
     while True:
         found = <const unsigned char*>memchr(p + i, 13, n - i)
         if found == NULL:
@@ -82,10 +112,7 @@ def signed_parts(bytes head):
         if starts_at[slot] >= 0:
             return None
         first = end
-        while end < n and p[end] != 13 and p[end] != 10:
-            c = p[end]
-            if (c < 32 and c != 9) or c == 127:
-                return None
+        while end < n and not _STOPS[p[end]]:
             end += 1
         if end + 1 >= n or p[end] != 13 or p[end + 1] != 10 or end - i - 2 > _MAX_LINE:
             return None
@@ -95,14 +122,23 @@ def signed_parts(bytes head):
         while last > first and (p[last - 1] == 32 or p[last - 1] == 9):
             last -= 1
         starts_at[slot], ends_at[slot] = first, last
-        memcpy(out + filled, p + copied, i - copied)
-        filled += i - copied
-        copied = i = end
+        cut_from[cut], cut_to[cut] = i, end
+        cut += 1
+        i = end
     if starts_at[1] < 0:
         return None
-    memcpy(out + filled, p + copied, n - copied)
-    filled += n - copied
-    return (form[:filled], _value(p, starts_at[0], ends_at[0]), _value(p, starts_at[1], ends_at[1]),
+    size = n
+    for k in range(cut):
+        size -= cut_to[k] - cut_from[k]
+    form = PyBytes_FromStringAndSize(NULL, size)
+    out = PyBytes_AS_STRING(form)
+    i = 0
+    for k in range(cut):
+        memcpy(out, p + i, cut_from[k] - i)
+        out += cut_from[k] - i
+        i = cut_to[k]
+    memcpy(out, p + i, n - i)
+    return (form, _value(p, starts_at[0], ends_at[0]), _value(p, starts_at[1], ends_at[1]),
             _value(p, starts_at[2], ends_at[2]), _value(p, starts_at[3], ends_at[3]))
 
 
