@@ -425,8 +425,12 @@ async def test_a_block_evicted_is_answered_from_disk_or_refilled_never_wrong(
             for _ in range(3):
                 answer = await connection.ask(request)
                 assert answer.comparable() == first.comparable()
-            # Still the lane's, from the disk record (sent with sendfile).
+            # Still the lane's, from the disk record (sent with sendfile): found by lookup
+            # once, then lent again by the lease the key's ticket keeps of it.
             assert [found and found[2] for found in spy.repeats] == ["disk"] * 3
+            ticket = hits._reader.ticket(seeded, "small.bin")
+            assert ticket is not None and ticket.lease is not None
+            assert ticket.loan is None or ticket.loan.data is None  # the loan ended
             # Every tier dropped (the admin API): the origin is asked again, once.
             gets = proxy.counts["GetObject"]
             drop = f"/_hoard/cache?bucket={seeded}&prefix="

@@ -40,6 +40,7 @@ from gateway.cache.admission import Doorkeeper
 from gateway.cache.block import BlockId
 from gateway.cache.disk import BlockFile, DiskTier
 from gateway.cache.memory import Loan, MemoryTier
+from gateway.cache.segment_leases import Lease
 from gateway.cache.singleflight import Flight, FlightGroup
 from gateway.cache.staging import Staging
 from gateway.cluster.peers import PeerNotCached
@@ -157,6 +158,11 @@ class BlockSource:
         if staged and ref.block.digest in staged:
             return None
         return self.memory.lend(ref.block, size)
+
+    def lease(self, ref: BlockRef) -> Lease | None:
+        """The disk tier's lease of ``ref``'s packed record (``segment_leases.py``), just
+        found by ``cached_held``; None: not such a record, or no disk tier."""
+        return None if self.disk is None else self.disk.lease(ref.block)
 
     def fill(self, ref: BlockRef, admit: bool | None = None) -> Flight:
         """The fill of ``ref``'s block, started unless one is running (coalesced).

@@ -117,6 +117,7 @@ from gateway.cache.disk_packed import PackedBlocks
 from gateway.cache.disk_removal import Removal
 from gateway.cache.disk_writer import BlockWriter
 from gateway.cache.packed_claims import PackedClaims
+from gateway.cache.segment_leases import Lease
 from gateway.cache.segment_sql import Place
 from gateway.core.tasks import TaskSet
 
@@ -289,6 +290,13 @@ class DiskTier:
             if found is not None:
                 self._touch_packed(block.digest, self._packed.segment_of(block.digest))
         return found
+
+    def lease(self, block: BlockId) -> Lease | None:
+        """A lease of ``block``'s packed record just found by ``get_held``, to lend it again
+        with no lookup (``segment_leases.py``); None: not packed, or not lendable so."""
+        if self._packed is None:
+            return None
+        return self._packed.lease(block, self._touched, self._touched_as)
 
     def _touch_packed(self, digest: str, segment: str | None) -> None:
         """A hit on a packed block: its segment's, under one digest per batch (a block
@@ -473,8 +481,9 @@ class DiskTier:
         return self._blocks / digest[:2] / digest
 
     def _take_touches(self) -> dict[str, float]:
-        touches, self._touched = self._touched, {}
-        self._touched_as = {}  # a digest stands for its segment one batch at most
+        touches = self._touched.copy()  # (emptied in place: leases hold both)
+        self._touched.clear()
+        self._touched_as.clear()  # a digest stands for its segment one batch at most
         return touches
 
     def _part(self, block: BlockId) -> Path:

@@ -92,6 +92,7 @@ from gateway.cache.disk_index import DiskIndex
 from gateway.cache.packed_places import Places
 from gateway.cache.segment_files import SUFFIX, Bad, PackedFile, Segment
 from gateway.cache.segment_kept import KeptSegments
+from gateway.cache.segment_leases import Lease
 from gateway.cache.segment_sql import Place, Removed
 from gateway.cache.segment_trust import SegmentTrust
 
@@ -271,6 +272,27 @@ class PackedBlocks:
         except (Bad, OSError):
             return None
         return segment_files.lend(segment, place)
+
+    def lease(
+        self, block: BlockId, touched: dict[str, float], touched_as: dict[str, str]
+    ) -> Lease | None:
+        """A lease of ``block``'s record (``segment_leases.py``) as ``open_held`` just lent
+        it: place and segment known, the file linked, the record lendable unchecked
+        under the fingerprint it shows; None otherwise (``touched*``: the disk tier's)."""
+        place = self._places.get(block.digest)
+        segment = self._segments.get(place.segment) if isinstance(place, Place) else None
+        if segment is None or not isinstance(place, Place):
+            return None
+        stat = None
+        with contextlib.suppress(Bad):  # (a record past the file's end: the lookup drops it)
+            stat = self._linked(segment, place)
+        if stat is None:
+            return None
+        fingerprint = segment_files.fingerprint(stat)
+        if not self._trust.lendable(segment, place.segment, block.digest, fingerprint):
+            return None
+        return Lease(block.digest, place, segment, fingerprint, self._places.live, touched,
+                     touched_as)  # fmt: skip
 
     def segment_of(self, digest: str) -> str | None:
         """The segment this process last found ``digest`` in (a hit just lent)."""

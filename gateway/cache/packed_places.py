@@ -15,6 +15,7 @@ many steps as it had blocks remembered.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Mapping
 
 from gateway.cache.segment_sql import Place
 
@@ -32,6 +33,11 @@ class Places:
 
     def get(self, digest: str) -> Place | bool | None:
         return self._places.get(digest)
+
+    @property
+    def live(self) -> Mapping[str, Place | bool]:
+        """The map itself, as it changes (a lease's check: ``segment_leases.py``)."""
+        return self._places
 
     def remember(self, digest: str, place: Place | bool) -> None:
         """``place`` is where ``digest`` is now, and the most recently used."""

@@ -187,11 +187,17 @@ class Reader:
             if data is not None:  # the memory tier holds it still: what it would find
                 self._served_later(ticket, bucket, key)
                 return ticket.info, memoryview(data), "memory"
+            leased = self._leased(ticket)
+            if leased is not None:
+                self._served_later(ticket, bucket, key)
+                return ticket.info, leased, "disk"
             found = self.blocks.cached_held(ticket.ref, 0, ticket.info.size)
             if found is None:
                 return True
             if found[1] == "memory":
                 ticket.loan = self.blocks.lend(ticket.ref, ticket.info.size)
+            elif isinstance(found[0], FileSegment):
+                ticket.lease = self.blocks.lease(ticket.ref)
             self._tickets.used(ticket)
             self._observed(bucket, key)
             return ticket.info, *found
@@ -215,7 +221,8 @@ class Reader:
         if answer is None:
             return True
         loan = self.blocks.lend(ref, info.size) if answer[2] == "memory" else None
-        self._tickets.keep(bucket, key, known, ref, answer[0], loan)
+        lease = self.blocks.lease(ref) if isinstance(answer[1], FileSegment) else None
+        self._tickets.keep(bucket, key, known, ref, answer[0], loan, lease)
         return answer
 
     def ticket(self, bucket: str, key: str) -> Ticket | None:
@@ -223,24 +230,40 @@ class Reader:
         since), for a caller that will ask ``held_again`` for the same key."""
         return self._tickets.peek(bucket, key)
 
-    def held_again(self, ticket: Ticket, bucket: str, key: str) -> bytes | None:
+    def held_again(self, ticket: Ticket, bucket: str, key: str) -> bytes | FileSegment | None:
         """``held_now`` of ``key`` through its ``ticket``, kept by the caller, when the
-        answer is the ticket's loan: its bytes (the whole object, ``ticket.info``); None
-        when ``held_now`` must tell (the ticket void, the loan ended: any change of the
-        key or its block, by any worker, since)."""
+        answer is the ticket's loan (its bytes) or lease (its packed record, to release
+        when sent): the whole object, ``ticket.info``; None when ``held_now`` must tell
+        (the ticket void, the loan ended, the lease run out: any change of the key or
+        its block, by any worker, since)."""
         self._coherence.catch_up()
         # ``held_now``'s use of a loan, written again: a shared helper measured +650
         # instructions a repeat (a Python frame), for three lines.
         loan = ticket.loan
-        data = None if loan is None else loan.data
-        if data is None or not self.metadata.still_held(ticket.mark, ticket.fresh_until):
+        held: bytes | FileSegment | None = None if loan is None else loan.data
+        if held is None and ticket.lease is None:
             return None
+        if not self.metadata.still_held(ticket.mark, ticket.fresh_until):
+            return None
+        if held is None:
+            held = self._leased(ticket)
+            if held is None:
+                return None
         self._served_later(ticket, bucket, key)
-        return data
+        return held
+
+    def _leased(self, ticket: Ticket) -> FileSegment | None:
+        """The ticket's packed record lent again by its lease, if it still holds."""
+        lease = ticket.lease
+        packed = None if lease is None else lease.again()
+        if packed is None:
+            return None
+        return FileSegment(packed.fd, packed.data_offset, packed.length, packed.close)
 
     def _served_later(self, ticket: Ticket, bucket: str, key: str) -> None:
-        """What a read answered from a ticket's loan does besides finding the bytes (the
-        block marked recently used, the metadata counted as a hit, the observers told),
+        """What a read answered from a ticket's loan or lease does besides finding the
+        bytes (a loan's block marked recently used, a lease marking its own; the
+        metadata counted as a hit, the observers told),
         done at the end of the loop's turn for every such read of the turn, in order:
         the same work, done together, costs a hit less than done one by one."""
         later = self._later

@@ -18,8 +18,11 @@ once the block is found too (``used``).
 What a ticket keeps of the block is at most a loan of it (``MemoryTier.lend``):
 while the memory tier holds the block, the loan's bytes are the block's, and
 from the moment the tier lets it go the loan holds nothing, so an evicted
-block is freed as before. Without a live loan (a disk block, a staged one, an
-evicted one) ``BlockSource.cached_held`` looks it up, with its own checks. Tickets are a
+block is freed as before. A block in a packed record on disk is kept as a
+lease of it instead (``segment_leases.py``): lent again while its segment, its
+place and the file's fingerprint are the ones it was lent under. Without
+either (a block file of its own, a staged block, an evicted one, a lease run
+out) ``BlockSource.cached_held`` looks it up, with its own checks. Tickets are a
 hot set (``LIMIT``, oldest first out); a key without one takes the lookups,
 and gets one.
 """
@@ -29,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway.cache.memory import Loan
+from gateway.cache.segment_leases import Lease
 from gateway.core.hot_sets import DEFAULT
 from gateway.metadata.heads import Entry, Mark
 from gateway.metadata.memory import MetadataCache
@@ -49,6 +53,7 @@ class Ticket:
     ref: BlockRef  # block 0
     info: ObjectInfo  # the object's metadata, named as the client named it
     loan: Loan | None  # block 0, the whole object, lent by the memory tier
+    lease: Lease | None = None  # or its packed record on disk, lent again
 
 
 class Tickets:
@@ -87,7 +92,7 @@ class Tickets:
 
     def keep(
         self, bucket: str, key: str, known: Known, ref: BlockRef, info: ObjectInfo,
-        loan: Loan | None = None,
+        loan: Loan | None = None, lease: Lease | None = None,
     ) -> None:  # fmt: skip
         """A ticket for what the lookups just found of ``key`` (nothing awaited since)."""
         mount, okey, _, entry = known
@@ -98,6 +103,6 @@ class Tickets:
         kept = self._kept
         kept.pop((bucket, key), None)
         kept[(bucket, key)] = Ticket(mark, entry.fresh_until,
-                                     policy_of(mount).label, ref, info, loan)  # fmt: skip
+                                     policy_of(mount).label, ref, info, loan, lease)  # fmt: skip
         if len(kept) > self._limit:
             del kept[next(iter(kept))]

@@ -18,8 +18,10 @@ only what can change between two repeats:
   worker, a refresh or an eviction is seen), and its metadata must be the one
   the header block was rendered from;
 - the block: the key's ticket's loan (``Reader.held_again``: a memory block
-  lends its bytes exactly while the tier holds them), or else looked up
-  (memory, or a disk record with its segment's trust check); never kept here.
+  lends its bytes exactly while the tier holds them) or lease (a packed record
+  on disk, lent again while its segment and fingerprint are the ones it was
+  checked under), or else looked up (memory, or a disk record with its
+  segment's trust check); never kept here.
 
 Anything else sends the bytes down the hit path, which answers them as if the
 lane did not exist (and keeps its answer here again). The bytes are the key:
@@ -133,10 +135,10 @@ class ExpressLane:
         if transport.is_closing():
             return None
         ticket = lane.ticket
-        if ticket is not None:  # the whole object lent by memory, if still so
-            data = self._reader.held_again(ticket, lane.bucket, lane.key)
-            if data is not None:
-                return lane, part(data, lane.span), "memory"
+        if ticket is not None:  # the whole object lent by memory or leased on disk
+            held = self._reader.held_again(ticket, lane.bucket, lane.key)
+            if held is not None:
+                return lane, part(held, lane.span), "memory" if type(held) is bytes else "disk"
         try:
             held = self._reader.held_now(lane.bucket, lane.key)
         except Exception:  # the hit path asks again, and answers or hands on the error
