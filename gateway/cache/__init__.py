@@ -16,7 +16,9 @@ The tiers, fastest first, each one concept:
   tail, open and verify), ``disk_index.py`` (the SQLite index, eviction; its
   tables and their layout in ``disk_schema.py``),
   ``disk_packed.py``, ``segment_files.py``, ``segment_kept.py`` and
-  ``segment_sql.py`` (small blocks packed into segment files), ``disk_claims.py`` (a fill's claim
+  ``segment_sql.py`` (small blocks packed into segment files;
+  ``segment_leases.py``, a record lent again through a read's ticket without
+  its lookup), ``disk_claims.py`` (a fill's claim
   that asks the index), ``disk_open.py`` (hot descriptors kept open),
   ``disk_writer.py`` (one fill in progress), ``disk_pins.py`` (blocks warm
   jobs keep), ``disk_space.py`` (a file system that fills first),

@@ -21,7 +21,9 @@ object body: bytes as they are, file segments with sendfile. ``hits.py`` is
 the hit path (a small object held, answered inside the connection's
 protocol), ``express.py`` its hits answered again from their bytes (a
 header-signed one by its signed form, ``signed_form.py``, compiled beside it
-as ``_signed_form.pyx``), and ``hit_bytes.py`` what both write.
+as ``_signed_form.pyx``; its repeats' signatures checked from their per-call
+values by ``sigv4_repeat.py``, compiled as ``_sigv4_repeat.pyx``), and
+``hit_bytes.py`` what both write.
 
 Handlers translate and delegate: they call the reader (``gateway/read/reader.py``)
 for reads and the writer (``gateway/write/writer.py``) for writes, with gateway
