@@ -576,17 +576,27 @@ async def test_an_index_of_an_older_layout_is_started_over_never_misread(tmp_pat
         assert second.stats().corrupt == 0
 
 
+@contextlib.asynccontextmanager
+async def two_segments(directory: Path) -> AsyncIterator[tuple[DiskTier, list[BlockId]]]:
+    """A started tier holding 300 records in two 1 MiB segments, its hits flushed to the
+    index every 10 ms; and the records' blocks, oldest first."""
+    tier = packed_tier(directory, capacity=32 << 20, segment_size=1 << 20, touch_interval=0.01)
+    await tier.start()
+    try:
+        blocks = [block_id(f"k{i}") for i in range(300)]
+        for block in blocks:
+            assert await tier.put(block, payload(block))
+        assert len(segments(directory)) == 2
+        yield tier, blocks
+    finally:
+        await tier.close()
+
+
 async def test_a_hit_moves_its_segment_in_the_lru_order_not_its_block_row(tmp_path: Path) -> None:
     """Hits are batched per segment: the segment of the block read gets the latest hit time
     (so it outlives a newer segment nobody reads); a packed block's own row stays without one."""
     directory = tmp_path / "cache"
-    tier = packed_tier(directory, capacity=32 << 20, segment_size=1 << 20, touch_interval=0.01)
-    await tier.start()
-    try:
-        blocks = [block_id(f"k{i}") for i in range(300)]  # 300 records: two 1 MiB segments
-        for block in blocks:
-            assert await tier.put(block, payload(block))
-        assert len(segments(directory)) == 2
+    async with two_segments(directory) as (tier, blocks):
         db = sqlite3.connect(directory / "index.sqlite3")
 
         def ages() -> list[float]:
@@ -606,8 +616,6 @@ async def test_a_hit_moves_its_segment_in_the_lru_order_not_its_block_row(tmp_pa
         packed_rows = db.execute("SELECT count(*) FROM blocks WHERE last_access IS NOT NULL")
         assert packed_rows.fetchone() == (0,)
         db.close()
-    finally:
-        await tier.close()
 
 
 async def test_hits_on_many_blocks_of_a_segment_reach_the_index_as_one(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from gateway.cache.block import BlockId
 from gateway.cache.disk import DiskTier
 from gateway.cache.segment_leases import Lease
-from tests.test_packed_blocks import block_id, packed_tier, payload, segments, started
+from tests.test_packed_blocks import block_id, payload, segments, started, two_segments
 
 
 async def _leased(tier: DiskTier, block: BlockId) -> Lease:
@@ -115,13 +115,7 @@ async def test_hits_through_a_lease_move_its_segment_batch_after_batch(tmp_path:
     """As the lookup's hits do (``test_packed_blocks``): the segment read gets the latest
     hit time, in every batch of touches, the ones after a flush too."""
     directory = tmp_path / "cache"
-    tier = packed_tier(directory, capacity=32 << 20, segment_size=1 << 20, touch_interval=0.01)
-    await tier.start()
-    try:
-        blocks = [block_id(f"k{i}") for i in range(300)]  # 300 records: two 1 MiB segments
-        for block in blocks:
-            assert await tier.put(block, payload(block))
-        assert len(segments(directory)) == 2
+    async with two_segments(directory) as (tier, blocks):
         lease = await _leased(tier, blocks[0])
         db = sqlite3.connect(directory / "index.sqlite3")
 
@@ -139,5 +133,3 @@ async def test_hits_through_a_lease_move_its_segment_batch_after_batch(tmp_path:
                 await asyncio.sleep(0.01)
             assert first > max(second, before), batch
         db.close()
-    finally:
-        await tier.close()
