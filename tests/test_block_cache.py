@@ -94,20 +94,29 @@ def test_workers_share_one_origin_get_per_block_and_report_every_process(
 ):
     """Two workers: a subprocess, as only a process has workers. The metadata TTL
     outlasts the test: a first pass slower than the default 60 s (a loaded machine)
-    would otherwise make the second pass revalidate with a LIST."""
+    would otherwise make the second pass revalidate with a LIST.
+
+    Five blocks of 2 MiB, not of 8 MiB: the same five fills raced by 64 clients over
+    both workers (with each worker claiming blocks for itself, not following the
+    other's fill, this counted 19-25 GETs), for a quarter of the bytes (640 MiB
+    instead of 2.5 GiB through the client). 2 MiB is past every small-block threshold
+    (packed segments 256 KiB, the memory tier and kept descriptors 1 MiB), so the
+    blocks are files on disk, as 8 MiB ones are."""
     workers = 2
-    data = put(origin_client, bucket, "shard-40m", 40 * MiB)
-    settings = {**hoard_config(proxy), "workers": workers, "default_metadata_ttl": "1h"}
+    block = 2 * MiB
+    data = put(origin_client, bucket, "shard-10m", 5 * block)
+    settings = {**hoard_config(proxy, block_size=block), "workers": workers,
+                "default_metadata_ttl": "1h"}  # fmt: skip
     node = HoardProcess(tmp_path, settings).start()
     try:
         proxy.reset()
-        bodies = get_many([f"{node.endpoint}/{bucket}/shard-40m"] * 64)
+        bodies = get_many([f"{node.endpoint}/{bucket}/shard-10m"] * 64)
         assert all(body == data for body in bodies)
         assert proxy.counts["GetObject"] == 5, proxy.listed_gets()
         assert proxy.counts["HeadObject"] == 0
         # A second pass is served entirely from the cache.
         proxy.reset()
-        assert get_many([f"{node.endpoint}/{bucket}/shard-40m"] * 8) == [data] * 8
+        assert get_many([f"{node.endpoint}/{bucket}/shard-10m"] * 8) == [data] * 8
         assert sum(proxy.counts.values()) == 0
         metrics = asyncio.run(_text(f"{node.endpoint}/metrics"))
         served = sum_samples(metrics, 'hoard_requests_total{operation="GetObject",status="200"}')
