@@ -186,7 +186,7 @@ def shards(s: Session) -> list[Row]:
 def _herd_phase(s: Session, pool: Pool, processes: int, op: dict[str, Any]) -> dict[str, Any]:
     clients_total = s.bench.scale.herd_clients
     per = clients_total // processes
-    start_at = time.time() + 1.0
+    start_at = time.time() + s.bench.scale.herd_barrier
     tasks = [
         {**s.base(), **op, "threads": per, "first_client": p * per, "start_at": start_at}
         for p in range(processes)

@@ -1,9 +1,11 @@
 """Smoke run of the load-test harness (loadtest/): every selected target produces numbers.
 
 It asserts nothing about speed: only that each target answered each workload
-with measured rows. Tiny scale, origin on loopback (no namespace is created),
-bounded in time; the run is a subprocess in its own session so that a timeout
-stops it (SIGTERM, which cleans up) and then everything it started.
+with measured rows. Tiny scale (``smoke`` in ``loadtest/datasets.py``: quick's
+shape with fewer, smaller objects and clients), origin on loopback (no
+namespace is created), bounded in time; the run is a subprocess in its own
+session so that a timeout stops it (SIGTERM, which cleans up) and then
+everything it started.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 # test of its own (Hoard only), so this one stays within its time.
 WORKLOADS = ("epochs", "herd", "stream")
 LIMIT = 180  # seconds for the whole run: a bound against a hang, not a speed (38 s quiet)
-RSS_LIMIT = 150  # seconds for the rss run (8 x 32 MiB, Hoard only), as LIMIT
+RSS_LIMIT = 150  # seconds for the rss run (8 x 16 MiB, Hoard only), as LIMIT
 
 
 def _run(args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
@@ -54,7 +56,7 @@ def test_quick_run_gives_numbers_for_every_target(tmp_path: Path) -> None:
     workloads = list(WORKLOADS) + (["capacity"] if shutil.which("wrk") else [])
 
     done = _run(
-        ["run", "--scale", "quick", "--origin", "loopback", "--out", str(tmp_path),
+        ["run", "--scale", "smoke", "--origin", "loopback", "--out", str(tmp_path),
          "--targets", ",".join(targets), "--workloads", ",".join(workloads)],
         LIMIT,
     )  # fmt: skip
@@ -77,7 +79,7 @@ def test_quick_rss_reports_memory_per_worker(tmp_path: Path) -> None:
     pytest.importorskip("moto.server", reason="moto[server] is needed for the origin")
 
     done = _run(
-        ["run", "--scale", "quick", "--origin", "loopback", "--out", str(tmp_path),
+        ["run", "--scale", "smoke", "--origin", "loopback", "--out", str(tmp_path),
          "--targets", "hoard", "--workloads", "rss"],
         RSS_LIMIT,
     )  # fmt: skip
