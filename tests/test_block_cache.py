@@ -57,17 +57,20 @@ def put(origin_client, bucket: str, key: str, size: int) -> bytes:
 async def test_64_concurrent_cold_gets_cost_one_origin_get_per_block(
     tmp_path, proxy, origin_client, bucket
 ):
-    """One worker, in this process: the real app on a loopback port (``inprocess.py``)."""
-    data = put(origin_client, bucket, "shard-40m", 40 * MiB)
-    async with hoard_app(tmp_path, hoard_config(proxy)) as node:
+    """One worker, in this process: the real app on a loopback port (``inprocess.py``).
+    Five blocks of 2 MiB, as in the two workers' test below (files on disk, past every
+    small-block threshold), for a quarter of the bytes five 8 MiB blocks cost."""
+    block = 2 * MiB
+    data = put(origin_client, bucket, "shard-10m", 5 * block)
+    async with hoard_app(tmp_path, hoard_config(proxy, block_size=block)) as node:
         proxy.reset()
-        bodies = await get_all([f"{node.endpoint}/{bucket}/shard-40m"] * 64)
+        bodies = await get_all([f"{node.endpoint}/{bucket}/shard-10m"] * 64)
         assert all(body == data for body in bodies)
         assert proxy.counts["GetObject"] == 5, proxy.listed_gets()
         assert proxy.counts["HeadObject"] == 0
         # A second pass is served entirely from the cache.
         proxy.reset()
-        assert await get_all([f"{node.endpoint}/{bucket}/shard-40m"] * 8) == [data] * 8
+        assert await get_all([f"{node.endpoint}/{bucket}/shard-10m"] * 8) == [data] * 8
         assert sum(proxy.counts.values()) == 0
         metrics = await _text(f"{node.endpoint}/metrics")
         served = sum_samples(metrics, 'hoard_requests_total{operation="GetObject",status="200"}')
