@@ -11,12 +11,12 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.stdint cimport uint64_t
 from libc.string cimport memchr, memcpy
 
-from gateway.core._ascii cimport lower
+from gateway.core._ascii cimport lower, starts
 from gateway.core.heads import MAX_LINE
 from gateway.s3.signed_form import PER_CALL
 
-# The names are spelled out below (a C string each); this one must be what they spell.
-assert PER_CALL == (b"x-amz-date", b"authorization", b"amz-sdk-invocation-id", b"amz-sdk-request")
+cdef bytes _DATE = PER_CALL[0], _AUTHORIZATION = PER_CALL[1]
+cdef bytes _INVOCATION = PER_CALL[2], _REQUEST = PER_CALL[3]
 cdef Py_ssize_t _MAX_LINE = MAX_LINE
 cdef enum:
     _SLOTS = 4
@@ -37,16 +37,10 @@ cdef bint _ascii(const unsigned char* p, Py_ssize_t n):
 
 
 cdef inline Py_ssize_t _named(const unsigned char* p, Py_ssize_t at, Py_ssize_t n,
-                              const char* word, Py_ssize_t size) noexcept:
-    """Where ``word`` (lower case, ``size`` long) and a colon end if ``p[at:]`` starts
-    with both; else 0."""
-    cdef Py_ssize_t i
-    if at + size >= n or p[at + size] != 58:
-        return 0
-    for i in range(size):
-        if lower(p[at + i]) != <unsigned char>word[i]:
-            return 0
-    return at + size + 1
+                              bytes word) noexcept:
+    """Where ``word`` (lower case) and a colon end if ``p[at:]`` starts with both; else 0."""
+    cdef Py_ssize_t end = at + len(word)
+    return end + 1 if end < n and p[end] == 58 and starts(p, at, n, word) else 0
 
 
 cdef Py_ssize_t _per_call(const unsigned char* p, Py_ssize_t at, Py_ssize_t n,
@@ -60,19 +54,19 @@ cdef Py_ssize_t _per_call(const unsigned char* p, Py_ssize_t at, Py_ssize_t n,
     first, second = lower(p[at]), lower(p[at + 1])
     if first == 120:  # x
         slot[0] = 0
-        return _named(p, at, n, "x-amz-date", 10)
+        return _named(p, at, n, _DATE)
     if first != 97:  # a
         return 0
     if second == 117:  # u
         slot[0] = 1
-        return _named(p, at, n, "authorization", 13)
+        return _named(p, at, n, _AUTHORIZATION)
     if second != 109:  # m
         return 0
     slot[0] = 2
-    end = _named(p, at, n, "amz-sdk-invocation-id", 21)
+    end = _named(p, at, n, _INVOCATION)
     if not end:
         slot[0] = 3
-        end = _named(p, at, n, "amz-sdk-request", 15)
+        end = _named(p, at, n, _REQUEST)
     return end
 
 
