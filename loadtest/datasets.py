@@ -81,26 +81,26 @@ class Scale:
         return asdict(self)
 
 
+QUICK = Scale(
+    name="quick", prefixes=4, per_prefix=6, image_min=64 * KiB, image_max=256 * KiB,
+    shard_sizes=(4 * MiB, 2 * MiB, 2 * MiB), range_size=1 * MiB, readers=2, threads=4,
+    epochs=3, herd_clients=64, herd_processes=2, wrk_seconds=1.0, train_batch=4,
+    train_compute=0.005, train_images=12, phase_timeout=60, rss_clients=8, rss_size=32 * MiB,
+    upload_multipart=64 * MiB, upload_part=16 * MiB, upload_put=32 * MiB, hit_objects=48,
+    wide_objects=300, wrk_repeats=1,
+)  # fmt: skip
+
 SCALES = {
-    "quick": Scale(
-        name="quick", prefixes=4, per_prefix=6, image_min=64 * KiB, image_max=256 * KiB,
-        shard_sizes=(4 * MiB, 2 * MiB, 2 * MiB), range_size=1 * MiB, readers=2, threads=4,
-        epochs=3, herd_clients=64, herd_processes=2, wrk_seconds=1.0, train_batch=4, train_compute=0.005,
-        train_images=12, phase_timeout=60, rss_clients=8, rss_size=32 * MiB,
-        upload_multipart=64 * MiB, upload_part=16 * MiB, upload_put=32 * MiB, hit_objects=48,
-        wide_objects=300, wrk_repeats=1,
-    ),
+    "quick": QUICK,
     # tests/test_loadtest_smoke.py's: every workload on every target, at sizes that only
     # have to give numbers (not figures to read): quick's shape (multi-block rss objects,
     # a four-part multipart upload) with fewer, smaller objects and clients, and a
     # shorter herd barrier.
-    "smoke": Scale(
-        name="smoke", prefixes=2, per_prefix=6, image_min=16 * KiB, image_max=64 * KiB,
-        shard_sizes=(2 * MiB, 1 * MiB, 1 * MiB), range_size=512 * KiB, readers=2, threads=4,
-        epochs=3, herd_clients=16, herd_processes=2, wrk_seconds=1.0, train_batch=4, train_compute=0.005,
-        train_images=6, phase_timeout=60, rss_clients=8, rss_size=16 * MiB,
-        upload_multipart=20 * MiB, upload_part=5 * MiB, upload_put=8 * MiB, hit_objects=16,
-        wide_objects=64, wrk_repeats=1, herd_barrier=0.25,
+    "smoke": dataclasses.replace(
+        QUICK, name="smoke", prefixes=2, image_min=16 * KiB, image_max=64 * KiB,
+        shard_sizes=(2 * MiB, 1 * MiB, 1 * MiB), range_size=512 * KiB, herd_clients=16,
+        train_images=6, rss_size=16 * MiB, upload_multipart=20 * MiB, upload_part=5 * MiB,
+        upload_put=8 * MiB, hit_objects=16, wide_objects=64, herd_barrier=0.25,
     ),
     "full": Scale(
         name="full", prefixes=100, per_prefix=30, image_min=64 * KiB, image_max=256 * KiB,
