@@ -182,8 +182,8 @@ class DiskTier:
         self._removal = Removal(self.directory, self._index, self._open, self._final,
                                 on_evict, on_corrupt)  # fmt: skip
         # The limit, lowered when the file system fills first, and the passes making room.
-        self.space = disk_space.FullDisk(self.directory, capacity, self._index,
-                                         self._removal.remove_evicted, on_full, log)  # fmt: skip
+        self.space = disk_space.FullDisk(self.directory, capacity, self._index, self._removal,
+                                         on_full, log)  # fmt: skip
         self._touched: dict[str, float] = {}  # hits not yet written to the index
         self._touched_as: dict[str, str] = {}  # segment -> the digest its hits are under
         # Stat fingerprints of block files whose checksum passed (see files.open_block).
@@ -402,6 +402,7 @@ class DiskTier:
             await writer.abort()
             await self.space.failed("commit", exc, block)
             return False
+        writer.land()
         row = IndexRow(block, writer.length, HEADER_SIZE + writer.length)
         touches = self._take_touches()  # so this eviction pass sees our hits
         try:
@@ -419,6 +420,7 @@ class DiskTier:
         # The claim is held until the block is indexed (or not to be), so a sibling
         # asking meanwhile waits for the record instead of fetching the block again.
         assert self._packed is not None and writer.chunks is not None
+        writer.land()  # appended before it is indexed (a few bytes early: it is small)
         try:
             stored = await self._packed.store(writer.block, writer.chunks, checksum)
         except (OSError, sqlite3.Error) as exc:  # served from the origin, not stored

@@ -59,6 +59,9 @@ class Removal:
         self.packed: PackedBlocks | None = None
         self.evictions = 0  # blocks this process evicted
         self.corrupt = 0  # bad blocks this process found and removed
+        # Bytes whose rows are gone and whose files this process is unlinking: still on
+        # disk, no longer in the index's totals (what a full disk's room must count).
+        self.unlinking = 0
         self._index = index
         self._open = open_blocks
         self._final = final
@@ -104,7 +107,11 @@ class Removal:
         self._open.forget(removed.files)
         if self.packed is not None:
             self.packed.forget(removed)
-        await asyncio.to_thread(files.unlink_many, self._paths(removed))
+        self.unlinking += removed.size
+        try:
+            await asyncio.to_thread(files.unlink_many, self._paths(removed))
+        finally:
+            self.unlinking -= removed.size
         return len(removed)
 
     def _paths(self, removed: Removed) -> list[Path]:

@@ -16,7 +16,12 @@ The watermark is computed afresh from that room each time, never from the
 limit before: the tier's own fills in flight (part files in ``tmp/``, every
 worker's) are its own bytes, not someone else's, so a disk they filled gives
 the same limit again instead of 10% less each time (which ratcheted a 160 MiB
-disk down to 64 MiB under a busy fill). The pass that makes room evicts
+disk down to 64 MiB under a busy fill). So are the bytes of this process that
+are on disk but not in the index's totals: a fill renamed or appended into place
+whose row is on its way (``landed``), and an eviction's files whose rows are
+gone and whose unlinks are running (``Removal.unlinking``). Left out, sixteen
+fills waiting on the index's one writer hid half an 8 MiB disk from the room,
+and each full disk lowered the limit again. The pass that makes room evicts
 further, below the limit, by what this process's fills still have to write
 (``writing``, at most half the limit), so they can land; the limit stays.
 While the limit is below the capacity, ``recheck`` (the tier's flush loop, once a
@@ -43,7 +48,7 @@ Not guaranteed: that the reserve's bytes go to the eviction's commit rather
 than to a sibling worker's append racing it (then the commit fails, nothing is
 removed, and the next full disk tries again); that a sibling worker's fills in
 flight are made room for (only their part files are counted, not what they still
-have to write); the limit is per process, and ``recheck`` only raises it (a
+have to write), nor their files landed or being unlinked; the limit is per process, and ``recheck`` only raises it (a
 file system that others fill is learnt at the next full disk); the statvfs
 figure is a snapshot, so a file system that other writers keep filling may
 report full again, and each report lowers the limit to what is left.
@@ -58,12 +63,12 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 from gateway.cache.block import BlockId
 from gateway.cache.disk_index import DiskIndex
-from gateway.cache.segment_sql import Removed
+from gateway.cache.disk_removal import Removal
 from gateway.cache.singleflight import Group
 
 LOW_WATERMARK = 0.9  # share of (held + free) bytes the tier keeps after a full disk
@@ -86,13 +91,16 @@ def is_full(exc: BaseException) -> bool:
     return False
 
 
-def room(directory: Path, held: int) -> int:
-    """The bytes the file system gives the tier (a thread call): the ``held`` bytes
-    it counts, its fills in flight (every worker's part files in ``tmp/``: the tier's
-    own bytes, not another program's), and the bytes still free. The index and its
-    log are not counted: they are what the margin under the watermark is for."""
+def room(directory: Path, held: Callable[[], int]) -> int:
+    """The bytes the file system gives the tier (a thread call): the bytes it holds
+    (``held()``, read beside the file system's figure so that an unlink finishing
+    meanwhile is not counted twice), its fills in flight (every worker's part files in
+    ``tmp/``: the tier's own bytes, not another program's), and the bytes still free.
+    The index and its log are not counted: they are what the margin under the
+    watermark is for."""
+    held_now = held()
     stat = os.statvfs(directory)
-    return held + in_flight(directory / "tmp") + stat.f_bavail * stat.f_frsize
+    return held_now + in_flight(directory / "tmp") + stat.f_bavail * stat.f_frsize
 
 
 def in_flight(tmp: Path) -> int:
@@ -106,7 +114,7 @@ def in_flight(tmp: Path) -> int:
     return total
 
 
-def ceiling(directory: Path, held: int, capacity: int) -> int:
+def ceiling(directory: Path, held: Callable[[], int], capacity: int) -> int:
     """The low watermark (a thread call): ``LOW_WATERMARK`` of the ``room`` the file
     system gives the tier, at most ``capacity``. Measured afresh each time, so a
     second full disk with the same room gives the same limit (not 10% less), and
@@ -114,12 +122,10 @@ def ceiling(directory: Path, held: int, capacity: int) -> int:
     return min(capacity, int(room(directory, held) * LOW_WATERMARK))
 
 
-async def evict_to(
-    index: DiskIndex, reserve: Reserve, limit: int, remove: Callable[[Removed], Awaitable[None]]
-) -> int:
-    """Evict to ``limit`` on a full disk: each commit first, then ``remove(removed)``
-    unlinks its files. Returns the files and segments evicted; raises sqlite3.Error
-    (nothing of that commit removed) or OSError."""
+async def evict_to(index: DiskIndex, reserve: Reserve, limit: int, removal: Removal) -> int:
+    """Evict to ``limit`` on a full disk: each commit first, then ``removal`` unlinks
+    its files. Returns the files and segments evicted; raises sqlite3.Error (nothing
+    of that commit removed) or OSError."""
     # The write-ahead log may be what filled the disk: fold it into the database
     # first, and give back the reserve: the eviction's commit needs room.
     with contextlib.suppress(sqlite3.Error):
@@ -131,10 +137,10 @@ async def evict_to(
         if not (removed.files or removed.segments):
             break
         evicted += len(removed.files) + len(removed.segments)
-        await remove(removed)
+        await removal.remove_evicted(removed)
         # What this commit's files gave back is room for a commit twice its size.
         victims = min(2 * victims, _FREEING_VICTIMS_MAX)
-    await remove(await index.bury())
+    await removal.remove_evicted(await index.bury())
     await index.checkpoint()
     await asyncio.to_thread(reserve.hold)
     return evicted
@@ -144,7 +150,7 @@ class FullDisk:
     """The disk tier's limit, lowered when the file system fills first, and the passes
     that make room for it: one at a time, shared by the writes that wait for it.
 
-    ``remove(removed)`` unlinks the files of an eviction's commit (the tier's);
+    ``removal`` unlinks the files of an eviction's commit (the tier's);
     ``on_full()`` hears of each pass that lowered the limit; ``logger`` is the
     tier's, whose lines say "disk tier:".
     """
@@ -154,7 +160,7 @@ class FullDisk:
         directory: Path,
         capacity: int,
         index: DiskIndex,
-        remove: Callable[[Removed], Awaitable[None]],
+        removal: Removal,
         on_full: Callable[[], None] | None,
         logger: logging.Logger,
     ) -> None:
@@ -162,11 +168,12 @@ class FullDisk:
         self.capacity = capacity
         self.limit = capacity  # lowered when the file system fills first, raised when room returns
         self.writing = 0  # bytes this process's fills in flight will take (``begin_write``)
+        self.landed = 0  # bytes of its fills in place whose rows are on their way (``land``)
         self.errors = ErrorLog(logger)
         self.reserve = Reserve(directory / "reserve")
         self.rooms_made = 0  # full-disk passes that made room: a write lost to one may retry
         self._index = index
-        self._remove_evicted = remove
+        self._removal = removal
         self._on_full = on_full
         self._log = logger
         self._room_passes: Group[str, None] = Group()  # one pass at a time, shared by its waiters
@@ -202,8 +209,14 @@ class FullDisk:
         self.writing += size
 
     def end_write(self, size: int) -> None:
-        """That fill landed or was given up."""
+        """That fill was indexed or given up."""
         self.writing -= size
+
+    def held(self) -> int:
+        """The tier's bytes on disk outside ``tmp/`` as this process knows them: the
+        index's totals, its fills landed but not yet indexed, its evicted files not
+        yet unlinked. Read from the room's thread too: three reads of the loop's ints."""
+        return self._index.totals.used + self.landed + self._removal.unlinking
 
     async def recheck(self) -> bool:
         """Measure the room again while the limit is below the capacity, and raise the
@@ -211,9 +224,8 @@ class FullDisk:
         Never lowers it: a full disk does that, with the eviction that goes with it."""
         if self.limit >= self.capacity:
             return False
-        held = self._index.totals.used
         try:
-            higher = await asyncio.to_thread(ceiling, self.directory, held, self.capacity)
+            higher = await asyncio.to_thread(ceiling, self.directory, self.held, self.capacity)
         except OSError:
             return False
         if higher <= self.limit:
@@ -225,12 +237,12 @@ class FullDisk:
 
     async def _room_pass(self) -> None:
         try:
-            held = self._index.totals.used
-            self.limit = await asyncio.to_thread(ceiling, self.directory, held, self.capacity)
+            self.limit = await asyncio.to_thread(ceiling, self.directory, self.held, self.capacity)
+            held = self.held()
             # Below the limit by what our fills in flight still need, so they land; the
             # limit itself is not lowered by them (at most half of it is given to them).
             target = self.limit - min(self.writing, self.limit // 2)
-            evicted = await evict_to(self._index, self.reserve, target, self._remove_evicted)
+            evicted = await evict_to(self._index, self.reserve, target, self._removal)
             self.rooms_made += 1
             if self._on_full is not None:
                 self._on_full()

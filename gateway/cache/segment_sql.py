@@ -98,12 +98,14 @@ class Removed:
 
     ``files``: digests of blocks with their own file (unlink them); ``packed``:
     digests of packed blocks (forget where they were); ``segments``: names of
-    whole segment files (unlink them).
+    whole segment files (unlink them). ``size``: the bytes those rows counted against
+    the capacity (own files and whole segments): on disk until the unlinks are done.
     """
 
     files: list[str] = field(default_factory=list)
     packed: list[str] = field(default_factory=list)
     segments: list[str] = field(default_factory=list)
+    size: int = 0
 
     def __len__(self) -> int:
         return len(self.files) + len(self.packed)
@@ -112,6 +114,7 @@ class Removed:
         self.files += other.files
         self.packed += other.packed
         self.segments += other.segments
+        self.size += other.size
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,11 +205,13 @@ def evict(
                              " WHERE name = ?", (name,))  # fmt: skip
                 conn.execute("DELETE FROM segments WHERE name = ?", (name,))
                 removed.segments.append(name)
+                removed.size += size
             elif is_segment:
                 removed.extend(drop_segment(conn, name))
             else:
                 conn.execute("DELETE FROM blocks WHERE digest = ?", (name,))
                 removed.files.append(name.hex())
+                removed.size += size
             used -= size
             taken += 1
         used = _used(conn)
@@ -226,10 +231,11 @@ def drop_segment(conn: sqlite3.Connection, name: str) -> Removed:
     """Delete a segment's row and the rows of every block in it. A segment already
     evicted (marked dead, its rows not yet buried) has no row: nothing is dropped here,
     and its rows wait for ``bury``."""
-    row = conn.execute("DELETE FROM segments WHERE name = ? RETURNING id", (name,)).fetchone()
+    row = conn.execute("DELETE FROM segments WHERE name = ? RETURNING id, size",
+                       (name,)).fetchone()  # fmt: skip
     if row is None:
         return Removed()
-    return Removed(packed=_delete_rows(conn, row[0]), segments=[name])
+    return Removed(packed=_delete_rows(conn, row[0]), segments=[name], size=row[1])
 
 
 def _delete_rows(conn: sqlite3.Connection, segment: int) -> list[str]:
@@ -242,8 +248,10 @@ def delete_where(conn: sqlite3.Connection, where: str, args: tuple[object, ...])
     """Delete the block rows matching ``where``; a packed block's bytes stay in its
     segment as dead bytes until the segment is evicted."""
     removed = Removed()
-    for digest, segment in conn.execute(f"SELECT digest, segment FROM blocks WHERE {where}", args):
+    found = conn.execute(f"SELECT digest, segment, file_size FROM blocks WHERE {where}", args)
+    for digest, segment, file_size in found:
         (removed.files if segment is None else removed.packed).append(digest.hex())
+        removed.size += file_size  # 0 for a packed block: its bytes go with its segment
     conn.execute(f"DELETE FROM blocks WHERE {where}", args)
     return removed
 
