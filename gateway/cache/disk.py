@@ -161,7 +161,6 @@ class DiskTier:
 
         ``packed_max``: blocks up to this many bytes are packed into segment files
         of up to ``segment_size`` bytes (``disk_packed.py``; 0: every block has its own file).
-
         ``open_files``: descriptors of hot small blocks kept open (``disk_open.py``; 0: none).
 
         ``on_evict(n)`` is called with the number of blocks each eviction pass
@@ -205,8 +204,7 @@ class DiskTier:
     @property
     def limit(self) -> int:
         """The capacity, or less while the file system gives the tier less room
-        (lowered by a full disk, raised by the flush loop when room comes back:
-        ``disk_space.py``)."""
+        (lowered by a full disk, raised when room comes back: ``disk_space.py``)."""
         return self.space.limit
 
     @property
@@ -420,7 +418,7 @@ class DiskTier:
         # The claim is held until the block is indexed (or not to be), so a sibling
         # asking meanwhile waits for the record instead of fetching the block again.
         assert self._packed is not None and writer.chunks is not None
-        writer.land()  # appended before it is indexed (a few bytes early: it is small)
+        writer.land()  # (a few bytes before they are appended: the block is small)
         try:
             stored = await self._packed.store(writer.block, writer.chunks, checksum)
         except (OSError, sqlite3.Error) as exc:  # served from the origin, not stored
