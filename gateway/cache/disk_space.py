@@ -50,9 +50,9 @@ removed, and the next full disk tries again); that a sibling worker's fills in
 flight are made room for (only their part files are counted, not what they still
 have to write, nor their files landed or being unlinked); the limit is per process,
 and ``recheck`` only raises it (a file system that others fill is learnt at the
-next full disk); the statvfs
-figure is a snapshot, so a file system that other writers keep filling may
-report full again, and each report lowers the limit to what is left.
+next full disk); the statvfs figure is a snapshot, so a file system that other
+writers keep filling may report full again, and each report lowers the limit to
+what is left.
 """
 
 from __future__ import annotations
