@@ -209,9 +209,16 @@ class FullDisk:
         """A fill of ``size`` file bytes started: room a full disk's pass makes for it."""
         self.writing += size
 
-    def end_write(self, size: int) -> None:
-        """That fill was indexed or given up."""
+    def land(self, size: int) -> None:
+        """That fill is in place (renamed, or appended to a segment), its row on its way:
+        its bytes count as held (``held``) until it ends."""
+        self.landed += size
+
+    def end_write(self, size: int, landed: bool) -> None:
+        """That fill was indexed or given up (``landed``: after ``land``)."""
         self.writing -= size
+        if landed:
+            self.landed -= size
 
     def held(self) -> int:
         """The tier's bytes on disk outside ``tmp/`` as this process knows them: the

@@ -70,7 +70,7 @@ class BlockWriter:
         # room for it rather than lowering the limit under it (disk_space.FullDisk).
         self._writing = HEADER_SIZE + length
         tier.space.begin_write(self._writing)
-        self._landed = 0  # its bytes in place, its row on its way (``land``)
+        self._landed = False  # its bytes in place, its row on its way (``land``)
 
     async def write(self, data: bytes) -> None:
         """Append ``data``. Raises OSError (ENOSPC...) after removing the part file."""
@@ -139,8 +139,8 @@ class BlockWriter:
         """The block is in place (renamed, or appended to a segment) and its row on its
         way: until ``release`` its bytes are the tier's own, which the index does not
         count yet (``disk_space.FullDisk.held``)."""
-        self._landed = HEADER_SIZE + self.length
-        self._tier.space.landed += self._landed
+        self._landed = True
+        self._tier.space.land(self._writing)
 
     def release(self) -> None:
         """Close the descriptor (releasing the lock) without touching the part's name."""
@@ -151,9 +151,8 @@ class BlockWriter:
 
     def _end_claim(self) -> None:
         writing, self._writing = self._writing, 0
-        self._tier.space.end_write(writing)
-        landed, self._landed = self._landed, 0
-        self._tier.space.landed -= landed
+        landed, self._landed = self._landed, False
+        self._tier.space.end_write(writing, landed)
         release, self._on_release = self._on_release, None
         if release is not None:
             release()
