@@ -29,6 +29,7 @@ import os
 import time
 from collections.abc import Mapping
 
+from gateway.cache import segment_files
 from gateway.cache.block import HEADER_SIZE
 from gateway.cache.segment_files import Fingerprint, PackedFile, Segment
 from gateway.cache.segment_sql import Place
@@ -70,6 +71,6 @@ class Lease:
         # (``segment_files.fingerprint``, spelled out: a call fewer a hit)
         if (stat.st_ino, stat.st_mtime_ns, stat.st_ctime_ns) != self._fingerprint:
             return None
-        segment.users += 1
+        # (``DiskTier._touch_packed``, spelled out: a call fewer a hit)
         self._touched[self._touched_as.setdefault(place.segment, self._digest)] = time.time()
-        return PackedFile(segment.fd, place.offset + HEADER_SIZE, place.length, (), segment)
+        return segment_files.lend(segment, place)
