@@ -105,11 +105,12 @@ def hoard_config(moto: str, port: int, directory: Path, workers: int) -> dict[st
     }  # fmt: skip
 
 
-def _client(endpoint: str, key: str, secret: str):
+def _client(endpoint: str, key: str, secret: str, signature_version: str | None = None):
     return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
                         aws_access_key_id=key, aws_secret_access_key=secret,
                         config=Config(retries={"total_max_attempts": 1},
-                                      s3={"addressing_style": "path"}))  # fmt: skip
+                                      s3={"addressing_style": "path"},
+                                      signature_version=signature_version))  # fmt: skip
 
 
 def _get(port: int, path: str, headers: dict[str, str], keep: list) -> tuple[int, bytes]:
@@ -178,17 +179,21 @@ def client_loop(port: int, data: dict[str, bytes], stop: threading.Event, tally:
 
 
 def fresh_keys(port: int, count: int, bucket: str = BUCKET, key: str = KEY,
-               secret: str = SECRET) -> Counter[int]:  # fmt: skip
+               secret: str = SECRET, prefix: str = "fresh/") -> Counter[int]:  # fmt: skip
     """The soak's short mode: ``count`` GETs of keys never seen before (what the soak's
     misses and fresh writes bring), presigned, over one kept connection; statuses counted.
-    Whatever grows with each new key shows after a few thousand of them, not minutes."""
-    signer = _client(f"http://127.0.0.1:{port}", key, secret)
+    Whatever grows with each new key shows after a few thousand of them, not minutes.
+    ``prefix``: the keys' (one with a byte a URL escapes makes every path one the
+    signature's canonical form must be worked out for)."""
+    # SigV4, as SDKs presign today (boto3's default here is SigV2's query form): the
+    # memos of SigV4's canonical request are what a fresh key may grow.
+    signer = _client(f"http://127.0.0.1:{port}", key, secret, "s3v4")
     keep = [http.client.HTTPConnection("127.0.0.1", port, timeout=60)]
     statuses: Counter[int] = Counter()
     try:
         for n in range(count):
             url = signer.generate_presigned_url(
-                "get_object", Params={"Bucket": bucket, "Key": f"fresh/{n:07d}"}
+                "get_object", Params={"Bucket": bucket, "Key": f"{prefix}{n:07d}"}
             )
             status, _ = _get(port, url.split(str(port), 1)[1], {}, keep)
             statuses[status] += 1

@@ -36,12 +36,16 @@ def test_fresh_keys_do_not_grow_the_request_memos_past_their_bounds(tmp_path: Pa
     settings = {"origins": {"files": {"type": "posix", "path": str(root)}},
                 "default_origin": "files", "cache": {"size": "256MiB", "memory": "16MiB"}}  # fmt: skip
     with threaded_app(tmp_path, settings) as hoard:
-        count = HotSets().urls + 200
-        statuses = fresh_keys(hoard.port, count, "data", ACCESS_KEY, SECRET_KEY)
+        count = max(HotSets().urls, sigv4.CANDIDATES_KEPT) + 200
+        sigv4._candidate_uris.cache_clear()
+        # A space in every key: each path is escaped, so its canonical form is worked out
+        # and kept (a path of plain characters is its own, and keeps nothing).
+        statuses = fresh_keys(hoard.port, count, "data", ACCESS_KEY, SECRET_KEY, "fresh set/")
         assert statuses == {404: count}  # signed, checked, and missing at the origin
         front = hoard.app[HIT_PATH].front
         assert front.routes_kept <= HotSets().urls
-        assert sigv4._candidate_uris.cache_info().currsize <= sigv4.CANDIDATES_KEPT
+        # Every fresh path was worked out, and only the bound's worth of them is kept.
+        assert sigv4._candidate_uris.cache_info().currsize == sigv4.CANDIDATES_KEPT
         # Each fresh presigned URL is a verdict to remember: a hot set, not every URL.
         assert 0 < len(front.presigned_verdicts) <= PresignedMemo.LIMIT
 
