@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import struct
 import sys
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -83,7 +84,7 @@ class HeadTable:
         self._scopes: dict[Hashable, str] = {}  # scope -> short id, the key's first part
         self._shapes = shapes.Shapes()
         # The last _DECODED answers decoded, by record: a hot key is decoded once.
-        self._decoded: dict[bytes, Entry] = {}
+        self._decoded: OrderedDict[bytes, Entry] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._records)
@@ -211,7 +212,7 @@ class HeadTable:
         if entry is None or entry.value is None or entry.value.key != key:
             entry = self._decoded[record] = self._unpack(key, record)
             if len(self._decoded) > _DECODED:
-                del self._decoded[next(iter(self._decoded))]
+                self._decoded.popitem(last=False)
         return entry
 
     def _unpack(self, key: str, record: bytes) -> Entry:

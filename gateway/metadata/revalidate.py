@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
 from gateway.core import errors
@@ -72,7 +73,8 @@ class Revalidator:
         self._store = store
         self._believable = believable
         self._on_outcome = on_outcome
-        self._confirmed: dict[tuple[Scope, str], float] = {}  # listings written to the store
+        # Listings written to the store (ordered: the oldest goes in O(1)).
+        self._confirmed: OrderedDict[tuple[Scope, str], float] = OrderedDict()
         self._failures_logged: dict[str, float] = {}
 
     async def known(
@@ -140,7 +142,7 @@ class Revalidator:
             return
         self._confirmed[(scope, directory)] = listed
         if len(self._confirmed) > 10_000:  # bounded: the oldest directories go first
-            del self._confirmed[next(iter(self._confirmed))]
+            self._confirmed.popitem(last=False)
         wall = time.time() - (self._metadata.now() - listed)
         self._store.confirm(scope, entries, wall)
         if self._store.shared:

@@ -39,6 +39,7 @@ import math
 import shutil
 import sqlite3
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -87,7 +88,7 @@ class MetadataStore:
         # GET's second read (the general path's, after the hit path's) is answered without
         # SQLite. Each answers one read; the oldest go first. A row a sibling's write saved
         # is missed for that read: it costs a HEAD, as a row not flushed yet does.
-        self._absent: dict[tuple[str, str, str], int] = {}
+        self._absent: OrderedDict[tuple[str, str, str], int] = OrderedDict()
         self._confirmations: list[tuple[float, Scope, Sequence[ListEntry]]] = []
         self._flusher: asyncio.Task[None] | None = None
         self._writing: asyncio.Future[None] | None = None  # the write on the store's thread
@@ -189,7 +190,7 @@ class MetadataStore:
         if row is None:
             self._absent[name] = version
             if len(self._absent) > _ABSENT_KEPT:
-                del self._absent[next(iter(self._absent))]
+                self._absent.popitem(last=False)
             return None
         return Stored(decode(key, row), time.time() - row[1], row[2])
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import sqlite3
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from typing import TypeVar
 
@@ -64,7 +64,7 @@ class Reader:
         self.streams = Streams(read_ahead or ReadAheadPolicy(4, 4, 10.0))
         # (bucket, key) -> the mount and block 0 of the version last held (``_first_ref``)
         # (~300 bytes each, a hot set of ``hot[1]``: every fresh key adds one; a miss ~4 us)
-        self._first_refs: dict[tuple[str, str], tuple[Mount, BlockRef]] = {}
+        self._first_refs: OrderedDict[tuple[str, str], tuple[Mount, BlockRef]] = OrderedDict()
         tickets_kept, self._first_refs_kept = hot
         # A hit's lookups, kept per key while they hold.
         self._tickets = Tickets(self.metadata, tickets_kept)
@@ -344,7 +344,7 @@ class Reader:
         ref = self._ref(mount, okey, info, 0)
         self._first_refs[(bucket, key)] = (mount, ref)
         if len(self._first_refs) > self._first_refs_kept:
-            del self._first_refs[next(iter(self._first_refs))]
+            self._first_refs.popitem(last=False)
         return ref
 
     def _held_answer(

@@ -29,6 +29,7 @@ and gets one.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from gateway.cache.memory import Loan
@@ -64,7 +65,9 @@ class Tickets:
     def __init__(self, metadata: MetadataCache, limit: int = LIMIT) -> None:
         self._metadata = metadata
         self._limit = limit
-        self._kept: dict[tuple[str, str], Ticket] = {}
+        # Ordered: a plain dict's oldest key is found past every key deleted before it
+        # (~20 us at 16,384 churned, every hit of a dataset wider than the set).
+        self._kept: OrderedDict[tuple[str, str], Ticket] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -105,4 +108,4 @@ class Tickets:
         kept[(bucket, key)] = Ticket(mark, entry.fresh_until,
                                      policy_of(mount).label, ref, info, loan, lease)  # fmt: skip
         if len(kept) > self._limit:
-            del kept[next(iter(kept))]
+            kept.popitem(last=False)

@@ -45,6 +45,7 @@ are; a lane holds no body, so an evicted block is freed as before.
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from typing import NamedTuple
 
 from gateway.core.heads import Head, parse_head
@@ -90,7 +91,7 @@ class ExpressLane:
     def __init__(self, front: S3Front, reader: Reader) -> None:
         self._front = front
         self._reader = reader
-        self._lanes: dict[bytes, Lane] = {}
+        self._lanes: OrderedDict[bytes, Lane] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._lanes)
@@ -117,7 +118,7 @@ class ExpressLane:
                            *status(span, info.size), mount, path, host,
                            ticket if ticket is not None and ticket.info is info else None)  # fmt: skip
         if len(lanes) > self._front.hot.urls:
-            del lanes[next(iter(lanes))]
+            lanes.popitem(last=False)
 
     def repeat(self, head: bytes, transport: asyncio.Transport) -> Repeat | None:
         """The answer to ``head`` if it repeats a kept hit whose decisions all still hold;

@@ -172,9 +172,9 @@ class HitPath:
         # content, not by object: a head the wire parsed itself (``core/heads.py``) reaches
         # aiohttp as another object, parsed anew from the same bytes; and by every header,
         # so only the very request verified is spared its verification.
-        self._handed: dict[
+        self._handed: OrderedDict[
             tuple[str, tuple[tuple[str, str], ...]], tuple[Principal, int, bool]
-        ] = {}
+        ] = OrderedDict()
 
     def answer_again(self, head: bytes, transport: asyncio.Transport, sockfd: int | None) -> bool:
         """Answer ``head`` (one whole request head, as sent) if it repeats a presigned hit
@@ -311,7 +311,7 @@ class HitPath:
         self._handed[_sent_as(message.path, message.headers)] = (call.principal, generation,
                                                                  settled)  # fmt: skip
         if len(self._handed) > _HANDED:
-            del self._handed[next(iter(self._handed))]
+            self._handed.popitem(last=False)
 
     def _admitted(self, request: web.BaseRequest | WireRequest) -> Call | None:
         """The call of a GET of an object the front admits as it is (no ``response-*``

@@ -110,7 +110,8 @@ class AutoWarm:
         self._metadata = metadata
         self._listed = listed
         self._list_prefix = list_prefix
-        self._asked: dict[tuple[Hashable, str], float] = {}  # recorded prefixes listed here
+        # Recorded prefixes listed here (ordered: the oldest goes in O(1)).
+        self._asked: OrderedDict[tuple[Hashable, str], float] = OrderedDict()
         self._after = config.auto_after
         self._share = config.auto_max_share
         self._capacity = capacity
@@ -167,7 +168,7 @@ class AutoWarm:
             return
         self._asked[k] = now
         if len(self._asked) > _LISTINGS:
-            del self._asked[next(iter(self._asked))]
+            self._asked.popitem(last=False)
         self._tasks.spawn(self._list(recorded))
 
     async def _list(self, recorded: Listed) -> None:
