@@ -86,9 +86,14 @@ CASES = (
 )
 
 
-def config(workdir: Path, origin: Path, tier: str, port: int = 1) -> dict[str, Any]:
-    """A Hoard config over ``origin`` whose hits come from ``tier``."""
+def config(
+    workdir: Path, origin: Path, tier: str, port: int = 1, hit_keys: int | None = None
+) -> dict[str, Any]:
+    """A Hoard config over ``origin`` whose hits come from ``tier`` (``hit_keys``: the
+    hot sets' size, ``cache.hit_keys``; None: the defaults)."""
     cache: dict[str, Any] = {"dir": str(workdir / f"cache-{tier}")}
+    if hit_keys is not None:
+        cache["hit_keys"] = hit_keys
     if tier == "memory":
         cache["memory_item_max_on_disk"] = "1MiB"  # a 128 KiB block stays in memory too
     else:
@@ -408,16 +413,18 @@ async def warm(port: int, requests: list[bytes], tier: str) -> None:
 
 
 @contextlib.asynccontextmanager
-async def serving(workdir: Path, origin: Path, tier: str) -> AsyncIterator[tuple[Any, int]]:
-    """The application over ``origin`` with hits from ``tier``, listening on a loopback
-    port, as ``hoard serve`` builds it: (app, port)."""
+async def serving(
+    workdir: Path, origin: Path, tier: str, hit_keys: int | None = None
+) -> AsyncIterator[tuple[Any, int]]:
+    """The application over ``origin`` with hits from ``tier`` (hot sets of ``hit_keys``:
+    ``config``), listening on a loopback port, as ``hoard serve`` builds it: (app, port)."""
     from aiohttp import web
 
     from gateway.app import wiring
     from gateway.app.cli import settle_collector
     from gateway.config.load import build_settings
 
-    app = wiring.build(build_settings(config(workdir, origin, tier)))
+    app = wiring.build(build_settings(config(workdir, origin, tier, hit_keys=hit_keys)))
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     try:

@@ -59,9 +59,12 @@ class Sink:
         pass
 
 
-async def _inner(case_name: str, entry: str, n: int) -> None:
+async def _inner(
+    case_name: str, entry: str, n: int, objects: int = 100, hit_keys: int | None = None
+) -> None:
     """Build, warm, then ``n`` hits of ``entry`` inside ``functools.reduce``: the only
-    frame callgrind counts (``--toggle-collect=functools_reduce``)."""
+    frame callgrind counts (``--toggle-collect=functools_reduce``); over ``objects``
+    objects, with hot sets of ``hit_keys`` (None: the defaults)."""
     from gateway.app.server import HIT_PATH
     from gateway.core.heads import parse_head
 
@@ -69,8 +72,8 @@ async def _inner(case_name: str, entry: str, n: int) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="instructions-"))
     try:
         origin = workdir / "origin"
-        keys = hp.write_objects(origin, (case.size,), 100)[case.size]
-        async with hp.serving(workdir, origin, case.tier) as (app, port):
+        keys = hp.write_objects(origin, (case.size,), objects)[case.size]
+        async with hp.serving(workdir, origin, case.tier, hit_keys) as (app, port):
             requests = hp.requests_for(case, keys, f"127.0.0.1:{port}")
             await hp.warm(port, requests, case.tier)
             _count_hits(app[HIT_PATH], requests, [parse_head(raw) for raw in requests],
@@ -106,9 +109,10 @@ def _count_hits(hits: Any, requests: list[bytes], heads: list[Any], entry: str, 
     assert answered == n, f"{n - answered} of {n} hits were not answered on the wire"
 
 
-def count(case: str, entry: str, n: int) -> float:
+def count(case: str, entry: str, n: int, objects: int = 100, hit_keys: int | None = None) -> float:
     """Instructions per hit of ``entry`` in ``case``, from two callgrind runs (``n`` hits
-    and none), so that what the reduce itself costs apart from the hits cancels."""
+    and none), so that what the reduce itself costs apart from the hits cancels; over
+    ``objects`` objects, with hot sets of ``hit_keys`` (``--objects``, ``--hit-keys``)."""
 
     def counted(hits: int) -> int:
         with tempfile.TemporaryDirectory() as scratch:
@@ -116,7 +120,8 @@ def count(case: str, entry: str, n: int) -> float:
             command = ["valgrind", "--tool=callgrind", "--collect-atstart=no",
                        "--toggle-collect=functools_reduce", f"--callgrind-out-file={out}",
                        sys.executable, "-m", "loadtest.instructions", "--inner", case, entry,
-                       str(hits)]  # fmt: skip
+                       str(hits), "--objects", str(objects),
+                       "--hit-keys", str(hit_keys or 0)]  # fmt: skip
             done = subprocess.run(command, capture_output=True, text=True, check=False)
             if done.returncode != 0 or not out.exists():
                 raise RuntimeError(f"callgrind failed for {case} {entry}: {done.stderr[-2000:]}")
@@ -134,12 +139,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-n", type=int, default=5000, help="hits counted per case and entry")
     p.add_argument("--cases", default=",".join(CASES),
                    help=f"comma list of hitprofile's case names (default: {', '.join(CASES)})")  # fmt: skip
+    p.add_argument("--objects", type=int, default=100, help="objects of the case's size")
+    p.add_argument("--hit-keys", type=int, default=0,
+                   help="the hot sets' size (cache.hit_keys; 0: the defaults). Fewer than "
+                        "--objects counts the hits of a dataset wider than the sets, which "
+                        "keep none of it (the express lane's column is then empty)")  # fmt: skip
     p.add_argument("--inner", nargs=3, metavar=("CASE", "ENTRY", "N"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    hit_keys = args.hit_keys or None
     if args.inner:
         case, entry, n = args.inner
         hp._event_loop()
-        asyncio.run(_inner(case, entry, int(n)))
+        asyncio.run(_inner(case, entry, int(n), args.objects, hit_keys))
         return 0
     known = {c.name for c in hp.CASES}
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
@@ -150,9 +161,12 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("valgrind") is None:
         print("valgrind is not installed (apt-get install valgrind)", file=sys.stderr)
         return 2
+    wide = hit_keys is not None and args.objects > hit_keys  # no repeat is kept
     print(f"{'instructions per hit':<28}" + "".join(f"{e:>16}" for e in ENTRIES))
     for case in cases:
-        cells = "".join(f"{count(case, entry, args.n):>16,.0f}" for entry in ENTRIES)
+        counts = [None if wide and entry == "answer_again" else
+                  count(case, entry, args.n, args.objects, hit_keys) for entry in ENTRIES]  # fmt: skip
+        cells = "".join(f"{'-':>16}" if c is None else f"{c:>16,.0f}" for c in counts)
         print(f"{case:<28}{cells}", flush=True)
     return 0
 

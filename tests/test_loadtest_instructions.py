@@ -19,5 +19,10 @@ def test_the_counted_hits_are_all_answered_on_the_wire(entry: str) -> None:
     asyncio.run(instructions._inner("4k memory presigned", entry, 200))
 
 
+def test_hits_of_a_dataset_wider_than_the_hot_sets_are_answered_on_the_wire() -> None:
+    # 40 objects cycled through sets of 8: every hit is of a key the sets dropped.
+    asyncio.run(instructions._inner("4k memory presigned", "answer_now", 120, 40, 8))
+
+
 def test_a_case_it_does_not_know_is_refused() -> None:
     assert instructions.main(["--cases", "4k nowhere"]) == 2

@@ -94,7 +94,11 @@ class Authenticator:
 
     def authenticate(self, request: RequestView) -> Principal:
         """The verified caller; ``S3Error`` for a bad signature or a refused anonymous call."""
-        key = self._presigned.key(request)
+        return self.authenticate_as(request, self._presigned.key(request))
+
+    def authenticate_as(self, request: RequestView, key: MemoKey | None) -> Principal:
+        """``authenticate``, ``key`` being the request's ``PresignedMemo.key`` (a caller
+        that keeps the verdict itself too reads it once)."""
         remembered = self._presigned.get(key)
         if remembered is not None:
             return remembered
@@ -135,6 +139,8 @@ class Authenticator:
 
 
 _READS = frozenset(("GET", "HEAD"))
+# What a presigned verdict is kept under: method, raw path, query, Host.
+MemoKey = tuple[str, str, str, str]
 _HOST_SIGNED = "X-Amz-SignedHeaders=host"
 
 
@@ -158,12 +164,10 @@ class PresignedMemo:
     def __init__(self, clock: Callable[[], float], limit: int = LIMIT) -> None:
         self._clock = clock
         self._limit = limit
-        self._entries: OrderedDict[tuple[str, str, str, str], tuple[float, Principal]] = (
-            OrderedDict()
-        )
+        self._entries: OrderedDict[MemoKey, tuple[float, Principal]] = OrderedDict()
 
     @staticmethod
-    def key(request: RequestView) -> tuple[str, str, str, str] | None:
+    def key(request: RequestView) -> MemoKey | None:
         """What a remembered verdict on ``request`` is kept under; None: not memoisable."""
         # Reads only, and no x-amz-* headers: a memo hit must not skip the check
         # that every x-amz-* header a request carries is signed (nor the refusal of a
@@ -182,12 +186,13 @@ class PresignedMemo:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def expiry(self, request: RequestView) -> float | None:
-        """Until when the verdict kept on ``request`` holds; None: none is kept."""
-        entry = self._entries.get(self.key(request))  # type: ignore[arg-type]
+    def expiry(self, key: MemoKey | None) -> float | None:
+        """Until when the verdict kept under ``key`` (a request's ``key``) holds; None:
+        none is kept."""
+        entry = None if key is None else self._entries.get(key)
         return None if entry is None else entry[0]
 
-    def get(self, key: tuple[str, str, str, str] | None) -> Principal | None:
+    def get(self, key: MemoKey | None) -> Principal | None:
         entry = self._entries.get(key) if key is not None else None
         if entry is None:
             return None
@@ -198,9 +203,7 @@ class PresignedMemo:
         self._entries.move_to_end(key)  # type: ignore[arg-type]
         return principal
 
-    def remember(
-        self, key: tuple[str, str, str, str] | None, raw_query: str, principal: Principal
-    ) -> None:
+    def remember(self, key: MemoKey | None, raw_query: str, principal: Principal) -> None:
         expires = _presigned_expiry(raw_query) if key is not None else None
         if key is None or expires is None or principal.anonymous:
             return

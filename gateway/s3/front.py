@@ -26,7 +26,14 @@ from gateway.core.hot_sets import DEFAULT, HotSets
 from gateway.obs import request_keys as keys
 from gateway.read.reader import Reader
 from gateway.s3 import buckets, cors, listing, objects, writes, xml
-from gateway.s3.auth import ANONYMOUS, Authenticator, PresignedMemo, Principal, needs_verifier
+from gateway.s3.auth import (
+    ANONYMOUS,
+    Authenticator,
+    MemoKey,
+    PresignedMemo,
+    Principal,
+    needs_verifier,
+)
 from gateway.s3.body import BodySender
 from gateway.s3.bundle.operation import bundle_objects
 from gateway.s3.call import Call
@@ -74,8 +81,13 @@ def _query_pairs(raw_query: str) -> tuple[tuple[str, str], ...]:
 def _form_decoded(text: str) -> str:
     """A query part decoded as ``parse_qsl`` decodes it ('+' is a space)."""
     if "%" in text or "+" in text:
-        return unquote(text.replace("+", " "), errors="replace")
+        return _form_decoded_escaped(text)
     return text
+
+
+@functools.lru_cache(maxsize=1024)  # pure: every URL a client presigns has its Credential
+def _form_decoded_escaped(text: str) -> str:
+    return unquote(text.replace("+", " "), errors="replace")
 
 
 _MUTATING = frozenset(("PUT", "POST", "DELETE"))
@@ -222,10 +234,11 @@ class S3Front:
             cors.checked_preflight(request.headers)
             return line, ANONYMOUS
         principal = request.get(keys.PRINCIPAL)
-        view = None
+        memo_key: MemoKey | None = None
         if principal is None:
             view = RequestView(method, raw_path, raw_query, request.headers)
-            principal = request[keys.PRINCIPAL] = self._auth.authenticate(view)
+            memo_key = self._auth.presigned.key(view)
+            principal = request[keys.PRINCIPAL] = self._auth.authenticate_as(view, memo_key)
         if principal.anonymous and not found.served:
             # Anonymous reads are object reads and listings Hoard answers itself, never
             # an ACL, version, upload or tagging read fetched with Hoard's credentials.
@@ -234,8 +247,8 @@ class S3Front:
         principal.authorize(found.bucket, mutating=mutating)
         if copy_source is not None:  # a copy also reads its source: may this caller?
             principal.authorize(copy_source_bucket(copy_source), mutating=False)
-        elif view is not None and not principal.anonymous:
-            self._keep_read(request, view, line, principal)
+        elif memo_key is not None and not principal.anonymous:
+            self._keep_read(request, memo_key, line, principal)
         return line, principal
 
     def _kept_read(self, request: web.Request) -> tuple[_Line, Principal] | None:
@@ -305,11 +318,12 @@ class S3Front:
         )
 
     def _keep_read(
-        self, request: web.Request, view: RequestView, line: _Line, principal: Principal
+        self, request: web.Request, memo_key: MemoKey, line: _Line, principal: Principal
     ) -> None:
         """Keep the verdict on a presigned read (``_kept_read``), as the presigned memo
-        would (``PresignedMemo.key``: reads only, only ``host`` signed, no ``x-amz-*``)."""
-        expires = self._auth.presigned.expiry(view)
+        keeps it under ``memo_key`` (``PresignedMemo.key``: reads only, only ``host``
+        signed, no ``x-amz-*``)."""
+        expires = self._auth.presigned.expiry(memo_key)
         if expires is None:
             return
         key = (request.method, request.host, request.raw_path)

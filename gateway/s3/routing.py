@@ -86,7 +86,7 @@ _OBJECT = {"GET": "GetObject", "HEAD": "HeadObject", "PUT": "PutObject",
 # With x-amz-copy-source, a PUT copies: the S3 name of what it is then.
 _COPIES = {"PutObject": "CopyObject", "UploadPart": "UploadPartCopy"}
 # Query parameters that make a GET/HEAD of an object something the cache does not hold.
-_NOT_CACHED = ("partNumber", "versionId")
+_NOT_CACHED = frozenset(("partNumber", "versionId"))
 # What Hoard answers itself; every other operation goes to the origin.
 SERVED = frozenset({"ListBuckets", "HeadBucket", "GetBucketLocation", "ListObjects",
                     "ListObjectsV2", "HeadObject", "GetObject", "BundleObjects"})  # fmt: skip
@@ -152,7 +152,7 @@ def route(
         operation, named = _operation(method, query, _OBJECT_SUBRESOURCES, _OBJECT)
         if copy_source and method == "PUT":
             operation = _COPIES.get(operation, operation)
-    plain = not any(name in query for name in _NOT_CACHED)
+    plain = _NOT_CACHED.isdisjoint(query)
     served = operation in SERVED and plain and (not named or operation in _SERVED_NAMED)
     return Route(bucket, key, operation, served)
 
@@ -164,6 +164,8 @@ def _operation(
     for this method is the origin's to answer, under the method's plain name."""
     if method not in plain:
         raise S3Error(Code.MethodNotAllowed)
+    if table.keys().isdisjoint(query):  # a plain read (one set operation, not a loop)
+        return plain[method], False
     for name, by_method in table.items():
         if name in query:
             return by_method.get(method, plain[method]), True

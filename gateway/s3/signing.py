@@ -74,6 +74,11 @@ def decode(value: str) -> str:
     # '+' stays '+': S3 signs the query as sent, not as a form.
     if "%" not in value and value.isascii():
         return value  # the common case, without a round trip through bytes
+    return _decoded(value)
+
+
+@functools.lru_cache(maxsize=1024)  # pure: every URL a client presigns has its Credential
+def _decoded(value: str) -> str:
     return unquote_to_bytes(utf8(value)).decode("utf-8", "replace")
 
 

@@ -40,6 +40,7 @@ ALGORITHM = "AWS4-HMAC-SHA256"
 UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
 MAX_PRESIGN_EXPIRES = 604800  # seven days, S3's limit for X-Amz-Expires
 _SHA256_HEX = re.compile(r"[0-9a-fA-F]{64}")
+_EXPIRES = re.compile(r"-?[0-9]{1,12}")
 _PAYLOAD_MARKERS = (
     "UNSIGNED-PAYLOAD, STREAMING-UNSIGNED-PAYLOAD-TRAILER, STREAMING-AWS4-HMAC-SHA256-PAYLOAD, "
     "STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER, STREAMING-AWS4-ECDSA-P256-SHA256-PAYLOAD, "
@@ -168,7 +169,7 @@ def _presigned_claim(req: RequestView, params: dict[str, str]) -> Claim:
 
 
 def _parse_expires(value: str) -> int:
-    if not re.fullmatch(r"-?[0-9]{1,12}", value):
+    if not _EXPIRES.fullmatch(value):
         raise _query_error("X-Amz-Expires should be a number")
     expires = int(value)
     if expires < 0:
