@@ -193,20 +193,22 @@ class _Reader(threading.local):
             self.connection = None
 
 
-def warm(endpoint: str, lines: list[str], deadline: float) -> int:
-    """Read every request once (16 at a time); returns how many failed."""
+def warm(endpoint: str, lines: list[str], deadline: float) -> Counter[str]:
+    """Read every request once (16 at a time); returns the reads that failed, by why
+    (a status, an exception's name, or the pass's deadline)."""
     reader = _Reader(endpoint)
 
-    def one(line: str) -> bool:
+    def one(line: str) -> str | None:
         if time.monotonic() > deadline:
-            return False
+            return "past the deadline"
         try:
-            return reader.get(line)[0] < 400
-        except (http.client.HTTPException, OSError):
-            return False
+            status = reader.get(line)[0]
+        except (http.client.HTTPException, OSError) as exc:
+            return type(exc).__name__
+        return f"HTTP {status}" if status >= 400 else None
 
     with ThreadPoolExecutor(16) as pool:
-        return sum(not ok for ok in pool.map(one, lines))
+        return Counter(why for why in pool.map(one, lines) if why is not None)
 
 
 def cache_statuses(endpoint: str, lines: list[str]) -> Counter[str]:
@@ -269,10 +271,11 @@ def _summarise(runs: list[dict], connections: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _warm_until_cached(s: Session, lines: list[str]) -> int:
+def _warm_until_cached(s: Session, lines: list[str]) -> Counter[str]:
     """Warm-up passes until one costs the origin no GET (at most three; one for a target
-    that caches nothing, whose every pass goes to the origin); failed reads."""
-    failed = 0
+    that caches nothing, whose every pass goes to the origin); the last pass's failed
+    reads, by why."""
+    failed: Counter[str] = Counter()
     for _ in range(3 if s.target.caches else 1):
         before = s.bench.origin.counts().get("GET", 0)
         limit = max(300.0, SECONDS_PER_OBJECT * len(lines))
@@ -309,7 +312,8 @@ def capacity(s: Session) -> list[Row]:
         row = s.measure(phase.name, run, generator="wrk")
         row.extra["keys"] = len(objects)  # what wrk cycles through
         row.extra["setup_s"] = round(setup, 1)  # signing, warm-up and status passes
-        notes = [f"{failed} warm-up reads failed"] if failed else []
+        why = ", ".join(f"{reason} {count}" for reason, count in failed.most_common())
+        notes = [f"{failed.total()} warm-up reads failed ({why})"] if failed else []
         if set(statuses) != {"-"}:
             row.extra["cache_status"] = " ".join(f"{k} {v}" for k, v in sorted(statuses.items()))
         if len(s.target.endpoints) > 1:
