@@ -584,8 +584,10 @@ def _without_per_request(head: bytes) -> bytes:
 
 
 async def test_the_lanes_are_a_hot_set_oldest_out_first(tmp_path, proxy, seeded) -> None:
-    """At most ``hot.urls`` heads kept (here 3, set on the running front): a fourth and
-    fifth push the oldest out, which is then the hit path's again, and kept anew."""
+    """At most ``hot.urls`` heads kept (here 3, set on the running front). Once full, a
+    fourth and fifth are turned away at their first sight (``core/hot_sets.py``'s
+    doorkeeper) and taken in at their second, pushing the oldest out, which is then
+    the hit path's again, and kept anew at its own second sight."""
     target = f"/{seeded}/small.bin"
     async with serve(tmp_path, proxy, seeded) as served:
         await _warm(served, target)
@@ -598,9 +600,11 @@ async def test_the_lanes_are_a_hot_set_oldest_out_first(tmp_path, proxy, seeded)
                 assert (await connection.ask(request)).body == SMALL
             assert len(hits._lane) == 3 and spy.repeats == [None] * 5
             spy.clear()
-            for request in (heads[4], heads[2], heads[0], heads[0]):
+            for request in (heads[3], heads[4], heads[4], heads[2], heads[0], heads[0],
+                            heads[0]):  # fmt: skip
                 assert (await connection.ask(request)).body == SMALL
-            assert [found is not None for found in spy.repeats] == [True, True, False, True]
+            laned = [found is not None for found in spy.repeats]
+            assert laned == [False, False, True, True, False, False, True]
             assert len(hits._lane) == 3
 
 

@@ -88,8 +88,14 @@ def test_tickets_are_a_bounded_hot_set() -> None:
     entry = cache.known_entry(scope_of(MOUNT), "p/k")
     assert entry is not None
     ref = block_ref(MOUNT, "p/k", entry.value, 0, 1 << 20)
+    known = (MOUNT, "p/k", entry.value, entry)
     for key in ("a", "b"):
-        tickets.keep("data", key, (MOUNT, "p/k", entry.value, entry), ref, entry.value)
+        tickets.keep("data", key, known, ref, entry.value)
     assert len(tickets) == 2
-    assert tickets.valid("data", "k") is None  # the oldest went first
+    # Full: "b" is turned away at its first sight (``core/hot_sets.py``'s doorkeeper),
+    # taken in at its second, and the oldest goes first.
+    assert tickets.valid("data", "b") is None and tickets.valid("data", "k") is not None
+    tickets.keep("data", "b", known, ref, entry.value)
+    assert len(tickets) == 2
+    assert tickets.valid("data", "k") is None
     assert tickets.valid("data", "b") is not None

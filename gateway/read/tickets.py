@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from gateway.cache.memory import Loan
 from gateway.cache.segment_leases import Lease
-from gateway.core.hot_sets import DEFAULT
+from gateway.core.hot_sets import DEFAULT, Doorkeeper
 from gateway.metadata.heads import Entry, Mark
 from gateway.metadata.memory import MetadataCache
 from gateway.metadata.source import policy_of, scope_of
@@ -68,6 +68,7 @@ class Tickets:
         # Ordered: a plain dict's oldest key is found past every key deleted before it
         # (~20 us at 16,384 churned, every hit of a dataset wider than the set).
         self._kept: OrderedDict[tuple[str, str], Ticket] = OrderedDict()
+        self._door = Doorkeeper(limit)  # what a full set takes in
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -98,14 +99,17 @@ class Tickets:
         loan: Loan | None = None, lease: Lease | None = None,
     ) -> None:  # fmt: skip
         """A ticket for what the lookups just found of ``key`` (nothing awaited since)."""
+        kept = self._kept
+        name = (bucket, key)
+        if name not in kept and len(kept) >= self._limit and not self._door.admits(name):
+            return
         mount, okey, _, entry = known
         scope = scope_of(mount)
         mark = self._metadata.record(scope, okey)
         if mark is None:
             return
-        kept = self._kept
-        kept.pop((bucket, key), None)
-        kept[(bucket, key)] = Ticket(mark, entry.fresh_until,
-                                     policy_of(mount).label, ref, info, loan, lease)  # fmt: skip
+        kept.pop(name, None)
+        kept[name] = Ticket(mark, entry.fresh_until, policy_of(mount).label, ref, info, loan,
+                            lease)  # fmt: skip
         if len(kept) > self._limit:
             kept.popitem(last=False)

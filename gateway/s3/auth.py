@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from gateway.config.settings import Credential
-from gateway.core.hot_sets import DEFAULT
+from gateway.core.hot_sets import DEFAULT, Doorkeeper
 from gateway.s3 import signing
 from gateway.s3.errors import Code, S3Error
 from gateway.s3.signed_form import SignedParts
@@ -165,6 +165,7 @@ class PresignedMemo:
         self._clock = clock
         self._limit = limit
         self._entries: OrderedDict[MemoKey, tuple[float, Principal]] = OrderedDict()
+        self._door = Doorkeeper(limit)  # what a full memo takes in
 
     @staticmethod
     def key(request: RequestView) -> MemoKey | None:
@@ -204,8 +205,13 @@ class PresignedMemo:
         return principal
 
     def remember(self, key: MemoKey | None, raw_query: str, principal: Principal) -> None:
-        expires = _presigned_expiry(raw_query) if key is not None else None
-        if key is None or expires is None or principal.anonymous:
+        if key is None or principal.anonymous:
+            return
+        entries = self._entries
+        if key not in entries and len(entries) >= self._limit and not self._door.admits(key):
+            return
+        expires = _presigned_expiry(raw_query)
+        if expires is None:
             return
         self._entries[key] = (expires, principal)
         self._entries.move_to_end(key)

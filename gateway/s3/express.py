@@ -38,8 +38,9 @@ key in the same credentials' generation as the answer kept (a reload may change
 what a key may read). The lines left out decide nothing but who signed: the
 route, the range and the rest are the form's, byte for byte.
 
-The lanes are a hot set of ``hot.urls`` (oldest first out), as the verdicts
-are; a lane holds no body, so an evicted block is freed as before.
+The lanes are a hot set of ``hot.urls`` (oldest first out; once full, a new
+one taken in on its second sight: ``core/hot_sets.py``), as the verdicts are;
+a lane holds no body, so an evicted block is freed as before.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from collections import OrderedDict
 from typing import NamedTuple
 
 from gateway.core.heads import Head, parse_head
+from gateway.core.hot_sets import Doorkeeper
 from gateway.origins.base import ObjectInfo
 from gateway.pieces import FileSegment, Piece
 from gateway.read.reader import Reader
@@ -92,6 +94,7 @@ class ExpressLane:
         self._front = front
         self._reader = reader
         self._lanes: OrderedDict[bytes, Lane] = OrderedDict()
+        self._door = Doorkeeper(front.hot.urls)  # what a full set of lanes takes in
 
     def __len__(self) -> int:
         return len(self._lanes)
@@ -112,6 +115,8 @@ class ExpressLane:
                 return
             name = parts[0]
         lanes = self._lanes
+        if name not in lanes and len(lanes) >= self._front.hot.urls and not self._door.admits(name):
+            return
         lanes.pop(name, None)
         ticket = self._reader.ticket(bucket, key)
         lanes[name] = Lane(caller, bucket, key, info, span, block, dated,

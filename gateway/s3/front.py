@@ -22,7 +22,7 @@ from aiohttp import web
 from aiohttp.http import HttpVersion11
 
 from gateway.core import errors
-from gateway.core.hot_sets import DEFAULT, HotSets
+from gateway.core.hot_sets import DEFAULT, Doorkeeper, HotSets
 from gateway.obs import request_keys as keys
 from gateway.read.reader import Reader
 from gateway.s3 import buckets, cors, listing, objects, writes, xml
@@ -152,6 +152,7 @@ class S3Front:
         self._reads: OrderedDict[tuple[str, str, str], tuple[_Line, Principal, Verdict]] = (
             OrderedDict()
         )
+        self._reads_door = Doorkeeper(hot.urls)  # what a full set of them takes in
 
     @property
     def reader(self) -> Reader:
@@ -323,10 +324,13 @@ class S3Front:
         """Keep the verdict on a presigned read (``_kept_read``), as the presigned memo
         keeps it under ``memo_key`` (``PresignedMemo.key``: reads only, only ``host``
         signed, no ``x-amz-*``)."""
+        key = (request.method, request.host, request.raw_path)
+        reads = self._reads
+        if key not in reads and len(reads) >= self._hot.urls and not self._reads_door.admits(key):
+            return
         expires = self._auth.presigned.expiry(memo_key)
         if expires is None:
             return
-        key = (request.method, request.host, request.raw_path)
         self._reads[key] = (line, principal, Verdict(self._auth, self._auth.generation, expires))
         self._reads.move_to_end(key)
         if len(self._reads) > self._hot.urls:

@@ -75,6 +75,7 @@ from aiohttp.http_parser import RawRequestMessage
 
 from gateway.core import errors
 from gateway.core.heads import Head, parse_head
+from gateway.core.hot_sets import Doorkeeper
 from gateway.obs import request_keys as keys
 from gateway.obs.metrics import Metrics
 from gateway.origins.base import ObjectInfo
@@ -164,6 +165,7 @@ class HitPath:
         self._blocks: OrderedDict[tuple[str, str, bool], tuple[ObjectInfo, bytes, bytes, bool]] = (
             OrderedDict()
         )
+        self._door = Doorkeeper(front.hot.keys)  # what a full set of blocks takes in
         # Presigned hits answered again from their bytes alone (``express.py``).
         self._lane = ExpressLane(front, reader)
         self._count = count
@@ -396,9 +398,12 @@ class HitPath:
             return None
         own, dated = rendered
         whole = b"".join((_OK, own, f"Content-Length: {info.size}\r\n".encode()))
-        self._blocks[name] = (info, whole, own, dated)
-        if len(self._blocks) > self._front.hot.keys:
-            self._blocks.popitem(last=False)
+        blocks = self._blocks
+        if kept is None and len(blocks) >= self._front.hot.keys and not self._door.admits(name):
+            return whole, own, dated
+        blocks[name] = (info, whole, own, dated)
+        if len(blocks) > self._front.hot.keys:
+            blocks.popitem(last=False)
         return whole, own, dated
 
 
