@@ -32,6 +32,15 @@ def metric(endpoint: str, selector: str, verify: str | bool = True) -> float:
     return sum_samples(answer.text, selector)
 
 
+def wait_for_metric(endpoint: str, selector: str, least: float, timeout: float = 30) -> None:
+    """Wait until ``metric(endpoint, selector)`` reaches ``least`` (the event itself, a
+    gauge or a counter, polled; never a sleep in its place); fails past ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while metric(endpoint, selector) < least:
+        assert time.monotonic() < deadline, f"{selector} never reached {least}"
+        time.sleep(0.01)
+
+
 def sum_samples(exposition: str, selector: str) -> float:
     """The sum of the samples ``selector`` picks in a Prometheus text exposition."""
     name, _, rest = selector.partition("{")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib
 import os
 import pickle
-import time
 import tracemalloc
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,7 +25,7 @@ from gateway.client.bundle import BundleClient, BundleError, bundle
 from gateway.client.tarstream import TarFormatError
 from gateway.client.torch import BundleDataset
 from tests.conftest import seed
-from tests.harness import ACCESS_KEY, SECRET_KEY, HoardProcess, metric
+from tests.harness import ACCESS_KEY, SECRET_KEY, HoardProcess, metric, wait_for_metric
 from tests.inprocess import threaded_app
 from tests.origin_proxy import Fault, OriginProxy, fail_nth
 from tests.test_bundle import body_of, config, tigris
@@ -152,10 +151,7 @@ def test_a_batch_holds_what_its_transform_makes_not_every_sample_at_once(
     try:
         dataset = BundleDataset(bucket, list(objects), hoard.endpoint, length, **CREDENTIALS)
         assert dataset.__getitems__(range(8)) == [200_000] * 8  # cold
-        deadline = time.monotonic() + 30
-        while metric(hoard.endpoint, 'hoard_cache_bytes{tier="memory"}') < 8 * 200_000:
-            assert time.monotonic() < deadline, "the cold batch's blocks never landed"
-            time.sleep(0.01)  # polling the event itself (the gauge), not waiting in its place
+        wait_for_metric(hoard.endpoint, 'hoard_cache_bytes{tier="memory"}', 8 * 200_000)
         proxy.reset()
         held.clear()
         tracemalloc.start()

@@ -10,7 +10,6 @@ checked once released.
 from __future__ import annotations
 
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from gateway.app.server import HIT_PATH
 from gateway.client.bundle import BundleClient, BundleError
 from gateway.s3.bundle.ahead import MAX_AHEAD
 from tests.conftest import seed
-from tests.harness import metric
+from tests.harness import metric, wait_for_metric
 from tests.inprocess import threaded_app
 from tests.origin_proxy import Fault, FaultPlan, OriginProxy
 from tests.test_bundle import body_of, config
@@ -44,16 +43,6 @@ def _objects(bucket: str, prefix: str, count: int) -> dict[str, bytes]:
     objects = {f"{prefix}/{i:03d}": body_of(f"{prefix}{i}", 2000 + i) for i in range(count)}
     seed(bucket, objects)
     return objects
-
-
-def _landed(endpoint: str, size: int) -> None:
-    """Wait until the memory tier holds ``size`` bytes: a cold batch's blocks land there
-    a moment after the client has every byte, and a key read before its block landed is
-    no held key (it is looked up again on the read's way)."""
-    deadline = time.monotonic() + 30
-    while metric(endpoint, 'hoard_cache_bytes{tier="memory"}') < size:
-        assert time.monotonic() < deadline, "the cold batch's blocks never landed"
-        time.sleep(0.01)  # polling the event itself (the gauge), not waiting in its place
 
 
 def test_fail_mode_looks_up_more_cold_keys_at_once(tmp_path: Path, proxy: OriginProxy, bucket: str):
@@ -137,7 +126,10 @@ def test_fail_mode_opens_held_keys_with_their_lookup(
         keys = [*objects, "h/003"]  # one asked twice
         expected = [(key, objects[key]) for key in keys]
         assert list(client.bundle(bucket, keys)) == expected  # cold
-        _landed(hoard.endpoint, sum(map(len, objects.values())))
+        # The cold batch's blocks land a moment after the client has every byte; a key read
+        # before its block landed is no held key (it is looked up again on the read's way).
+        wait_for_metric(hoard.endpoint, 'hoard_cache_bytes{tier="memory"}',
+                        sum(map(len, objects.values())))  # fmt: skip
         lookups = "hoard_metadata_lookups_total"
         before = metric(hoard.endpoint, lookups)
         assert list(client.bundle(bucket, keys)) == expected

@@ -24,7 +24,7 @@ import boto3
 import pytest
 
 from tests.conftest import moto_origin
-from tests.harness import HoardProcess, logged, metric
+from tests.harness import HoardProcess, logged, metric, wait_for_metric
 from tests.origin_proxy import OriginProxy
 from tests.rawhttp import RawResponse, presign, send, sign_headers, signed_send
 
@@ -335,10 +335,7 @@ def test_a_hit_asked_for_checksums_answers_as_the_general_path_did(
     target, asked = f"/{seeded}/summed.bin", {"x-amz-checksum-mode": "ENABLED"}
     general = _get(node, target, asked)  # a miss: the general path answers
     assert general.status == 200 and "x-amz-checksum-sha256" in general.headers
-    deadline = time.monotonic() + 30
-    while metric(node.endpoint, 'hoard_cache_bytes{tier="memory"}') < len(SMALL):
-        assert time.monotonic() < deadline, "the block never landed in memory"
-        time.sleep(0.01)  # polling the event itself (the gauge), not waiting in its place
+    wait_for_metric(node.endpoint, 'hoard_cache_bytes{tier="memory"}', len(SMALL))
     hits = _hits(node, "memory")
     _same_answer(general, _get(node, target, asked))
     plain = _get(node, target)

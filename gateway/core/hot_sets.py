@@ -31,7 +31,7 @@ out.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Collection, Hashable
 from dataclasses import dataclass
 
 
@@ -68,6 +68,11 @@ class Doorkeeper:
     def __init__(self, remembered: int) -> None:
         self._remembered = remembered
         self._seen: set[int] = set()
+
+    def refuses(self, key: Hashable, held: Collection[Hashable], bound: int) -> bool:
+        """Whether a set holding ``held`` (at most ``bound``) leaves ``key`` out: a new
+        key while the set is full, at its first sight (``admits``)."""
+        return key not in held and len(held) >= bound and not self.admits(key)
 
     def admits(self, key: Hashable) -> bool:
         """Whether to take ``key`` in now (its second sight); else its first is noted."""

@@ -101,7 +101,7 @@ class Tickets:
         """A ticket for what the lookups just found of ``key`` (nothing awaited since)."""
         kept = self._kept
         name = (bucket, key)
-        if name not in kept and len(kept) >= self._limit and not self._door.admits(name):
+        if self._door.refuses(name, kept, self._limit):
             return
         mount, okey, _, entry = known
         scope = scope_of(mount)

@@ -207,8 +207,7 @@ class PresignedMemo:
     def remember(self, key: MemoKey | None, raw_query: str, principal: Principal) -> None:
         if key is None or principal.anonymous:
             return
-        entries = self._entries
-        if key not in entries and len(entries) >= self._limit and not self._door.admits(key):
+        if self._door.refuses(key, self._entries, self._limit):
             return
         expires = _presigned_expiry(raw_query)
         if expires is None:

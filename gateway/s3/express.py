@@ -115,7 +115,7 @@ class ExpressLane:
                 return
             name = parts[0]
         lanes = self._lanes
-        if name not in lanes and len(lanes) >= self._front.hot.urls and not self._door.admits(name):
+        if self._door.refuses(name, lanes, self._front.hot.urls):
             return
         lanes.pop(name, None)
         ticket = self._reader.ticket(bucket, key)

@@ -325,8 +325,7 @@ class S3Front:
         keeps it under ``memo_key`` (``PresignedMemo.key``: reads only, only ``host``
         signed, no ``x-amz-*``)."""
         key = (request.method, request.host, request.raw_path)
-        reads = self._reads
-        if key not in reads and len(reads) >= self._hot.urls and not self._reads_door.admits(key):
+        if self._reads_door.refuses(key, self._reads, self._hot.urls):
             return
         expires = self._auth.presigned.expiry(memo_key)
         if expires is None:

@@ -399,7 +399,7 @@ class HitPath:
         own, dated = rendered
         whole = b"".join((_OK, own, f"Content-Length: {info.size}\r\n".encode()))
         blocks = self._blocks
-        if kept is None and len(blocks) >= self._front.hot.keys and not self._door.admits(name):
+        if self._door.refuses(name, blocks, self._front.hot.keys):
             return whole, own, dated
         blocks[name] = (info, whole, own, dated)
         if len(blocks) > self._front.hot.keys:
